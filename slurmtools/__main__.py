@@ -1,0 +1,4 @@
+"""Allow ``python -m slurmtools``."""
+from slurmtools.cli import main
+
+raise SystemExit(main())

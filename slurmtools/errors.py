@@ -1,0 +1,69 @@
+"""One root exception, so the CLI can turn every expected failure into a one-line message.
+
+Each subclass carries the facts a person needs to fix the problem (file, line, key,
+command, exit code) and an exit code for the CLI: 2 for bad input, 1 for a failed
+operation.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+
+class SlurmToolsError(Exception):
+    """Root of every error slurmtools raises on purpose."""
+
+    exit_code: int = 1
+
+
+class UsageError(SlurmToolsError):
+    """Bad input from a person: a flag, a file, a value."""
+
+    exit_code = 2
+
+
+class SpecError(UsageError):
+    """A job spec or config file is wrong; names file, line and key when known."""
+
+    def __init__(self, message: str, *, file: Optional[str] = None,
+                 line: Optional[int] = None, key: Optional[str] = None) -> None:
+        self.file = file
+        self.line = line
+        self.key = key
+        self.detail = message
+        where = ""
+        if file:
+            where = f"{file}:{line}: " if line else f"{file}: "
+        keypart = f"{key}: " if key else ""
+        super().__init__(f"{where}{keypart}{message}")
+
+
+class ConfigError(SpecError):
+    """The health config (or another admin config) is wrong."""
+
+
+class SlurmCommandError(SlurmToolsError):
+    """A Slurm command failed, timed out or could not be started."""
+
+    def __init__(self, argv: Sequence[str], returncode: Optional[int], stderr: str,
+                 *, timed_out: bool = False) -> None:
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stderr = stderr.strip()
+        self.timed_out = timed_out
+        if timed_out:
+            what = "timed out"
+        elif returncode is None:
+            what = "could not be started"
+        else:
+            what = f"exited {returncode}"
+        first = self.stderr.splitlines()[0] if self.stderr else ""
+        super().__init__(f"{' '.join(self.argv[:3])}{' ...' if len(self.argv) > 3 else ''} {what}"
+                         + (f": {first}" if first else ""))
+
+
+class MiniClusterError(SlurmToolsError):
+    """The mini-cluster could not be brought up, down or changed."""
+
+
+class CheckpointError(SlurmToolsError):
+    """A checkpoint could not be written, verified or found."""

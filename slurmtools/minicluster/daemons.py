@@ -1,0 +1,185 @@
+"""Start and stop the mini-cluster's daemons, each tracked by pid so `down` stops only what `up` started."""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Dict, Optional
+
+from slurmtools.errors import MiniClusterError
+from slurmtools.minicluster.layout import MiniClusterLayout
+from slurmtools.minicluster.sysrun import run
+
+MUNGE_PIDFILE = Path("/run/munge/munged.pid")
+
+
+def pid_alive(pid: Optional[int]) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0); treat it as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def read_pidfile(path: Path) -> Optional[int]:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval_s)
+    raise MiniClusterError(f"{what} not ready after {timeout_s:g} s")
+
+
+def stop_pid(pid: Optional[int], timeout_s: float = 15.0) -> None:
+    """SIGTERM, wait, then SIGKILL: a daemon that ignores TERM still goes."""
+    if not pid_alive(pid):
+        return
+    assert pid is not None
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and pid_alive(pid):
+        time.sleep(0.1)
+    if pid_alive(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def daemon_env(layout: MiniClusterLayout) -> Dict[str, str]:
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "SLURM_CONF": str(layout.slurm_conf), "LANG": "C.UTF-8"}
+    env.update(layout.extra_env)
+    return env
+
+
+# ---- MariaDB ---------------------------------------------------------------
+def db_password(layout: MiniClusterLayout) -> str:
+    path = layout.etc_dir / "db-password"
+    if not path.exists():
+        path.write_text(secrets.token_hex(12))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def start_mariadb(layout: MiniClusterLayout) -> Optional[int]:
+    """Our own MariaDB data dir and port (127.0.0.1 only): never touches a system database."""
+    sock_dir = layout.run_dir / "mysqld"
+    sock_dir.mkdir(parents=True, exist_ok=True)
+    shutil.chown(sock_dir, "mysql", "mysql")
+    pidfile = sock_dir / "mysqld.pid"
+    if pid_alive(read_pidfile(pidfile)):
+        return None
+    if not (layout.db_dir / "mysql").exists():
+        layout.db_dir.mkdir(parents=True, exist_ok=True)
+        shutil.chown(layout.db_dir, "mysql", "mysql")
+        run(["mariadb-install-db", "--user=mysql", f"--datadir={layout.db_dir}",
+             "--auth-root-authentication-method=socket", "--skip-test-db"], timeout_s=180)
+    # start-stop-daemon (dpkg) detaches it properly: own session, no parent waiting on it.
+    run(["start-stop-daemon", "--start", "--background", "--output", str(layout.log_dir / "mariadb.out"),
+         "--exec", "/usr/sbin/mariadbd", "--",
+         "--no-defaults", "--user=mysql", f"--datadir={layout.db_dir}",
+         f"--socket={sock_dir}/mysqld.sock", f"--pid-file={pidfile}", "--bind-address=127.0.0.1",
+         f"--port={layout.db_port}", f"--log-error={layout.log_dir}/mariadb.err",
+         "--innodb-buffer-pool-size=512M", "--innodb-lock-wait-timeout=900", "--skip-name-resolve"])
+    wait_for(lambda: port_open("127.0.0.1", layout.db_port) and pid_alive(read_pidfile(pidfile)), 120,
+             f"MariaDB (see {layout.log_dir}/mariadb.err)")
+    password = db_password(layout)
+    sql = (f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+           f"CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '{password}'; "
+           "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';")
+    run(["mariadb", "--no-defaults", f"--socket={sock_dir}/mysqld.sock", "-u", "root", "-e", sql])
+    return read_pidfile(pidfile)
+
+
+# ---- munge -----------------------------------------------------------------
+def munge_works() -> bool:
+    if not shutil.which("munge"):
+        return False
+    proc = subprocess.run(["munge", "-n"], capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+    return proc.returncode == 0
+
+
+def start_munged() -> Optional[int]:
+    """Reuse a running munged (an admin's); otherwise start one and return its pid."""
+    if munge_works():
+        return None
+    key = Path("/etc/munge/munge.key")
+    if not key.exists() or key.stat().st_size == 0:
+        key.write_bytes(os.urandom(1024))
+        shutil.chown(key, "munge", "munge")
+        key.chmod(0o400)
+    Path("/run/munge").mkdir(parents=True, exist_ok=True)
+    shutil.chown("/run/munge", "munge", "munge")
+    run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"])
+    wait_for(munge_works, 15, "munged")
+    return read_pidfile(MUNGE_PIDFILE)
+
+
+# ---- Slurm daemons ---------------------------------------------------------
+def start_slurmdbd(layout: MiniClusterLayout) -> Optional[int]:
+    pidfile = layout.run_dir / "slurmdbd.pid"
+    if pid_alive(read_pidfile(pidfile)):
+        return None
+    run(["slurmdbd"], env=daemon_env(layout))
+    wait_for(lambda: port_open("127.0.0.1", 6819), 30, "slurmdbd (port 6819)")
+    return read_pidfile(pidfile)
+
+
+def start_slurmctld(layout: MiniClusterLayout) -> Optional[int]:
+    pidfile = layout.run_dir / "slurmctld.pid"
+    if pid_alive(read_pidfile(pidfile)):
+        return None
+    run(["slurmctld"], env=daemon_env(layout))
+    wait_for(lambda: port_open(layout.controller_addr, 6817), 30, "slurmctld (port 6817)")
+    return read_pidfile(pidfile)
+
+
+def start_slurmd(layout: MiniClusterLayout, node: str) -> Optional[int]:
+    """slurmd in the node's network namespace and a fresh UTS namespace (hostname = node name).
+
+    nsenter, not `ip netns exec`: the latter remounts /sys and slurmd 22.05 then fails to
+    find /sys/fs/cgroup (FACTS-slurm.md).
+    """
+    pidfile = layout.slurmd_pidfile(node)
+    if pid_alive(read_pidfile(pidfile)):
+        return None
+    layout.slurmd_spool_dir(node).mkdir(parents=True, exist_ok=True)
+    pidfile.unlink(missing_ok=True)
+    run(["nsenter", f"--net=/run/netns/{layout.netns(node)}", "unshare", "--uts", "sh", "-c",
+         f"hostname {node} && exec slurmd -N {node}"], env=daemon_env(layout))
+    wait_for(lambda: pid_alive(read_pidfile(pidfile)), 15, f"slurmd on {node}")
+    return read_pidfile(pidfile)

@@ -1,0 +1,243 @@
+"""The ONLY module that runs Slurm client commands (sbatch, squeue, sacct, scontrol, sinfo, scancel).
+
+Every call has a timeout and raises SlurmCommandError carrying argv, exit code and stderr.
+Version differences live here: Slurm 22.05's scontrol has no --json, so node and job
+records come from `scontrol -o show` (one line, key=value) or `sinfo/squeue/sacct --json`.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from slurmtools.errors import SlurmCommandError
+
+DEFAULT_TIMEOUT_S = 30.0
+# Job states in which a job will not change any more.
+TERMINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+    "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT",
+})
+
+
+def run_slurm(argv: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, input_text: Optional[str] = None,
+              env: Optional[Mapping[str, str]] = None) -> str:
+    """Run one Slurm command and return its stdout; never through a shell."""
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, input=input_text,
+                              env=dict(env) if env is not None else None,
+                              stdin=None if input_text is not None else subprocess.DEVNULL)
+    except FileNotFoundError as exc:
+        raise SlurmCommandError(argv, None, f"{argv[0]}: command not found (is Slurm installed?)") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmCommandError(argv, None, f"no answer within {timeout_s:g} s", timed_out=True) from exc
+    if proc.returncode != 0:
+        raise SlurmCommandError(argv, proc.returncode, proc.stderr or proc.stdout)
+    return proc.stdout
+
+
+# ---- parsing (pure) ----------------------------------------------------------
+def parse_scontrol_record(line: str) -> Dict[str, str]:
+    """Parse one `scontrol -o show` line into a dict.
+
+    Values may contain spaces (Reason=..., Command=...): a token that does not start
+    a new `Key=` belongs to the previous value.
+    """
+    record: Dict[str, str] = {}
+    key: Optional[str] = None
+    for token in line.strip().split(" "):
+        m = re.match(r"^([A-Za-z][A-Za-z0-9_:/]*)=(.*)$", token)
+        if m and (key is None or m.group(1)[0].isupper()):
+            key = m.group(1)
+            record[key] = m.group(2)
+        elif key is not None:
+            record[key] += " " + token
+    return record
+
+
+def parse_job_id(sbatch_stdout: str) -> int:
+    """`sbatch --parsable` prints `ID` or `ID;cluster`."""
+    text = sbatch_stdout.strip().split(";")[0]
+    if not text.isdigit():
+        raise SlurmCommandError(["sbatch", "--parsable"], 0, f"unexpected output: {sbatch_stdout.strip()!r}")
+    return int(text)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    state: str                 # base state, lower case: idle, allocated, mixed, down, ...
+    flags: tuple               # DRAIN, NOT_RESPONDING, ...
+    reason: str
+    reason_user: str
+    reason_time: str
+    gres: str
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.flags
+
+    @property
+    def display_state(self) -> str:
+        """A sinfo-like word: idle, alloc, drained, draining, down*, ..."""
+        base = self.state
+        if self.drained:
+            base = "draining" if self.state in ("allocated", "mixed") else "drained"
+        return base + ("*" if "NOT_RESPONDING" in self.flags else "")
+
+
+def _strip_reason_suffix(reason: str) -> str:
+    # scontrol appends " [user@time]" to the reason.
+    return re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", reason)
+
+
+def parse_node_record(record: Mapping[str, str]) -> NodeInfo:
+    state_parts = record.get("State", "UNKNOWN").split("+")
+    reason = record.get("Reason", "")
+    m = re.search(r"\[([^@\]]*)@([^\]]*)\]$", reason)
+    return NodeInfo(
+        name=record.get("NodeName", ""),
+        state=state_parts[0].lower(),
+        flags=tuple(s.upper() for s in state_parts[1:]),
+        reason="" if reason in ("", "(null)") else _strip_reason_suffix(reason),
+        reason_user=m.group(1) if m else "",
+        reason_time=m.group(2) if m else "",
+        gres=record.get("Gres", ""),
+    )
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: int
+    state: str
+    reason: str = ""
+    nodes: str = ""
+    exit_code: str = ""
+    restarts: int = 0
+    raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+def _first_state(value: Any) -> str:
+    if isinstance(value, list):
+        return str(value[0]) if value else "UNKNOWN"
+    if isinstance(value, dict):
+        return str(value.get("current", "UNKNOWN"))
+    return str(value or "UNKNOWN")
+
+
+def _wait_status(raw: Any) -> str:
+    """squeue's exit_code is a wait(2) status; render it as sacct does: `code:signal`."""
+    if not isinstance(raw, int):
+        return ""
+    return f"{(raw >> 8) & 0xff}:{raw & 0x7f}"
+
+
+def parse_squeue_json(text: str, job_id: int) -> Optional[JobInfo]:
+    data = json.loads(text)
+    for job in data.get("jobs", []):
+        if int(job.get("job_id", -1)) == job_id:
+            return JobInfo(job_id=job_id, state=_first_state(job.get("job_state")).upper(),
+                           reason=str(job.get("state_reason", "")), nodes=str(job.get("nodes", "")),
+                           exit_code=_wait_status(job.get("exit_code")),
+                           restarts=int(job.get("restart_cnt", 0) or 0), raw=job)
+    return None
+
+
+def parse_sacct_json(text: str, job_id: int) -> Optional[JobInfo]:
+    data = json.loads(text)
+    best = None
+    for job in data.get("jobs", []):
+        if int(job.get("job_id", -1)) != job_id:
+            continue
+        best = job  # the last record is the newest attempt
+    if best is None:
+        return None
+    code = best.get("exit_code", {}) or {}
+    status = code.get("return_code", "")
+    sig = (code.get("signal", {}) or {}).get("signal_id", 0)
+    return JobInfo(job_id=job_id, state=_first_state(best.get("state")).upper(),
+                   reason=str((best.get("state") or {}).get("reason", "")) if isinstance(best.get("state"), dict) else "",
+                   nodes=str(best.get("nodes", "")), exit_code=f"{status}:{sig}", raw=best)
+
+
+# ---- commands (effects) --------------------------------------------------------
+def ping(timeout_s: float = 10.0) -> bool:
+    try:
+        return "UP" in run_slurm(["scontrol", "ping"], timeout_s=timeout_s)
+    except SlurmCommandError:
+        return False
+
+
+def submit(script_text: str, extra_args: Sequence[str] = (), timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
+    """Submit a batch script given as text (on stdin); returns the job id."""
+    out = run_slurm(["sbatch", "--parsable", *extra_args], input_text=script_text, timeout_s=timeout_s)
+    return parse_job_id(out)
+
+
+def show_job(job_id: int) -> Optional[Dict[str, str]]:
+    """`scontrol -o show job` as a dict, or None once slurmctld has forgotten the job."""
+    try:
+        out = run_slurm(["scontrol", "-o", "show", "job", str(job_id)])
+    except SlurmCommandError as exc:
+        if "Invalid job id" in exc.stderr:
+            return None
+        raise
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    return parse_scontrol_record(lines[0]) if lines else None
+
+
+def job_state(job_id: int) -> JobInfo:
+    """Live state from squeue; finished jobs squeue has dropped come from sacct (slurmdbd).
+
+    Slurm 22.05's `squeue --json` ignores -j and lists every job, so the parser filters.
+    """
+    info = parse_squeue_json(run_slurm(["squeue", "--json", "-j", str(job_id)]), job_id)
+    if info is not None:
+        return info
+    acct = parse_sacct_json(run_slurm(["sacct", "--json", "-j", str(job_id)]), job_id)
+    if acct is None:
+        raise SlurmCommandError(["sacct", "-j", str(job_id)], 0, f"job {job_id} is unknown to squeue and sacct")
+    return acct
+
+
+def cancel(job_id: int, signal_name: Optional[str] = None) -> None:
+    argv = ["scancel"] + ([f"--signal={signal_name}"] if signal_name else []) + [str(job_id)]
+    run_slurm(argv)
+
+
+def requeue(job_id: int) -> None:
+    run_slurm(["scontrol", "requeue", str(job_id)])
+
+
+def update_job(job_id: int, **fields: str) -> None:
+    """`scontrol update JobId=N Key=Value ...` (e.g. ExcNodeList, StartTime)."""
+    run_slurm(["scontrol", "update", f"JobId={job_id}", *[f"{k}={v}" for k, v in fields.items()]])
+
+
+def nodes(names: Optional[str] = None) -> List[NodeInfo]:
+    argv = ["scontrol", "-o", "show", "node"] + ([names] if names else [])
+    out = run_slurm(argv)
+    return [parse_node_record(parse_scontrol_record(ln)) for ln in out.splitlines() if ln.strip()]
+
+
+def drain_node(node: str, reason: str) -> None:
+    run_slurm(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+
+
+def resume_node(node: str) -> None:
+    run_slurm(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+
+
+def sacct_rows(job_id: int, fields: Sequence[str] = ("JobID", "State", "NodeList", "ExitCode"),
+               all_attempts: bool = False) -> List[Dict[str, str]]:
+    """`sacct --parsable2` rows as dicts; with all_attempts, earlier (requeued) runs too (-D)."""
+    argv = ["sacct", "-n", "--parsable2", "-o", ",".join(fields), "-j", str(job_id)] + (["-D"] if all_attempts else [])
+    out = run_slurm(argv)
+    return [dict(zip(fields, ln.split("|"))) for ln in out.splitlines() if ln.strip()]
+

@@ -1,0 +1,107 @@
+"""The mini-cluster is a real Slurm: nodes, GRES, multi-node jobs, accounting, node failure."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmtools import slurm
+from slurmtools.minicluster import cluster as mc
+from slurmtools.minicluster import daemons
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def finished(job_id: int):
+    info = slurm.job_state(job_id)
+    return info if info.finished else None
+
+
+def test_three_idle_nodes_with_four_gpus(cluster):
+    nodes = slurm.nodes()
+    assert [(n.name, n.state, n.gres) for n in nodes] == [
+        ("node1", "idle", "gpu:4"), ("node2", "idle", "gpu:4"), ("node3", "idle", "gpu:4")]
+    assert mc.format_table(nodes).splitlines()[0].split() == ["NODE", "STATE", "GRES", "REASON"]
+
+
+def test_second_up_is_harmless(cluster):
+    before = mc.load_record(cluster)["pids"]
+    mc.up(cluster, install=False, wait_s=30)
+    assert mc.load_record(cluster)["pids"] == before
+    assert all(n.state == "idle" for n in slurm.nodes())
+
+
+def test_two_node_job_hostnames_gpus_and_cross_node_tcp(cluster, shared_tmp: Path):
+    out = shared_tmp / "job.out"
+    script = f"""#!/bin/bash
+#SBATCH -N2 --ntasks-per-node=1 --gpus-per-node=2 -o {out}
+set -euo pipefail
+nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
+srun bash -c 'echo "task $SLURM_PROCID host=$(hostname) gpus=$CUDA_VISIBLE_DEVICES"' | sort
+# rank 1 listens on the second node; the first node connects to it by name.
+srun -N1 -n1 -w "${{nodes[1]}}" python3 -c '
+import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 29555)); s.listen(1); c,a=s.accept(); print("server got", c.recv(64).decode())' &
+srun -N1 -n1 -w "${{nodes[0]}}" python3 -c '
+import socket, sys, time
+for _ in range(100):
+    try:
+        s=socket.create_connection((sys.argv[1], 29555), timeout=1); break
+    except OSError: time.sleep(0.1)
+s.sendall(("hello from " + socket.gethostname()).encode())' "${{nodes[1]}}"
+wait
+"""
+    job = slurm.submit(script)
+    info = wait_for(lambda: finished(job), 60, f"job {job} to finish")
+    text = out.read_text()
+    assert info.state == "COMPLETED", text
+    lines = text.splitlines()
+    assert lines[:2] == ["task 0 host=node1 gpus=0,1", "task 1 host=node2 gpus=0,1"]
+    assert "server got hello from node1" in lines
+    # accounting through slurmdbd/MariaDB sees the finished job; sacct lags, and right after
+    # the end it may list only the batch host, so wait for the whole record.
+    wait_for(lambda: [r for r in slurm.sacct_rows(job) if r["JobID"] == str(job) and r["State"] == "COMPLETED"
+                      and r["NodeList"] == "node[1-2]"], 30, "sacct to report COMPLETED on node[1-2]")
+    assert slurm.parse_sacct_json(slurm.run_slurm(["sacct", "--json", "-j", str(job)]), job).state == "COMPLETED"
+
+
+def test_killed_node_goes_down_and_requeue_job_reruns_elsewhere(cluster, shared_tmp: Path):
+    out = shared_tmp / "requeue.out"
+    script = f"""#!/bin/bash
+#SBATCH -N2 -w node[1-2] --requeue --open-mode=append -o {out}
+echo "start restart=${{SLURM_RESTART_COUNT:-0}} nodes=$SLURM_JOB_NODELIST"
+srun sleep 300
+"""
+    # -w pins the first run to node[1-2]; the rerun must avoid the dead node2
+    job = slurm.submit(script)
+    wait_for(lambda: slurm.job_state(job).state == "RUNNING" and out.exists() and "start" in out.read_text(),
+             30, "job to run")
+    time.sleep(1)
+    assert mc.kill_node(cluster, "node2")
+    try:
+        wait_for(lambda: any(n.name == "node2" and n.state == "down" for n in slurm.nodes()), 60, "node2 DOWN")
+        # -w node[1-2] can no longer be satisfied: drop the pin so Slurm places the rerun.
+        slurm.update_job(job, ReqNodeList="", ExcNodeList="node2")
+        wait_for(lambda: "restart=1" in out.read_text(), 90, "the job to rerun")
+        rerun = [ln for ln in out.read_text().splitlines() if "restart=1" in ln][0]
+        assert rerun == "start restart=1 nodes=node[1,3]"
+    finally:
+        slurm.cancel(job)
+        mc.restart_node(cluster, "node2")
+        wait_for(lambda: all(n.state == "idle" and not n.flags for n in slurm.nodes()), 60, "all nodes idle again")
+
+
+def test_partition_and_heal_change_link_state(cluster):
+    mc.partition_node(cluster, "node3")
+    try:
+        state = Path(f"/sys/class/net/{cluster.veth('node3')}/operstate").read_text().strip()
+        assert state == "down"
+        # node3's slurmd port is unreachable while partitioned
+        assert not daemons.port_open(cluster.node_addr("node3"), 6818)
+    finally:
+        mc.heal_node(cluster, "node3")
+    wait_for(lambda: Path(f"/sys/class/net/{cluster.veth('node3')}/operstate").read_text().strip() == "up",
+             10, "link up")
+    wait_for(lambda: daemons.port_open(cluster.node_addr("node3"), 6818), 10, "node3 reachable again")

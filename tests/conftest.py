@@ -1,0 +1,61 @@
+"""Shared pytest setup: the real mini-cluster, brought up once per session for `cluster` tests."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_STATE_DIR = Path(os.environ.get("SLURMTOOLS_TEST_CLUSTER_DIR", "/var/tmp/slurmtools-test-cluster"))
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.5):
+    """Poll until predicate() is truthy; fail the test with `what` on timeout."""
+    deadline = time.monotonic() + timeout_s
+    value = None
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    pytest.fail(f"timed out after {timeout_s:g} s waiting for {what} (last: {value!r})")
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator["object"]:
+    """A 3-node mini-cluster with 4 fake GPUs per node; torn down (and checked) at the end."""
+    from slurmtools.minicluster import cluster as mc
+    from slurmtools.minicluster.layout import MiniClusterLayout
+
+    if os.geteuid() != 0:
+        pytest.fail("cluster tests need root (run the README's test command as root)")
+    layout = MiniClusterLayout(state_dir=TEST_STATE_DIR, nodes=3, gpus_per_node=4,
+                               controller_host=mc.default_controller_host(),
+                               prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
+    mc.down(layout, purge=True)  # a previous session killed mid-way leaves nothing behind
+    try:
+        mc.up(layout, install=True, wait_s=90)
+        yield layout
+    finally:
+        record = mc.load_record(layout)
+        started = dict(record.get("pids", {}))
+        mc.down(layout, purge=True)
+        from slurmtools.minicluster import daemons, netns
+        alive = {name: pid for name, pid in started.items() if daemons.pid_alive(pid)}
+        leftovers = [ns for ns in (layout.netns(n) for n in layout.node_names) if netns.netns_exists(ns)]
+        hosts = "slurmtools-minicluster" in Path("/etc/hosts").read_text()
+        if alive or leftovers or hosts or netns.link_exists(layout.bridge):
+            print(f"mini-cluster teardown left: processes={alive} netns={leftovers} hosts_block={hosts}",
+                  file=sys.stderr)
+            raise AssertionError("mini-cluster teardown left processes, namespaces or hosts entries behind")
+
+
+@pytest.fixture
+def shared_tmp(tmp_path: Path) -> Path:
+    """A scratch dir every node sees (all namespaces share the mount namespace)."""
+    tmp_path.chmod(0o755)
+    return tmp_path

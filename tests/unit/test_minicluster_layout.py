@@ -1,0 +1,95 @@
+"""The mini-cluster's config text and hosts-file editing, as pure functions."""
+from pathlib import Path
+
+import pytest
+
+from slurmtools.minicluster.layout import (HOSTS_BEGIN, HOSTS_END, MiniClusterLayout, strip_hosts_block,
+                                           with_hosts_block)
+
+
+def layout(**kw) -> MiniClusterLayout:
+    base = dict(state_dir=Path("/s"), controller_host="vm", prolog_dir=Path("/r/prolog.d"),
+                epilog_dir=Path("/r/epilog.d"))
+    base.update(kw)
+    return MiniClusterLayout(**base)
+
+
+def conf_lines(text: str) -> dict:
+    return dict(ln.split("=", 1) for ln in text.splitlines() if ln and not ln.startswith("#") and
+                not ln.startswith(("NodeName", "PartitionName")))
+
+
+def test_slurm_conf_has_fast_scheduling_and_requeue_settings():
+    conf = conf_lines(layout().render_slurm_conf())
+    assert conf["SchedulerParameters"] == ("batch_sched_delay=0,sched_min_interval=0,sched_interval=2,"
+                                           "bf_interval=1,nohold_on_prolog_fail")
+    assert conf["AuthInfo"] == "cred_expire=10"
+    assert conf["PrologFlags"] == "Alloc"
+    assert conf["JobRequeue"] == "1"
+    assert conf["Prolog"] == "/r/prolog.d/*"
+    assert conf["Epilog"] == "/r/epilog.d/*"
+    assert conf["SlurmctldHost"] == "vm(10.77.0.1)"
+    assert conf["AccountingStorageType"] == "accounting_storage/slurmdbd"
+    assert conf["StateSaveLocation"] == "/s/slurmctld"
+    assert conf["SlurmdSpoolDir"] == "/s/slurmd/%n"
+
+
+def test_node_line_for_three_nodes_with_gpus():
+    text = layout().render_slurm_conf()
+    node = [ln for ln in text.splitlines() if ln.startswith("NodeName=")]
+    assert node == ["NodeName=node[1-3] NodeAddr=10.77.0.[11-13] CPUs=4 Sockets=1 CoresPerSocket=4 "
+                    "ThreadsPerCore=1 RealMemory=4000 Gres=gpu:4 State=UNKNOWN"]
+    assert "PartitionName=gpu Nodes=node[1-3] Default=YES MaxTime=INFINITE State=UP" in text
+
+
+def test_single_node_without_gpus():
+    lay = layout(nodes=1, gpus_per_node=0)
+    text = lay.render_slurm_conf()
+    assert "NodeName=node1 NodeAddr=10.77.0.11 CPUs=4" in text
+    assert "Gres=" not in text.split("NodeName=")[1]
+    assert lay.render_gres_conf() == "AutoDetect=off\n"
+
+
+def test_gres_conf_uses_character_device_files():
+    assert layout(gpus_per_node=2).render_gres_conf() == \
+        "AutoDetect=off\nNodeName=node[1-3] Name=gpu File=/s/fakegpu/nvidia[0-1]\n"
+    assert layout(gpus_per_node=1).render_gres_conf().endswith("File=/s/fakegpu/nvidia0\n")
+
+
+def test_slurmdbd_conf_points_at_our_own_database_port():
+    text = layout(db_port=3399).render_slurmdbd_conf("pw")
+    assert "StorageHost=127.0.0.1" in text.splitlines()
+    assert "StoragePort=3399" in text.splitlines()
+    assert "StoragePass=pw" in text.splitlines()
+
+
+def test_names_and_addresses():
+    lay = layout(nodes=12)
+    assert lay.node_names[-1] == "node12"
+    assert lay.nodelist == "node[1-12]"
+    assert lay.node_addr("node12") == "10.77.0.22"
+    assert lay.netns("node2") == "slurmtools-node2"
+    assert len(lay.veth("node12")) <= 15
+    with pytest.raises(ValueError, match="unknown node 'node13'"):
+        lay.node_addr("node13")
+
+
+@pytest.mark.parametrize("nodes", [0, 33])
+def test_node_count_is_bounded(nodes):
+    with pytest.raises(ValueError, match="nodes must be between 1 and 32"):
+        layout(nodes=nodes)
+
+
+def test_hosts_block_added_once_and_removed_exactly():
+    original = "127.0.0.1 localhost\n127.0.1.1 vm\n"
+    block = layout(nodes=2).render_hosts_block()
+    assert block == f"{HOSTS_BEGIN}\n10.77.0.11 node1\n10.77.0.12 node2\n{HOSTS_END}\n"
+    once = with_hosts_block(original, block)
+    twice = with_hosts_block(once, block)
+    assert once == twice == original + block
+    assert strip_hosts_block(twice) == original
+
+
+def test_hosts_without_trailing_newline_is_kept_intact():
+    block = layout(nodes=1).render_hosts_block()
+    assert with_hosts_block("127.0.0.1 localhost", block) == "127.0.0.1 localhost\n" + block
