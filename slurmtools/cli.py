@@ -94,6 +94,190 @@ def _add_minicluster(sub) -> None:
     p.set_defaults(func=cmd_minicluster)
 
 
+# ---- jobs --------------------------------------------------------------------------
+def _slurmtools_cmd() -> List[str]:
+    """How the generated script calls slurmtools on the nodes: this very interpreter."""
+    return [sys.executable, "-m", "slurmtools"]
+
+
+def _job_id(text: str) -> int:
+    if not text.isdigit():
+        raise UsageError(f"not a job id: {text!r}")
+    return int(text)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from slurmtools import sbatch
+    from slurmtools.spec import load_spec
+
+    spec = load_spec(args.spec)
+    cmd = ["slurmtools"] if args.portable else _slurmtools_cmd()
+    sys.stdout.write(sbatch.render(spec, slurmtools_cmd=cmd, source=args.spec))
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from slurmtools import jobs
+    from slurmtools.spec import load_spec
+
+    spec = load_spec(args.spec)
+    job_id = jobs.submit_spec(spec, slurmtools_cmd=_slurmtools_cmd(), source=args.spec)
+    print(job_id, flush=True)
+    if not args.wait:
+        return 0
+    info = jobs.wait_for_job(job_id, out=sys.stderr)
+    print(f"job {job_id}: {info.state} exit={info.exit_code or '?'}", file=sys.stderr)
+    return 0 if info.state == "COMPLETED" else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    from slurmtools import slurm
+
+    info = slurm.job_state(_job_id(args.job_id))
+    if args.json:
+        print(json.dumps({"job_id": info.job_id, "state": info.state, "reason": info.reason, "nodes": info.nodes,
+                          "exit_code": info.exit_code, "restarts": info.restarts}, sort_keys=True))
+    else:
+        print(f"{info.job_id} {info.state} nodes={info.nodes or '-'} reason={info.reason or '-'} "
+              f"restarts={info.restarts} exit={info.exit_code or '-'}")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from slurmtools import slurm
+
+    slurm.cancel(_job_id(args.job_id))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from slurmtools import jobs, slurm
+
+    job_id = _job_id(args.job_id)
+    out_path, err_path = jobs.log_paths(job_id)
+    path = err_path if args.stderr else out_path
+    if not args.follow:
+        if not path.is_file():
+            raise UsageError(f"no log file yet at {path}")
+        sys.stdout.write(path.read_text(errors="replace"))
+        return 0
+    for chunk in jobs.follow(path, still_running=lambda: not slurm.job_state(job_id).finished):
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import os
+
+    from slurmtools.requeue import policy, supervisor
+
+    argv = list(args.command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("run: no command given (slurmtools run [options] -- srun ...)")
+    control = args.control_dir or f".slurmtools/{os.environ.get('SLURM_JOB_ID', 'local')}"
+    cfg = supervisor.SupervisorConfig(
+        limits=policy.Limits(max_restarts=args.max_restarts, max_consecutive_failures=args.max_consecutive_failures,
+                             no_progress_restarts=args.no_progress_restarts, backoff_s=args.backoff_s,
+                             retry_oom=args.retry_oom),
+        control_dir=Path(control), checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None,
+        hang_timeout_s=args.hang_timeout_s, checkpoint_grace_s=args.checkpoint_grace_s,
+        warning_signal=args.warning_signal)
+    return supervisor.run(cfg, argv)
+
+
+def cmd_goodput(args: argparse.Namespace) -> int:
+    import json
+
+    from slurmtools.requeue import ledger
+
+    records = ledger.read(Path(args.ledger))
+    if not records:
+        raise UsageError(f"no ledger records at {args.ledger} (a control dir or its ledger.jsonl)")
+    g = ledger.goodput(records)
+    if args.json:
+        print(json.dumps({"ratio": g.ratio, **g.__dict__}, sort_keys=True))
+    else:
+        print(ledger.format_goodput(g))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from slurmtools.requeue import plan
+
+    try:
+        p = plan.plan(checkpoint_cost_s=args.checkpoint_cost_s, nodes=args.nodes, node_mtbf_h=args.node_mtbf_h,
+                      restart_cost_s=args.restart_cost_s)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(plan.format_plan(p))
+    return 0
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+        return value
+    return parse
+
+
+def _add_jobs(sub) -> None:
+    p = sub.add_parser("render", help="print the sbatch script for a job spec")
+    p.add_argument("spec")
+    p.add_argument("--portable", action="store_true", help="call `slurmtools` from PATH, not this interpreter")
+    p.set_defaults(func=cmd_render)
+    p = sub.add_parser("submit", help="render and submit a job spec; prints the job id")
+    p.add_argument("spec")
+    p.add_argument("--wait", action="store_true", help="follow state and progress; exit with the job's result")
+    p.set_defaults(func=cmd_submit)
+    p = sub.add_parser("status", help="a job's state (squeue, then sacct)")
+    p.add_argument("job_id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("cancel", help="cancel a job")
+    p.add_argument("job_id")
+    p.set_defaults(func=cmd_cancel)
+    p = sub.add_parser("logs", help="print (or --follow) a job's output")
+    p.add_argument("job_id")
+    p.add_argument("--follow", "-f", action="store_true")
+    p.add_argument("--stderr", action="store_true", help="the .err file instead of .out")
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("run", help="(inside a job) supervise the launch: warning signal, requeue, hang watchdog")
+    p.add_argument("--max-restarts", type=_positive(int), default=3)
+    p.add_argument("--max-consecutive-failures", type=_positive(int), default=2)
+    p.add_argument("--no-progress-restarts", type=_positive(int), default=3)
+    p.add_argument("--hang-timeout-s", type=_positive(float), default=600.0)
+    p.add_argument("--checkpoint-grace-s", type=_positive(float), default=120.0)
+    p.add_argument("--backoff-s", type=_positive(float), default=5.0)
+    p.add_argument("--warning-signal", default="USR1", choices=["USR1", "USR2", "TERM", "INT", "HUP"])
+    p.add_argument("--retry-oom", action="store_true")
+    p.add_argument("--checkpoint-dir")
+    p.add_argument("--control-dir")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("goodput", help="goodput of a supervised job from its ledger")
+    p.add_argument("ledger", help="the job's control dir (<checkpoint_dir>/.slurmtools/JOBID) or its ledger.jsonl")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_goodput)
+    p = sub.add_parser("plan", help="checkpoint interval (Young/Daly) and predicted goodput")
+    p.add_argument("--checkpoint-cost-s", type=_positive(float), required=True)
+    p.add_argument("--nodes", type=_positive(int), required=True)
+    p.add_argument("--node-mtbf-h", type=_positive(float), required=True, help="mean time between failures of ONE node")
+    p.add_argument("--restart-cost-s", type=_positive(float), default=60.0, help="requeue + launch + load")
+    p.set_defaults(func=cmd_plan)
+
+
 # ---- main --------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     from slurmtools import __version__
@@ -106,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_ADDERS = [_add_minicluster]
+_ADDERS = [_add_minicluster, _add_jobs]
 
 
 def main(argv: Optional[List[str]] = None) -> int:

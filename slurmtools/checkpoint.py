@@ -1,0 +1,201 @@
+"""Checkpoints that are either complete or ignored.
+
+A checkpoint is written into `step_N.tmp/` (never into an existing directory), its files
+are fsynced, a MANIFEST.json with every file's size and sha256 is written last (temp +
+fsync + replace), the directory is renamed to `step_N/` and the parent fsynced. `latest()`
+returns the newest `step_N` whose manifest verifies, falling back to older ones: a kill
+mid-save leaves only a `.tmp` directory, a flipped byte fails the checksum. Framework-agnostic:
+a callable writes files into a directory (torch DCP lives in checkpoint_torch.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+
+from slurmtools.errors import CheckpointError
+
+MANIFEST = "MANIFEST.json"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_HASH_CHUNK = 1 << 20
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: Path
+    manifest: Dict[str, Any]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(_HASH_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """temp + fsync + replace + fsync(dir): readers see the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_path(path.parent)
+
+
+def verify_dir(path: Path, *, checksums: bool = True) -> Tuple[bool, str, Dict[str, Any]]:
+    """(ok, why-not, manifest) for one checkpoint directory."""
+    mpath = path / MANIFEST
+    try:
+        manifest = json.loads(mpath.read_text())
+        files = manifest["files"]
+    except FileNotFoundError:
+        return False, "no manifest", {}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return False, f"unreadable manifest ({exc})", {}
+    for rel, info in files.items():
+        f = path / rel
+        try:
+            size = f.stat().st_size
+        except OSError:
+            return False, f"missing file {rel}", manifest
+        if size != info["size"]:
+            return False, f"size mismatch in {rel} ({size} != {info['size']})", manifest
+        if checksums and sha256_file(f) != info["sha256"]:
+            return False, f"checksum mismatch in {rel}", manifest
+    return True, "", manifest
+
+
+class CheckpointManager:
+    """Atomic commit, latest complete, retention (keeps at least two)."""
+
+    def __init__(self, root: Union[str, Path], keep: int = 2) -> None:
+        if keep < 2:
+            raise CheckpointError(f"keep must be >= 2 (a corrupt newest needs an older one), got {keep}")
+        self.root = Path(root)
+        self.keep = keep
+
+    # ---- paths -------------------------------------------------------------------
+    def final_dir(self, step: int) -> Path:
+        return self.root / f"step_{step}"
+
+    def tmp_dir(self, step: int) -> Path:
+        return self.root / f"step_{step}.tmp"
+
+    # ---- writing -------------------------------------------------------------------
+    def begin(self, step: int) -> Path:
+        """A fresh, empty staging directory for step (a stale one from a dead attempt is removed)."""
+        if step < 0:
+            raise CheckpointError(f"step must be >= 0, got {step}")
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.tmp_dir(step)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        return tmp
+
+    def commit(self, step: int, meta: Optional[Mapping[str, Any]] = None) -> Checkpoint:
+        """Seal the staging directory: fsync files, manifest last, rename, fsync the parent."""
+        tmp = self.tmp_dir(step)
+        if not tmp.is_dir():
+            raise CheckpointError(f"nothing staged for step {step} ({tmp} missing)")
+        final = self.final_dir(step)
+        if final.exists():
+            raise CheckpointError(f"{final} already exists; a checkpoint is never written into an existing directory")
+        files: Dict[str, Dict[str, Any]] = {}
+        for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            rel = f.relative_to(tmp).as_posix()
+            if rel == MANIFEST:
+                continue
+            fsync_path(f)
+            files[rel] = {"size": f.stat().st_size, "sha256": sha256_file(f)}
+        if not files:
+            raise CheckpointError(f"step {step}: the writer wrote no files into {tmp}")
+        manifest = {"format": 1, "step": step, "files": files, "created_unix_s": time.time(), **(meta or {})}
+        write_json_atomic(tmp / MANIFEST, manifest)
+        os.replace(tmp, final)
+        fsync_path(self.root)
+        self.prune()
+        return Checkpoint(step, final, manifest)
+
+    def save(self, step: int, writer: Callable[[Path], None], meta: Optional[Mapping[str, Any]] = None) -> Checkpoint:
+        """Single-process save: writer(directory) writes the files; the rest is atomic."""
+        existing = self.final_dir(step)
+        if existing.exists():
+            ok, why, manifest = verify_dir(existing)
+            if ok:
+                return Checkpoint(step, existing, manifest)
+            self.quarantine(existing, why)
+        tmp = self.begin(step)
+        writer(tmp)
+        return self.commit(step, meta)
+
+    # ---- reading -------------------------------------------------------------------
+    def step_dirs(self) -> List[Tuple[int, Path]]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in self.root.iterdir():
+            m = _STEP_DIR.match(p.name)
+            if m and p.is_dir():
+                out.append((int(m.group(1)), p))
+        return sorted(out, reverse=True)
+
+    def latest(self, *, checksums: bool = True) -> Optional[Checkpoint]:
+        """Newest checkpoint whose manifest verifies; older ones are the fallback."""
+        for step, path in self.step_dirs():
+            ok, why, manifest = verify_dir(path, checksums=checksums)
+            if ok:
+                return Checkpoint(step, path, manifest)
+            log.warning("skipping checkpoint %s: %s", path, why)
+        return None
+
+    def complete(self, *, checksums: bool = False) -> List[Checkpoint]:
+        out = []
+        for step, path in self.step_dirs():
+            ok, _, manifest = verify_dir(path, checksums=checksums)
+            if ok:
+                out.append(Checkpoint(step, path, manifest))
+        return out
+
+    # ---- retention -------------------------------------------------------------------
+    def quarantine(self, path: Path, why: str) -> None:
+        """Move a bad checkpoint aside (kept for inspection, never loaded)."""
+        target = path.with_name(f"{path.name}.bad-{int(time.time())}")
+        log.warning("quarantining %s (%s) as %s", path, why, target.name)
+        os.replace(path, target)
+
+    def prune(self) -> List[Path]:
+        """Keep the newest `keep` complete checkpoints; drop older complete ones and staging dirs
+        older than the newest complete one (leftovers of dead attempts)."""
+        removed = []
+        done = self.complete()
+        for ckpt in done[self.keep:]:
+            shutil.rmtree(ckpt.path, ignore_errors=True)
+            removed.append(ckpt.path)
+        newest = done[0].step if done else None
+        for p in (self.root.iterdir() if self.root.is_dir() else []):
+            m = re.match(r"^step_(\d+)\.tmp$", p.name)
+            if m and newest is not None and int(m.group(1)) < newest:
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+        return removed

@@ -1,0 +1,74 @@
+"""torch.distributed.checkpoint (DCP) on top of CheckpointManager: sharded save/load, resharding
+on load (DCP handles a different world size), and an async save on its own process group.
+
+Rank 0 owns the directory: it stages `step_N.tmp`, every rank writes its shards there with
+overwrite disabled, and rank 0 commits (manifest last, rename) once all shards are written.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from slurmtools.checkpoint import Checkpoint, CheckpointManager
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _broadcast(obj: Any) -> Any:
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save(manager: CheckpointManager, step: int, model: Any, optim: Any, extra: Optional[Dict[str, Any]] = None,
+         meta: Optional[Dict[str, Any]] = None) -> Optional[Checkpoint]:
+    """Blocking sharded save of model + optimizer (+ small extras) as step; collective."""
+    already = _broadcast(manager.final_dir(step).exists() if _rank() == 0 else None)
+    if already:
+        return None
+    tmp = _broadcast(str(manager.begin(step)) if _rank() == 0 else None)
+    msd, osd = get_state_dict(model, optim)
+    state = {"model": msd, "optim": osd, "extra": dict(extra or {}, step=step)}
+    dcp.save(state, storage_writer=FileSystemWriter(tmp, overwrite=False))
+    _barrier()
+    ckpt = None
+    if _rank() == 0:
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        ckpt = manager.commit(step, dict(meta or {}, world_size=world))
+    _barrier()
+    return ckpt
+
+
+def load_latest(manager: CheckpointManager, model: Any, optim: Any) -> Optional[Dict[str, Any]]:
+    """Load the newest complete checkpoint into model/optim (any saved world size); returns its extras.
+
+    Rank 0 picks the checkpoint (verifying checksums) and tells the others, so all ranks load the same one.
+    """
+    chosen = None
+    if _rank() == 0:
+        ckpt = manager.latest()
+        chosen = str(ckpt.path) if ckpt else None
+    chosen = _broadcast(chosen)
+    if chosen is None:
+        return None
+    msd, osd = get_state_dict(model, optim)
+    state = {"model": msd, "optim": osd, "extra": {"step": -1}}
+    dcp.load(state, storage_reader=FileSystemReader(chosen))
+    set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    extra = dict(state["extra"])
+    extra["path"] = chosen
+    return extra
+

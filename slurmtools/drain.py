@@ -1,0 +1,85 @@
+"""Drains we own: a structured, prefixed reason, and never touching a reason a person set.
+
+Reason format (parseable, short enough for Slurm and `sinfo -R`):
+    slurmtools: CRITICAL gpu.ecc gpu=3 dbe=2 job=1234
+Only reasons that start with the prefix are ever resumed or overwritten by slurmtools.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from slurmtools import slurm
+from slurmtools.errors import UsageError
+
+PREFIX = "slurmtools:"
+MAX_REASON_CHARS = 200
+_SAFE = re.compile(r"[^A-Za-z0-9_.,:;=+@/%()\[\]#<>-]")
+
+
+@dataclass(frozen=True)
+class DrainReason:
+    status: str
+    check: str
+    detail: str
+    job: Optional[str] = None
+
+    def render(self) -> str:
+        """One line, no quotes or control characters, bounded length."""
+        detail = " ".join(_SAFE.sub("_", w) for w in self.detail.split())
+        text = f"{PREFIX} {self.status} {_SAFE.sub('_', self.check)}"
+        if detail:
+            text += f" {detail}"
+        suffix = f" job={self.job}" if self.job else ""
+        if len(text) + len(suffix) > MAX_REASON_CHARS:
+            text = text[:MAX_REASON_CHARS - len(suffix) - 3] + "..."
+        return text + suffix
+
+
+def is_ours(reason: str) -> bool:
+    return reason.strip().startswith(PREFIX)
+
+
+def parse_reason(reason: str) -> Optional[Dict[str, str]]:
+    """Inverse of render() for our own reasons; None for anybody else's."""
+    if not is_ours(reason):
+        return None
+    words = reason.strip()[len(PREFIX):].split()
+    if len(words) < 2:
+        return None
+    out = {"status": words[0], "check": words[1]}
+    rest = []
+    for w in words[2:]:
+        if w.startswith("job="):
+            out["job"] = w[4:]
+        else:
+            rest.append(w)
+    out["detail"] = " ".join(rest)
+    return out
+
+
+def drain(node: str, reason: DrainReason) -> bool:
+    """Drain node with our reason unless a person already drained it (then leave theirs). Returns
+    True when our reason is now on the node."""
+    current = slurm.nodes(node)
+    if current and current[0].drained and current[0].reason and not is_ours(current[0].reason):
+        return False
+    slurm.drain_node(node, reason.render())
+    return True
+
+
+def resume(node: str, *, force: bool = False) -> None:
+    """Resume a node we drained; a person's drain only with force."""
+    current = slurm.nodes(node)
+    if not current:
+        raise UsageError(f"unknown node {node!r}")
+    info = current[0]
+    if info.reason and not is_ours(info.reason) and not force:
+        raise UsageError(f"{node} was drained by {info.reason_user or 'someone else'} "
+                         f"({info.reason!r}); not ours to resume (use --force)")
+    slurm.resume_node(node)
+
+
+def unhealthy_nodes() -> List[slurm.NodeInfo]:
+    return [n for n in slurm.nodes() if n.drained or n.state in ("down", "fail") or "NOT_RESPONDING" in n.flags]

@@ -1,0 +1,117 @@
+"""Job-level operations behind the CLI: submit a spec, follow a job, find and tail its logs.
+
+Rendering stays pure (sbatch.py) and Slurm calls stay in slurm.py; this layer prepares
+directories, polls, and turns the trainer's JSON lines into a progress line.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence, TextIO
+
+from slurmtools import sbatch, slurm
+from slurmtools.errors import SlurmCommandError, UsageError
+from slurmtools.spec import JobSpec
+
+
+def submit_spec(spec: JobSpec, *, slurmtools_cmd: Sequence[str], source: str = "") -> int:
+    """Render, create the output/checkpoint dirs (Slurm will not), submit with --parsable."""
+    script = sbatch.render(spec, slurmtools_cmd=slurmtools_cmd, source=source)
+    for d in (spec.output_dir, spec.checkpoint_dir):
+        if d:
+            try:
+                Path(d).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(f"cannot create directory {d}: {exc.strerror}") from None
+    return slurm.submit(script)
+
+
+def log_paths(job_id: int) -> tuple:
+    """(stdout, stderr) paths of a job slurmctld still knows."""
+    rec = slurm.show_job(job_id)
+    if rec is None:
+        raise UsageError(f"job {job_id} is not known to slurmctld any more (MinJobAge); "
+                         "its logs are in the spec's output_dir")
+    return Path(rec.get("StdOut", "")), Path(rec.get("StdErr", ""))
+
+
+def progress_from_log(text: str) -> Optional[str]:
+    """The newest step line of the trainer's JSON output as 'step N[/total] loss X'."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if not line.startswith("{") or '"step"' not in line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if "step" in rec and "loss" in rec:
+            total = f"/{rec['total_steps']}" if "total_steps" in rec else ""
+            loss = rec["loss"]
+            if isinstance(loss, str):
+                try:
+                    loss = float.fromhex(loss)
+                except ValueError:
+                    pass
+            loss_txt = f" loss {loss:.4f}" if isinstance(loss, float) else ""
+            return f"step {rec['step']}{total}{loss_txt} (attempt {rec.get('attempt_id', '?')})"
+    return None
+
+
+def wait_for_job(job_id: int, *, out: TextIO = sys.stdout, poll_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> slurm.JobInfo:
+    """Print state changes and a live progress line until the job reaches a final state."""
+    last_state = ""
+    last_progress = ""
+    stdout_path: Optional[Path] = None
+    while True:
+        try:
+            info = slurm.job_state(job_id)
+        except SlurmCommandError:
+            time.sleep(poll_s)
+            continue
+        state = f"{info.state}" + (f" ({info.reason})" if info.reason not in ("", "None") else "") + \
+            (f" restarts={info.restarts}" if info.restarts else "")
+        if state != last_state:
+            print(f"job {job_id}: {state}" + (f" on {info.nodes}" if info.nodes else ""), file=out, flush=True)
+            last_state = state
+        if stdout_path is None:
+            try:
+                stdout_path = log_paths(job_id)[0]
+            except (UsageError, SlurmCommandError):
+                stdout_path = None
+        if stdout_path is not None and stdout_path.is_file():
+            progress = progress_from_log(_tail_text(stdout_path))
+            if progress and progress != last_progress:
+                print(f"job {job_id}: {progress}", file=out, flush=True)
+                last_progress = progress
+        if info.finished:
+            return info
+        time.sleep(poll_s)
+
+
+def _tail_text(path: Path, max_bytes: int = 65536) -> str:
+    with open(path, "rb") as fh:
+        fh.seek(0, 2)
+        size = fh.tell()
+        fh.seek(max(0, size - max_bytes))
+        return fh.read().decode(errors="replace")
+
+
+def follow(path: Path, *, still_running: Callable[[], bool], poll_s: float = 0.5) -> Iterator[str]:
+    """Yield lines of path as they are written, until the job ends and the file is drained."""
+    pos = 0
+    while True:
+        if path.is_file():
+            with open(path, "rb") as fh:
+                fh.seek(pos)
+                chunk = fh.read()
+                pos = fh.tell()
+            if chunk:
+                yield chunk.decode(errors="replace")
+                continue
+        if not still_running():
+            return
+        time.sleep(poll_s)

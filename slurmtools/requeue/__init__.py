@@ -1,0 +1,1 @@
+"""Auto-requeue: pure policy (classify, decide), flag-only signals, heartbeat watchdog, the supervisor loop."""

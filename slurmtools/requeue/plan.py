@@ -1,0 +1,56 @@
+"""Checkpoint interval advice (Young/Daly) and predicted goodput; pure arithmetic.
+
+With checkpoint cost C, job MTBF M (one node's MTBF / nodes) and restart cost R:
+  Young:  tau = sqrt(2 C M)
+  Daly:   tau = sqrt(2 C M) * (1 + sqrt(C / 2M) / 3 + C / 18M) - C      (C < 2M), else M
+  waste fraction ~= C / tau  +  (tau / 2 + C + R) / M    (checkpoints; lost work + restart per failure)
+  goodput = 1 - waste
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Tuple
+
+
+@dataclass(frozen=True)
+class Plan:
+    checkpoint_cost_s: float
+    restart_cost_s: float
+    job_mtbf_s: float
+    young_interval_s: float
+    daly_interval_s: float
+    goodput: float
+    table: List[Tuple[float, float]]   # (interval_s, predicted goodput)
+
+
+def predicted_goodput(interval_s: float, checkpoint_cost_s: float, job_mtbf_s: float, restart_cost_s: float) -> float:
+    waste = checkpoint_cost_s / interval_s + (interval_s / 2 + checkpoint_cost_s + restart_cost_s) / job_mtbf_s
+    return max(0.0, 1.0 - waste)
+
+
+def plan(*, checkpoint_cost_s: float, nodes: int, node_mtbf_h: float, restart_cost_s: float = 60.0) -> Plan:
+    if checkpoint_cost_s <= 0:
+        raise ValueError("checkpoint cost must be > 0 s")
+    if nodes < 1:
+        raise ValueError("nodes must be >= 1")
+    if node_mtbf_h <= 0:
+        raise ValueError("node MTBF must be > 0 hours")
+    m = node_mtbf_h * 3600.0 / nodes
+    c = checkpoint_cost_s
+    young = math.sqrt(2 * c * m)
+    daly = young * (1 + math.sqrt(c / (2 * m)) / 3 + c / (18 * m)) - c if c < 2 * m else m
+    daly = max(daly, c)
+    table = [(t, predicted_goodput(t, c, m, restart_cost_s)) for t in (300.0, 900.0, 1800.0, 3600.0, 3 * 3600.0)]
+    return Plan(c, restart_cost_s, m, young, daly, predicted_goodput(daly, c, m, restart_cost_s), table)
+
+
+def format_plan(p: Plan) -> str:
+    lines = [
+        f"job MTBF: {p.job_mtbf_s / 3600:.2f} h",
+        f"checkpoint every: {p.daly_interval_s / 60:.1f} min (Daly; Young: {p.young_interval_s / 60:.1f} min)",
+        f"predicted goodput: {p.goodput:.1%} (checkpoint {p.checkpoint_cost_s:g} s, restart {p.restart_cost_s:g} s)",
+        "other intervals:",
+    ]
+    lines += [f"  every {t / 60:5.0f} min -> {g:.1%}" for t, g in p.table]
+    return "\n".join(lines)

@@ -1,0 +1,200 @@
+"""Pure failure classification and the decision matrix (DESIGN.md §5).
+
+classify(evidence) -> Cause; decide(cause, history, limits) -> Verdict. No I/O, no clock:
+every row is a table-driven unit test.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Dict, List, Optional, Sequence
+
+# NVIDIA XIDs whose recovery action is a GPU reset / node reboot / RMA (fatal for the node), vs
+# monitor-only ones (application errors, page faults). Data, not code: extend here.
+FATAL_XIDS = frozenset({48, 56, 57, 58, 62, 63, 64, 69, 74, 79, 92, 94, 95, 109, 110, 119, 120, 136, 140,
+                        143, 144, 145, 146, 147, 148, 149, 150, 151, 154, 155, 156, 158})
+MONITOR_XIDS = frozenset({13, 31, 32, 38, 43, 45, 61, 68, 121, 137})
+
+
+class Cause(str, Enum):
+    COMPLETED = "completed"
+    PREEMPTED = "preempted"              # warning signal / requeue by a person, checkpointed or not
+    NODE_FAILURE = "node_failure"
+    COLLECTIVE_TIMEOUT = "collective_timeout"
+    HANG = "hang"
+    GPU_FATAL = "gpu_fatal"
+    OOM = "oom"
+    USER_ERROR = "user_error"
+    CRASH = "crash"
+    CANCELLED = "cancelled"
+
+
+class Action(str, Enum):
+    COMPLETE = "complete"
+    REQUEUE = "requeue"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything the supervisor observed about one attempt."""
+
+    exit_code: Optional[int]                 # srun's exit code (None: still running / killed by us)
+    complete_marker: bool = False            # rank 0 wrote `complete`
+    stopped_for_requeue: bool = False        # ranks checkpointed on request and exited
+    warning_received: bool = False           # warning signal or SIGTERM (preemption / person's requeue)
+    cancelled: bool = False                  # Slurm says the job was cancelled (scancel)
+    hang_rank: Optional[int] = None          # watchdog: laggard rank (None: no hang or not attributable)
+    hang_detected: bool = False
+    hang_node: Optional[str] = None
+    log_tail: str = ""                       # last lines of the job step's output
+    progressed: bool = True                  # any step finished in this attempt
+    node_states: Dict[str, str] = field(default_factory=dict)  # allocation node -> Slurm base state
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    cause: Cause
+    node: Optional[str] = None       # attributed node, when known
+    detail: str = ""
+    fatal_for_node: bool = False     # evidence strong enough to drain the node
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One earlier attempt, as the ledger remembers it."""
+
+    cause: Cause
+    counted: bool
+    checkpoint_step: Optional[int]
+    node: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_restarts: int = 3
+    max_consecutive_failures: int = 2
+    no_progress_restarts: int = 3
+    backoff_s: float = 5.0
+    retry_oom: bool = False
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: Action
+    reason: str
+    counted: bool = False            # counts against the restart budget
+    exclude_node: Optional[str] = None
+    drain_node: Optional[str] = None
+    backoff_s: float = 0.0
+
+
+_COLLECTIVE = re.compile(
+    r"(Watchdog caught collective operation timeout|collective operation timeout|NCCL.*[Tt]imeout|"
+    r"ProcessGroupNCCL.*timed out|Timed out waiting \d+ms for (recv|send) operation|"
+    r"gloo.*(Connection closed by peer|Connection reset by peer|Timed out)|DistBackendError)")
+_XID = re.compile(r"NVRM: Xid \(PCI:[^)]*\): (\d+)")
+_OOM = re.compile(r"(CUDA out of memory|OutOfMemoryError|torch\.OutOfMemoryError|oom-kill|Out Of Memory|"
+                  r"Killed process \d+ .*out of memory|OUT_OF_MEMORY)", re.IGNORECASE)
+_USER = re.compile(r"\b(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|NameError|"
+                   r"unrecognized arguments|No such file or directory: '[^']*\.py')\b")
+_NODE_FAIL = re.compile(r"Node failure on (\S+)")
+_HOST_IN_LINE = re.compile(r"\b(?:host|node)[=: ]+([A-Za-z][\w.-]*)")
+
+
+def xid_codes(text: str) -> List[int]:
+    return [int(m) for m in _XID.findall(text)]
+
+
+def classify(ev: Evidence) -> Diagnosis:
+    """The cause of an attempt's end, and the node to blame when the evidence names one."""
+    down = sorted(n for n, s in ev.node_states.items() if s in ("down", "fail", "failing"))
+    node_fail = _NODE_FAIL.search(ev.log_tail)
+    if ev.complete_marker:
+        # training finished and its final checkpoint is committed; a non-zero exit here comes
+        # from teardown (e.g. a rendezvous shutdown race), not from training
+        return Diagnosis(Cause.COMPLETED, detail="" if ev.exit_code == 0 else f"exit {ev.exit_code} after completion")
+    if ev.cancelled:
+        return Diagnosis(Cause.CANCELLED, detail="cancelled")
+    if ev.stopped_for_requeue or (ev.warning_received and not ev.hang_detected and (ev.exit_code == 0 or not down)):
+        return Diagnosis(Cause.PREEMPTED, detail="checkpointed on request" if ev.stopped_for_requeue
+                         else "warning signal")
+    if node_fail or down:
+        node = node_fail.group(1).rstrip(":,") if node_fail else down[0]
+        return Diagnosis(Cause.NODE_FAILURE, node=node, detail=f"node {node} failed")
+    fatal = [x for x in xid_codes(ev.log_tail) if x in FATAL_XIDS]
+    if fatal:
+        return Diagnosis(Cause.GPU_FATAL, node=_blamed_host(ev.log_tail, _XID), detail=f"xid={fatal[0]}",
+                         fatal_for_node=True)
+    if ev.hang_detected:
+        return Diagnosis(Cause.HANG, node=ev.hang_node,
+                         detail=f"no heartbeat from rank {ev.hang_rank}" if ev.hang_rank is not None
+                         else "no heartbeat from any rank", fatal_for_node=ev.hang_node is not None)
+    if _OOM.search(ev.log_tail):
+        return Diagnosis(Cause.OOM, detail="out of memory")
+    if _COLLECTIVE.search(ev.log_tail):
+        return Diagnosis(Cause.COLLECTIVE_TIMEOUT, node=_blamed_host(ev.log_tail, _COLLECTIVE),
+                         detail="collective timeout")
+    if ev.exit_code == 0:
+        # clean exit without the complete marker: the program ended early on its own
+        return Diagnosis(Cause.USER_ERROR, detail="exited 0 before training completed")
+    if _USER.search(ev.log_tail) or not ev.progressed:
+        m = _USER.search(ev.log_tail)
+        return Diagnosis(Cause.USER_ERROR, detail=(m.group(1) if m else f"exit {ev.exit_code} before the first step"))
+    return Diagnosis(Cause.CRASH, detail=f"exit {ev.exit_code}")
+
+
+def _blamed_host(text: str, pattern: re.Pattern) -> Optional[str]:
+    for line in text.splitlines():
+        if pattern.search(line):
+            m = _HOST_IN_LINE.search(line)
+            if m:
+                return m.group(1)
+    return None
+
+
+def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: Limits,
+           checkpoint_step: Optional[int]) -> Verdict:
+    """What to do after an attempt ended with diag, given earlier attempts (oldest first)."""
+    if diag.cause is Cause.COMPLETED:
+        return Verdict(Action.COMPLETE, "training completed")
+    if diag.cause is Cause.PREEMPTED:
+        return Verdict(Action.REQUEUE, f"preempted ({diag.detail}); not counted")
+    if diag.cause is Cause.CANCELLED:
+        return Verdict(Action.STOP, "job cancelled")
+    if diag.cause is Cause.USER_ERROR:
+        return Verdict(Action.STOP, f"user error ({diag.detail}): a requeue would fail the same way")
+    if diag.cause is Cause.OOM and not limits.retry_oom:
+        return Verdict(Action.STOP, "out of memory: the same configuration would run out again")
+    counted_before = [a for a in history if a.counted]
+    if len(counted_before) + 1 > limits.max_restarts:
+        return Verdict(Action.STOP, f"restart budget spent ({limits.max_restarts} failures): last {diag.cause.value}"
+                       f" ({diag.detail})", counted=True)
+    same = 1
+    for a in reversed(history):
+        if not a.counted:
+            continue
+        if a.cause is not diag.cause or a.node != diag.node:
+            break
+        same += 1
+    if same >= limits.max_consecutive_failures:
+        return Verdict(Action.STOP, f"{diag.cause.value} {same} times in a row ({diag.detail})", counted=True)
+    if _no_progress(history, checkpoint_step, limits.no_progress_restarts):
+        return Verdict(Action.STOP, f"no newer checkpoint across {limits.no_progress_restarts} restarts "
+                       f"(stuck at step {checkpoint_step})", counted=True)
+    backoff = limits.backoff_s * (2 ** (same - 1))
+    node = diag.node if diag.cause in (Cause.NODE_FAILURE, Cause.COLLECTIVE_TIMEOUT, Cause.HANG,
+                                       Cause.GPU_FATAL) else None
+    drain = node if (diag.fatal_for_node and diag.cause is not Cause.NODE_FAILURE) else None
+    return Verdict(Action.REQUEUE, f"{diag.cause.value} ({diag.detail})", counted=True, exclude_node=node,
+                   drain_node=drain, backoff_s=backoff)
+
+
+def _no_progress(history: Sequence[AttemptRecord], checkpoint_step: Optional[int], k: int) -> bool:
+    """True when the last k counted failures (this one included) all ended at the same checkpoint."""
+    counted = [a for a in history if a.counted][-(k - 1):] if k > 1 else []
+    if len(counted) < k - 1:
+        return False
+    return all(a.checkpoint_step == checkpoint_step for a in counted)
+

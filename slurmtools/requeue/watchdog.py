@@ -1,0 +1,67 @@
+"""Heartbeat watchdog: read every rank's heartbeat file and find a stall and its laggard.
+
+A rank that hangs stops before announcing its next step, while the others announce it and
+then block inside a collective: the laggard is the rank with the lowest step. Deciding on a
+stall is pure (`judge`); reading the files is `read_heartbeats`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from slurmtools.runtime import HEARTBEAT_DIR
+
+
+@dataclass(frozen=True)
+class Beat:
+    rank: int
+    host: str
+    step: int
+    time_s: float
+
+
+@dataclass(frozen=True)
+class Stall:
+    idle_s: float
+    rank: Optional[int]     # the laggard, when exactly one rank is behind
+    host: Optional[str]
+    step: int
+
+
+def read_heartbeats(control_dir: Path) -> List[Beat]:
+    beats = []
+    d = control_dir / HEARTBEAT_DIR
+    if not d.is_dir():
+        return beats
+    for f in d.glob("*.json"):
+        try:
+            data = json.loads(f.read_text())
+            beats.append(Beat(int(data["rank"]), str(data.get("host", "")), int(data["step"]), float(data["time"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a half-written or foreign file is no evidence
+    return sorted(beats, key=lambda b: b.rank)
+
+
+def judge(beats: List[Beat], now_s: float, timeout_s: float, expected_ranks: Optional[int] = None) -> Optional[Stall]:
+    """A stall when no rank has beaten for timeout_s; the laggard when one rank is behind the rest."""
+    if timeout_s <= 0 or not beats:
+        return None
+    newest = max(b.time_s for b in beats)
+    idle = now_s - newest
+    if idle < timeout_s:
+        return None
+    steps: Dict[int, List[Beat]] = {}
+    for b in beats:
+        steps.setdefault(b.step, []).append(b)
+    low = min(steps)
+    laggards = steps[low]
+    if len(steps) > 1 and len(laggards) == 1:
+        lag = laggards[0]
+        return Stall(idle, lag.rank, lag.host, lag.step)
+    if expected_ranks is not None and len(beats) == expected_ranks - 1:
+        # one rank never beat at all: it is the laggard, but its host is unknown
+        missing = sorted(set(range(expected_ranks)) - {b.rank for b in beats})
+        return Stall(idle, missing[0] if missing else None, None, low)
+    return Stall(idle, None, None, low)

@@ -1,0 +1,150 @@
+"""Pure rendering: JobSpec -> sbatch script text. No subprocess, no filesystem, no clock.
+
+Rules: every #SBATCH value passes through shlex.quote and the directives are sorted; the
+node count is written once (#SBATCH --nodes) and read back from $SLURM_JOB_NUM_NODES; the
+batch step becomes the slurmtools supervisor (`exec slurmtools run`), so Slurm's warning
+signal reaches it directly and torchrun is told to forward SIGUSR1 instead of dying on it.
+"""
+from __future__ import annotations
+
+import shlex
+from typing import Dict, List, Sequence, Tuple
+
+from slurmtools import __version__
+from slurmtools.errors import SpecError
+from slurmtools.spec import JobSpec
+
+# Fields whose values end up in #SBATCH lines: sbatch's own parser drops backslashes there.
+DIRECTIVE_FIELDS = ("name", "partition", "account", "qos", "constraint", "reservation", "exclude",
+                    "nodelist", "output_dir")
+RDZV_PORT_BASE = 20000
+RDZV_PORT_SPAN = 20000
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+
+
+def q(value: object) -> str:
+    return shlex.quote(str(value))
+
+
+def format_time_limit(minutes: int) -> str:
+    """Slurm's D-HH:MM:SS form, exact for any number of minutes."""
+    days, rest = divmod(minutes, 24 * 60)
+    hours, mins = divmod(rest, 60)
+    return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours:02d}:{mins:02d}:00"
+
+
+def directives(spec: JobSpec) -> List[Tuple[str, str]]:
+    """(option, value) pairs; value '' means a flag without a value."""
+    for key in DIRECTIVE_FIELDS:
+        value = getattr(spec, key)
+        if value is not None and "\\" in value:
+            raise SpecError("backslashes are not allowed here: sbatch's #SBATCH parser drops them", key=key)
+    d: Dict[str, str] = {
+        "job-name": spec.name,
+        "nodes": str(spec.nodes),
+        "ntasks-per-node": str(1 if spec.launcher == "torchrun" else spec.procs_per_node),
+        "requeue": "",
+        "open-mode": "append",
+        "signal": f"B:{spec.requeue.warning_signal}@{spec.requeue.warning_lead_s}",
+        "output": f"{spec.output_dir.rstrip('/') or '/'}/%x-%j.out",
+        "error": f"{spec.output_dir.rstrip('/') or '/'}/%x-%j.err",
+    }
+    if spec.gpus_per_node:
+        d["gpus-per-node"] = str(spec.gpus_per_node)
+    if spec.cpus_per_task is not None:
+        d["cpus-per-task"] = str(spec.cpus_per_task)
+    if spec.mem_gb is not None:
+        d["mem"] = "0" if spec.mem_gb == 0 else f"{int(round(spec.mem_gb * 1024))}M"  # 0: all of the node
+    if spec.time_limit_min is not None:
+        d["time"] = format_time_limit(spec.time_limit_min)
+    for key in ("partition", "account", "qos", "constraint", "reservation", "exclude", "nodelist"):
+        value = getattr(spec, key)
+        if value is not None:
+            d[key] = value
+    return sorted(d.items())
+
+
+def environment(spec: JobSpec) -> List[Tuple[str, str]]:
+    """Variables exported to the training processes, sorted; the user's env wins on a clash."""
+    env: Dict[str, str] = {
+        "SLURMTOOLS_COLLECTIVE_TIMEOUT_S": str(spec.distributed.collective_timeout_s),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1" if spec.distributed.async_error_handling else "0",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1" if spec.distributed.dump_on_timeout else "0",
+    }
+    net = spec.network
+    if net.preset == "infiniband":
+        env["NCCL_IB_HCA"] = str(net.ib_hca)
+        env["NCCL_IB_DISABLE"] = "0"
+    elif net.preset == "ethernet":
+        env["NCCL_IB_DISABLE"] = "1"
+    if net.preset != "none" and net.socket_ifname:
+        env["NCCL_SOCKET_IFNAME"] = net.socket_ifname
+        env["GLOO_SOCKET_IFNAME"] = net.socket_ifname
+    if spec.checkpoint_dir:
+        env["SLURMTOOLS_CHECKPOINT_DIR"] = spec.checkpoint_dir
+    env.update(spec.env)
+    return sorted(env.items())
+
+
+def launch_argv(spec: JobSpec) -> List[str]:
+    """The srun command line; shell expansions ($SLURM_*, $MASTER_*) are left for bash."""
+    srun = ["srun", "--kill-on-bad-exit=1", '--nodes="$SLURM_JOB_NUM_NODES"']
+    if spec.container_image:
+        srun.append(f"--container-image={q(spec.container_image)}")
+    py = q(spec.python)
+    cmd = [q(a) for a in spec.command]
+    if spec.launcher == "torchrun":
+        srun.append("--ntasks-per-node=1")
+        return srun + [
+            py, "-m", "torch.distributed.run",
+            '--nnodes="$SLURM_JOB_NUM_NODES"', f"--nproc-per-node={spec.procs_per_node}",
+            "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv-id="$SLURM_JOB_ID"',
+            f"--signals-to-handle={TORCHRUN_SIGNALS}", *cmd]
+    srun.append(f"--ntasks-per-node={spec.procs_per_node}")
+    # one task per process: ranks come from Slurm's own variables
+    wrapper = 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS; exec "$@"'
+    program = [py] + cmd if spec.command[0].endswith(".py") else cmd
+    return srun + ["bash", "-c", q(wrapper), "slurmtools-task", *program]
+
+
+def supervisor_argv(spec: JobSpec, slurmtools_cmd: Sequence[str]) -> List[str]:
+    r = spec.requeue
+    argv = [*(q(a) for a in slurmtools_cmd), "run",
+            f"--max-restarts={r.max_restarts}", f"--max-consecutive-failures={r.max_consecutive_failures}",
+            f"--no-progress-restarts={r.no_progress_restarts}", f"--hang-timeout-s={r.hang_timeout_s}",
+            f"--checkpoint-grace-s={r.checkpoint_grace_s}", f"--backoff-s={r.backoff_s:g}",
+            f"--warning-signal={r.warning_signal}"]
+    if spec.checkpoint_dir:
+        argv.append(f"--checkpoint-dir={q(spec.checkpoint_dir)}")
+    # per-job control dir (heartbeats, requests, ledger) on the shared filesystem, kept across requeues
+    base = (spec.checkpoint_dir or spec.output_dir).rstrip("/") or "/"
+    argv.append(f"--control-dir={q(base + '/.slurmtools')}/\"$SLURM_JOB_ID\"")
+    return argv
+
+
+def render(spec: JobSpec, *, slurmtools_cmd: Sequence[str] = ("slurmtools",), source: str = "") -> str:
+    """The complete sbatch script for spec (pure)."""
+    lines = ["#!/bin/bash",
+             f"# Generated by slurmtools {__version__}{' from ' + source if source else ''}. "
+             "Edit the spec, not this file."]
+    for option, value in directives(spec):
+        lines.append(f"#SBATCH --{option}" + (f"={q(value)}" if value else ""))
+    lines += ["", "set -euo pipefail", "", "# environment for the training processes"]
+    lines += [f"export {k}={q(v)}" for k, v in environment(spec)]
+    lines += [
+        "",
+        "# rendezvous on the first node of the allocation; the port is derived from the job id",
+        "# (no `| head -n1`: under pipefail it can kill the script with SIGPIPE on large allocations)",
+        'JOB_HOSTS=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+        "MASTER_ADDR=${JOB_HOSTS%%$'\\n'*}",
+        f"MASTER_PORT=$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % {RDZV_PORT_SPAN} ))",
+        "export MASTER_ADDR MASTER_PORT",
+        "# attempt id: the job id (also the requeue chain id) and the restart count",
+        'export SLURMTOOLS_CHAIN_ID="$SLURM_JOB_ID"',
+        'export SLURMTOOLS_ATTEMPT_ID="${SLURM_JOB_ID}.${SLURM_RESTART_COUNT:-0}"',
+        "",
+        "# the supervisor handles the warning signal, classifies failures, requeues, watches heartbeats",
+        "exec " + " ".join(supervisor_argv(spec, slurmtools_cmd)) + " -- \\",
+        "  " + " ".join(launch_argv(spec)),
+    ]
+    return "\n".join(lines) + "\n"
