@@ -6,14 +6,14 @@ overwrite disabled, and rank 0 commits (manifest last, rename) once all shards a
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from slurmtools.checkpoint import Checkpoint, CheckpointManager
+from slurmtools.checkpoint import Checkpoint, CheckpointManager, verify_dir
 
 
 def _rank() -> int:
@@ -33,16 +33,33 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _complete_or_quarantine(manager: CheckpointManager, step: int) -> bool:
+    """True when step is already saved and verifies; a corrupt one is moved aside so it is rewritten."""
+    final = manager.final_dir(step)
+    if not final.exists():
+        return False
+    ok, why, _ = verify_dir(final)
+    if not ok:
+        manager.quarantine(final, why)
+    return ok
+
+
 def save(manager: CheckpointManager, step: int, model: Any, optim: Any, extra: Optional[Dict[str, Any]] = None,
-         meta: Optional[Dict[str, Any]] = None) -> Optional[Checkpoint]:
-    """Blocking sharded save of model + optimizer (+ small extras) as step; collective."""
-    already = _broadcast(manager.final_dir(step).exists() if _rank() == 0 else None)
+         meta: Optional[Dict[str, Any]] = None, before_commit: Optional[Callable[[], None]] = None
+         ) -> Optional[Checkpoint]:
+    """Blocking sharded save of model + optimizer (+ small extras) as step; collective.
+
+    before_commit runs on every rank after the shards are written and before rank 0 commits
+    (a place for fault injection in tests, or for flushing logs)."""
+    already = _broadcast(_complete_or_quarantine(manager, step) if _rank() == 0 else None)
     if already:
         return None
     tmp = _broadcast(str(manager.begin(step)) if _rank() == 0 else None)
     msd, osd = get_state_dict(model, optim)
     state = {"model": msd, "optim": osd, "extra": dict(extra or {}, step=step)}
     dcp.save(state, storage_writer=FileSystemWriter(tmp, overwrite=False))
+    if before_commit is not None:
+        before_commit()
     _barrier()
     ckpt = None
     if _rank() == 0:

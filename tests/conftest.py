@@ -59,3 +59,19 @@ def shared_tmp(tmp_path: Path) -> Path:
     """A scratch dir every node sees (all namespaces share the mount namespace)."""
     tmp_path.chmod(0o755)
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def reference_run(cluster, tmp_path_factory) -> dict:
+    """The uninterrupted run every fault test compares with (same steps, same world size)."""
+    from tests.cluster import training
+
+    workdir = tmp_path_factory.mktemp("reference")
+    workdir.chmod(0o755)
+    spec = training.training_spec(workdir, "reference")
+    job = training.submit(spec)
+    info = training.wait_finished(job, 180)
+    evts = training.events(spec, job)
+    finals = training.trainer_events(evts, "final")
+    assert info.state == "COMPLETED" and finals, training.describe(spec, job)
+    return {"job": job, "spec": spec, "events": evts, "hash": finals[-1]["state_sha256"]}

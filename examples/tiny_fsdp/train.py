@@ -114,6 +114,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--step-sleep-s", type=float, default=0.0, help="slow each step (fault tests)")
     ap.add_argument("--fail-at-step", type=int, default=-1, help="raise on every rank at this step")
     ap.add_argument("--hang-at-step", default="", help="RANK:STEP: that rank stops (no heartbeat) at STEP")
+    ap.add_argument("--slow-checkpoint-at", type=int, default=-1,
+                    help="this step's checkpoint pauses --slow-checkpoint-s between shards and commit")
+    ap.add_argument("--slow-checkpoint-s", type=float, default=30.0)
+    ap.add_argument("--faults-on-attempt", type=int, default=0,
+                    help="inject faults only on this restart count (SLURM_RESTART_COUNT); -1: every attempt")
     return ap.parse_args(argv)
 
 
@@ -163,6 +168,11 @@ def main(argv=None) -> int:
                 log({"event": "resumed", "step": start, "path": extra["path"], "world_size": world,
                      "attempt_id": control.attempt_id, "load_s": round(time.monotonic() - t0, 3)})
     hang_rank, _, hang_step = args.hang_at_step.partition(":")
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    faults = args.faults_on_attempt in (-1, restart)
+    if not faults:
+        hang_step, args.fail_at_step, args.slow_checkpoint_at = "", -1, -1
+    control.install_signal_handlers()
     step = start
     while step < args.steps:
         if step == args.fail_at_step:
@@ -171,6 +181,7 @@ def main(argv=None) -> int:
             print(f"rank {rank}: injected hang at step {step}", file=sys.stderr, flush=True)
             while True:
                 time.sleep(3600)
+        control.heartbeat(step)
         tokens = batch_for(step, rank, world, args, device)
         logits = model(tokens[:, :-1])
         loss = nn.functional.cross_entropy(logits, tokens[:, 1:].reshape(-1))
@@ -183,22 +194,24 @@ def main(argv=None) -> int:
         if rank == 0:
             log({"step": step, "total_steps": args.steps, "loss": (reduced.item() / world).hex(), "world_size": world,
                  "attempt_id": control.attempt_id})
-        control.heartbeat(step)
         if args.step_sleep_s:
             time.sleep(args.step_sleep_s)
         requested = agree(control.checkpoint_requested())
         if manager is not None and (requested or step % args.checkpoint_every == 0 or step == args.steps):
             t0 = time.monotonic()
-            checkpoint_torch.save(manager, step, model, optim, meta=meta)
+            pause = (lambda: time.sleep(args.slow_checkpoint_s)) if step == args.slow_checkpoint_at else None
+            checkpoint_torch.save(manager, step, model, optim, meta=meta, before_commit=pause)
             if rank == 0:
                 log({"event": "checkpoint", "step": step, "save_s": round(time.monotonic() - t0, 3),
                      "requested": requested, "attempt_id": control.attempt_id})
         if requested and step < args.steps:
+            control.heartbeat(step)
             control.mark_stopped_for_requeue(step)
             if rank == 0:
                 log({"event": "stopped_for_requeue", "step": step, "attempt_id": control.attempt_id})
             shutdown()
             return 0
+    control.heartbeat(step)
     digest = state_hash(model, optim)
     if rank == 0:
         log({"event": "final", "step": step, "state_sha256": digest, "world_size": world,

@@ -111,6 +111,31 @@ def _job_cancelled(job_id: Optional[int]) -> bool:
     return bool(rec) and rec.get("JobState", "").startswith("CANCELLED")
 
 
+def _close_dangling_attempt(control: Path, records: list, checkpoint_step: Optional[int]) -> Optional[dict]:
+    """An attempt with a start but no end was killed with its supervisor (its node died, or
+    Slurm's KillWait ran out): record its end from the heartbeats it left, before they are cleared."""
+    started = [r for r in records if r.get("event") == "start"]
+    if not started:
+        return None
+    last = started[-1]
+    if any(r.get("event") == "end" and r.get("attempt_id") == last.get("attempt_id") for r in records):
+        return None
+    beats = watchdog.read_heartbeats(control)
+    states = _node_states(str(last.get("nodes", "")))
+    down = sorted(n for n, st in states.items() if st in ("down", "fail", "failing"))
+    cause = policy.Cause.NODE_FAILURE if down else policy.Cause.CRASH
+    resume = last.get("resume_step") or 0
+    end = {"event": "end", "attempt_id": last.get("attempt_id"),
+           "t": max((b.time_s for b in beats), default=float(last.get("t", time.time()))),
+           "cause": cause.value, "node": down[0] if down else None, "counted": True,
+           "detail": "supervisor was killed before recording the end", "action": "requeue",
+           "last_step": max((b.step for b in beats), default=None),
+           "first_step_t": min((b.time_s for b in beats if b.step > resume), default=None),
+           "checkpoint_step": checkpoint_step}
+    ledger.append(control, end)
+    return end
+
+
 def run(cfg: SupervisorConfig, argv: Sequence[str]) -> int:
     env = os.environ
     job_id = int(env["SLURM_JOB_ID"]) if env.get("SLURM_JOB_ID", "").isdigit() else None
@@ -118,10 +143,14 @@ def run(cfg: SupervisorConfig, argv: Sequence[str]) -> int:
     attempt_id = env.get("SLURMTOOLS_ATTEMPT_ID") or f"{job_id or 'local'}.{restart}"
     nodelist = env.get("SLURM_JOB_NODELIST", "")
     control = cfg.control_dir
-    _prepare_control_dir(control)
+    control.mkdir(parents=True, exist_ok=True)
     records = ledger.read(control)
     manager = CheckpointManager(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     resume = manager.latest() if manager else None
+    dangling = _close_dangling_attempt(control, records, resume.step if resume else None)
+    if dangling:
+        records.append(dangling)
+    _prepare_control_dir(control)
     start_t = time.time()
     ledger.append(control, {"event": "start", "attempt_id": attempt_id, "t": start_t, "restart": restart,
                             "nodes": nodelist, "resume_step": resume.step if resume else None})

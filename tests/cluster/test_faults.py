@@ -1,0 +1,203 @@
+"""Fault tests on the real mini-cluster, each compared with the uninterrupted reference run.
+
+a time-limit warning, b a person's requeue, c node kill mid-step, d node kill during a
+checkpoint write, e corrupted newest checkpoint, f a hung rank, g a user bug, h a repeating failure.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmtools import drain, slurm
+from slurmtools.checkpoint import CheckpointManager
+from slurmtools.minicluster import cluster as mc
+from tests.cluster import training
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def workdir(cluster, shared_tmp: Path) -> Path:
+    training.settle()
+    yield shared_tmp
+    for job in [j for j in _our_jobs()]:
+        slurm.cancel(job)
+
+
+def _our_jobs():
+    out = slurm.run_slurm(["squeue", "-h", "-o", "%i"])
+    return [int(x) for x in out.split()]
+
+
+def attempts(evts):
+    return [e["attempt_id"] for e in training.supervisor_events(evts, "start")]
+
+
+def assert_zero_steps_lost(evts):
+    """Every stop-for-requeue at step k is followed by a resume at step k."""
+    stops = [e["step"] for e in training.trainer_events(evts, "stopped_for_requeue")]
+    resumes = [e["step"] for e in training.trainer_events(evts, "resumed")]
+    assert stops and resumes[:len(stops)] == stops, (stops, resumes)
+
+
+def test_a_time_limit_warning_checkpoints_requeues_and_completes(workdir, reference_run):
+    # --time=1 with the warning 30 s ahead: Slurm sends it at its first 30-s tick after the start,
+    # so every attempt is warned; 16 steps of 1.5 s cannot finish inside one attempt.
+    spec = training.training_spec(workdir, "timelimit", extra=["--step-sleep-s", "1.5"], time_limit_min=1,
+                                  requeue={"warning_lead_s": 30, "checkpoint_grace_s": 20})
+    job = training.submit(spec)
+    info = training.wait_finished(job, 420)
+    evts = training.events(spec, job)
+    assert info.state == "COMPLETED", training.describe(spec, job)
+    decisions = training.supervisor_events(evts, "decision")
+    assert decisions[-1]["cause"] == "completed"
+    assert {d["cause"] for d in decisions[:-1]} == {"preempted"} and len(decisions) >= 2
+    assert all(not d.get("exclude") for d in decisions)
+    assert_zero_steps_lost(evts)
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+
+
+def test_b_requeue_by_a_person_checkpoints_and_resumes(workdir, reference_run):
+    spec = training.training_spec(workdir, "preempt", extra=["--step-sleep-s", "0.5"])
+    job = training.submit(spec)
+    training.wait_step(spec, job, 6)
+    slurm.requeue(job)
+    info = training.wait_finished(job, 240)
+    evts = training.events(spec, job)
+    assert info.state == "COMPLETED", training.describe(spec, job)
+    assert [d["cause"] for d in training.supervisor_events(evts, "decision")] == ["preempted", "completed"]
+    assert_zero_steps_lost(evts)
+    assert attempts(evts) == [f"{job}.0", f"{job}.1"]
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+
+
+def _kill_second_node(cluster, job: int) -> str:
+    from ClusterShell.NodeSet import NodeSet
+    nodes = list(NodeSet(slurm.job_state(job).nodes))
+    victim = nodes[1]
+    mc.kill_node(cluster, victim)
+    return victim
+
+
+def _restore(cluster, node: str) -> None:
+    mc.restart_node(cluster, node)
+    wait_for(lambda: training.all_idle() or _our_jobs(), 60, f"{node} back")
+
+
+def test_c_node_killed_mid_step_requeues_without_it_and_resumes(cluster, workdir, reference_run):
+    spec = training.training_spec(workdir, "nodekill", extra=["--step-sleep-s", "0.5"])
+    job = training.submit(spec)
+    training.wait_step(spec, job, 6)
+    victim = _kill_second_node(cluster, job)
+    try:
+        info = training.wait_finished(job, 300)
+    finally:
+        _restore(cluster, victim)
+    evts = training.events(spec, job)
+    assert info.state == "COMPLETED", training.describe(spec, job)
+    starts = training.supervisor_events(evts, "start")
+    assert len(starts) == 2 and victim not in _expand(starts[1]["nodes"])
+    resumed = training.trainer_events(evts, "resumed")
+    assert resumed and resumed[0]["step"] in (4, 8)
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+    records = (Path(spec.checkpoint_dir) / ".slurmtools" / str(job) / "ledger.jsonl").read_text()
+    assert '"cause": "node_failure"' in records
+
+
+def _expand(nodes: str):
+    from ClusterShell.NodeSet import NodeSet
+    return list(NodeSet(nodes))
+
+
+def test_d_node_killed_during_checkpoint_write_ignores_the_partial_one(cluster, workdir, reference_run):
+    spec = training.training_spec(workdir, "ckptkill", extra=["--slow-checkpoint-at", "8", "--slow-checkpoint-s", "120"])
+    job = training.submit(spec)
+    staging = Path(spec.checkpoint_dir) / "step_8.tmp"
+    wait_for(lambda: staging.is_dir() and (staging / ".metadata").exists(), 120, "the step-8 shards to be written")
+    victim = _kill_second_node(cluster, job)
+    try:
+        info = training.wait_finished(job, 300)
+    finally:
+        _restore(cluster, victim)
+    evts = training.events(spec, job)
+    assert info.state == "COMPLETED", training.describe(spec, job)
+    assert training.trainer_events(evts, "resumed")[0]["step"] == 4
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+
+
+def test_e_corrupted_newest_checkpoint_falls_back_to_the_previous(workdir, reference_run):
+    first = training.training_spec(workdir, "corrupt-a", steps=8)
+    job = training.submit(first)
+    assert training.wait_finished(job, 180).state == "COMPLETED", training.describe(first, job)
+    shard = max((Path(first.checkpoint_dir) / "step_8").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    second = training.training_spec(workdir, "corrupt-b")
+    job2 = training.submit(second)
+    assert training.wait_finished(job2, 180).state == "COMPLETED", training.describe(second, job2)
+    evts = training.events(second, job2)
+    assert training.supervisor_events(evts, "start")[0]["resume_step"] == 4
+    assert training.trainer_events(evts, "resumed")[0]["step"] == 4
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+    assert any(p.name.startswith("step_8.bad-") for p in Path(first.checkpoint_dir).iterdir())
+
+
+HANG_TIMEOUT_S = 10
+HANG_MARGIN_S = 5   # poll interval (0.5 s) + heartbeat write cadence + a loaded 2-core machine
+
+
+def test_f_hung_rank_is_killed_requeued_and_its_node_excluded(workdir, reference_run):
+    spec = training.training_spec(workdir, "hang", extra=["--hang-at-step", "3:6", "--step-sleep-s", "0.2"],
+                                  requeue={"hang_timeout_s": HANG_TIMEOUT_S})
+    job = training.submit(spec)
+    try:
+        info = training.wait_finished(job, 300)
+        evts = training.events(spec, job)
+        assert info.state == "COMPLETED", training.describe(spec, job)
+        hang = training.supervisor_events(evts, "hang")
+        assert len(hang) == 1 and hang[0]["rank"] == 3 and hang[0]["step"] == 5  # its last announced step
+        assert HANG_TIMEOUT_S <= hang[0]["idle_s"] <= HANG_TIMEOUT_S + HANG_MARGIN_S
+        node = hang[0]["host"]
+        decision = training.supervisor_events(evts, "decision")[0]
+        assert (decision["cause"], decision["exclude"], decision["drain"]) == ("hang", node, node)
+        starts = training.supervisor_events(evts, "start")
+        assert node in _expand(starts[0]["nodes"]) and node not in _expand(starts[1]["nodes"])
+        info_node = slurm.nodes(node)[0]
+        assert info_node.drained and info_node.reason.startswith(f"slurmtools: CRITICAL job.hang no heartbeat from rank 3 job={job}")
+        assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+    finally:
+        for n in slurm.nodes():
+            if n.drained and drain.is_ours(n.reason):
+                drain.resume(n.name)
+
+
+def test_g_user_bug_stops_after_one_attempt(workdir):
+    spec = training.training_spec(workdir, "userbug", extra=["--fail-at-step", "0"])
+    job = training.submit(spec)
+    info = training.wait_finished(job, 120)
+    evts = training.events(spec, job)
+    assert info.state == "FAILED", training.describe(spec, job)
+    decisions = training.supervisor_events(evts, "decision")
+    assert [(d["cause"], d["action"]) for d in decisions] == [("user_error", "stop")]
+    assert attempts(evts) == [f"{job}.0"]
+    assert "slurmtools: STOP after attempt" in training.stderr(spec, job)
+    assert "injected failure at step 0" in training.stderr(spec, job)
+
+
+def test_h_repeating_failure_stops_at_the_budget(workdir):
+    spec = training.training_spec(workdir, "repeat", extra=["--fail-at-step", "6", "--faults-on-attempt", "-1"],
+                                  requeue={"max_restarts": 2, "max_consecutive_failures": 10,
+                                           "no_progress_restarts": 10})
+    job = training.submit(spec)
+    info = training.wait_finished(job, 300)
+    evts = training.events(spec, job)
+    assert info.state == "FAILED", training.describe(spec, job)
+    decisions = training.supervisor_events(evts, "decision")
+    assert [(d["cause"], d["action"]) for d in decisions] == [("crash", "requeue"), ("crash", "requeue"),
+                                                             ("crash", "stop")]
+    assert "restart budget spent (2 failures)" in decisions[-1]["reason"]
+    assert CheckpointManager(spec.checkpoint_dir).latest().step == 4

@@ -1,0 +1,57 @@
+"""The example FSDP2 job through the real sbatch path: render -> submit -> supervisor -> torchrun."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurmtools import slurm
+from slurmtools.checkpoint import CheckpointManager
+from tests.cluster import training
+
+pytestmark = pytest.mark.cluster
+
+
+def test_two_nodes_two_processes_train_to_completion(reference_run):
+    spec, evts = reference_run["spec"], reference_run["events"]
+    steps = [e for e in evts if "loss" in e]
+    assert [e["step"] for e in steps] == list(range(1, training.STEPS + 1))
+    assert all(e["world_size"] == 4 for e in steps)
+    assert all(e["attempt_id"] == f"{reference_run['job']}.0" for e in steps)
+    first, last = float.fromhex(steps[0]["loss"]), float.fromhex(steps[-1]["loss"])
+    assert last < first * 0.8, (first, last)
+    latest = CheckpointManager(spec.checkpoint_dir).latest()
+    assert latest is not None and latest.step == training.STEPS and latest.manifest["world_size"] == 4
+    decision = training.supervisor_events(evts, "decision")
+    assert [(d["cause"], d["action"]) for d in decision] == [("completed", "complete")]
+    assert slurm.job_state(reference_run["job"]).state == "COMPLETED"
+
+
+def test_rendered_job_ran_on_two_nodes(reference_run):
+    start = training.supervisor_events(reference_run["events"], "start")
+    assert len(start) == 1 and start[0]["nodes"].startswith("node[")
+
+
+def test_cli_submit_wait_status_and_logs(cluster, shared_tmp: Path):
+    import subprocess
+    import sys
+
+    spec_file = shared_tmp / "job.yaml"
+    spec_file.write_text(
+        f"name: cli-job\nnodes: 1\nprocesses_per_node: 2\npython: {sys.executable}\n"
+        f"command: [{training.TRAIN}, --steps, '4', --checkpoint-every, '2']\n"
+        f"output_dir: {shared_tmp}/logs\ncheckpoint_dir: {shared_tmp}/ckpt\n")
+    proc = subprocess.run([sys.executable, "-m", "slurmtools", "submit", str(spec_file), "--wait"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    job = int(proc.stdout.strip())
+    assert f"job {job}: RUNNING" in proc.stderr
+    assert f"job {job}: COMPLETED exit=0:0" in proc.stderr.splitlines()[-1]
+    status = subprocess.run([sys.executable, "-m", "slurmtools", "status", str(job), "--json"],
+                            capture_output=True, text=True, timeout=60)
+    assert '"state": "COMPLETED"' in status.stdout
+    logs = subprocess.run([sys.executable, "-m", "slurmtools", "logs", str(job)], capture_output=True, text=True,
+                          timeout=60)
+    assert '"event": "final"' in logs.stdout
+    bad = subprocess.run([sys.executable, "-m", "slurmtools", "status", "abc"], capture_output=True, text=True)
+    assert (bad.returncode, bad.stderr.strip()) == (2, "slurmtools: error: not a job id: 'abc'")

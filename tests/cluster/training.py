@@ -1,0 +1,98 @@
+"""Helpers for cluster tests that run the tiny FSDP trainer through the real sbatch path."""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+from slurmtools import jobs, slurm
+from slurmtools.spec import JobSpec, spec_from_dict
+from tests.conftest import REPO, wait_for
+
+TRAIN = REPO / "examples" / "tiny_fsdp" / "train.py"
+STEPS = 16
+CHECKPOINT_EVERY = 4
+
+
+def _merge(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def training_spec(workdir: Path, name: str, *, steps: int = STEPS, extra: Sequence[str] = (), **over: Any) -> JobSpec:
+    """2 nodes x 2 processes on CPU; checkpoint every 4 steps into workdir/ckpt."""
+    data = {
+        "name": name, "nodes": 2, "processes_per_node": 2, "python": sys.executable,
+        "command": [str(TRAIN), "--steps", str(steps), "--checkpoint-every", str(CHECKPOINT_EVERY), *extra],
+        "output_dir": str(workdir / "logs"), "checkpoint_dir": str(workdir / "ckpt"), "time_limit_min": 10,
+        "requeue": {"hang_timeout_s": 120, "backoff_s": 0, "warning_lead_s": 60, "checkpoint_grace_s": 30},
+    }
+    return spec_from_dict(_merge(data, over))
+
+
+def submit(spec: JobSpec) -> int:
+    return jobs.submit_spec(spec, slurmtools_cmd=[sys.executable, "-m", "slurmtools"])
+
+
+def wait_finished(job: int, timeout_s: float) -> slurm.JobInfo:
+    def done():
+        info = slurm.job_state(job)
+        return info if info.finished else None
+    return wait_for(done, timeout_s, f"job {job} to finish")
+
+
+def output(spec: JobSpec, job: int) -> str:
+    path = Path(spec.output_dir) / f"{spec.name}-{job}.out"
+    return path.read_text() if path.exists() else ""
+
+
+def stderr(spec: JobSpec, job: int) -> str:
+    path = Path(spec.output_dir) / f"{spec.name}-{job}.err"
+    return path.read_text() if path.exists() else ""
+
+
+def events(spec: JobSpec, job: int) -> List[Dict[str, Any]]:
+    out = []
+    for line in output(spec, job).splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def supervisor_events(evts: List[Dict[str, Any]], kind: str) -> List[Dict[str, Any]]:
+    return [e for e in evts if e.get("slurmtools") == kind]
+
+
+def trainer_events(evts: List[Dict[str, Any]], kind: str) -> List[Dict[str, Any]]:
+    return [e for e in evts if e.get("event") == kind]
+
+
+def max_step(spec: JobSpec, job: int) -> int:
+    return max((e["step"] for e in events(spec, job) if "loss" in e), default=0)
+
+
+def wait_step(spec: JobSpec, job: int, step: int, timeout_s: float = 90) -> None:
+    wait_for(lambda: max_step(spec, job) >= step, timeout_s, f"job {job} to reach step {step}", interval_s=0.2)
+
+
+def describe(spec: JobSpec, job: int) -> str:
+    """Output and stderr tail, for assertion messages."""
+    return output(spec, job)[-3000:] + "\n--- stderr ---\n" + stderr(spec, job)[-3000:]
+
+
+def all_idle() -> bool:
+    return all(n.state == "idle" and not n.flags for n in slurm.nodes())
+
+
+def settle(timeout_s: float = 60) -> None:
+    """Wait until no job is left and every node is idle (tests share one cluster)."""
+    wait_for(lambda: all_idle(), timeout_s, "all nodes idle", interval_s=0.5)
+    time.sleep(0.2)

@@ -1,0 +1,119 @@
+"""CheckpointManager: complete or ignored, newest verified wins, older ones are the fallback."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from slurmtools.checkpoint import MANIFEST, CheckpointManager, verify_dir
+from slurmtools.errors import CheckpointError
+
+
+def writer(payload: bytes):
+    def write(d: Path) -> None:
+        (d / "shard0.bin").write_bytes(payload)
+        (d / "sub").mkdir()
+        (d / "sub" / "meta.txt").write_text("x")
+    return write
+
+
+def test_save_commits_atomically_with_manifest(tmp_path):
+    m = CheckpointManager(tmp_path)
+    ckpt = m.save(10, writer(b"abc"), {"world_size": 4, "attempt_id": "7.1"})
+    assert ckpt.path == tmp_path / "step_10"
+    assert not (tmp_path / "step_10.tmp").exists()
+    manifest = json.loads((ckpt.path / MANIFEST).read_text())
+    assert manifest["step"] == 10 and manifest["world_size"] == 4 and manifest["attempt_id"] == "7.1"
+    assert manifest["files"]["shard0.bin"] == {
+        "size": 3, "sha256": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"}
+    assert set(manifest["files"]) == {"shard0.bin", "sub/meta.txt"}
+    assert m.latest().step == 10
+
+
+def test_staging_dir_without_manifest_is_ignored(tmp_path):
+    m = CheckpointManager(tmp_path)
+    m.save(5, writer(b"old"))
+    tmp = m.begin(10)                       # a writer killed mid-save leaves only this
+    (tmp / "shard0.bin").write_bytes(b"partial")
+    assert m.latest().step == 5
+
+
+def test_final_dir_without_manifest_is_ignored(tmp_path):
+    m = CheckpointManager(tmp_path)
+    m.save(5, writer(b"old"))
+    (tmp_path / "step_9").mkdir()
+    (tmp_path / "step_9" / "shard0.bin").write_bytes(b"x")
+    assert m.latest().step == 5
+
+
+def test_flipped_byte_falls_back_to_previous(tmp_path):
+    m = CheckpointManager(tmp_path)
+    m.save(5, writer(b"old-data"))
+    m.save(10, writer(b"new-data"))
+    shard = tmp_path / "step_10" / "shard0.bin"
+    data = bytearray(shard.read_bytes())
+    data[2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    assert verify_dir(tmp_path / "step_10") [1] == "checksum mismatch in shard0.bin"
+    assert m.latest().step == 5
+    assert m.latest(checksums=False).step == 10   # sizes alone cannot see it
+
+
+def test_truncated_file_and_bad_manifest(tmp_path):
+    m = CheckpointManager(tmp_path, keep=3)
+    m.save(1, writer(b"aaaa"))
+    m.save(2, writer(b"bbbb"))
+    m.save(3, writer(b"cccc"))
+    (tmp_path / "step_3" / "shard0.bin").write_bytes(b"cc")
+    (tmp_path / "step_2" / MANIFEST).write_text("{not json")
+    assert verify_dir(tmp_path / "step_3")[1] == "size mismatch in shard0.bin (2 != 4)"
+    assert verify_dir(tmp_path / "step_2")[1].startswith("unreadable manifest")
+    assert m.latest().step == 1
+
+
+def test_retention_keeps_newest_and_removes_stale_staging(tmp_path):
+    m = CheckpointManager(tmp_path, keep=2)
+    stale = m.begin(1)
+    for step in (2, 4, 6, 8):
+        m.save(step, writer(str(step).encode()))
+    assert [c.step for c in m.complete()] == [8, 6]
+    assert not stale.exists()
+
+
+def test_keep_must_be_at_least_two(tmp_path):
+    with pytest.raises(CheckpointError, match="keep must be >= 2"):
+        CheckpointManager(tmp_path, keep=1)
+
+
+def test_never_writes_into_an_existing_directory(tmp_path):
+    m = CheckpointManager(tmp_path)
+    m.save(3, writer(b"a"))
+    m.begin(3)
+    with pytest.raises(CheckpointError, match="already exists"):
+        m.commit(3)
+
+
+def test_saving_an_existing_complete_step_is_a_no_op(tmp_path):
+    m = CheckpointManager(tmp_path)
+    first = m.save(3, writer(b"a"))
+    again = m.save(3, writer(b"DIFFERENT"))
+    assert again.manifest == first.manifest
+
+
+def test_an_existing_corrupt_step_is_quarantined_then_rewritten(tmp_path):
+    m = CheckpointManager(tmp_path)
+    m.save(3, writer(b"aaaa"))
+    (tmp_path / "step_3" / "shard0.bin").write_bytes(b"zzzz")
+    m.save(3, writer(b"bbbb"))
+    assert (tmp_path / "step_3" / "shard0.bin").read_bytes() == b"bbbb"
+    assert [p.name.startswith("step_3.bad-") for p in tmp_path.iterdir()].count(True) == 1
+
+
+def test_empty_writer_is_an_error(tmp_path):
+    m = CheckpointManager(tmp_path)
+    with pytest.raises(CheckpointError, match="wrote no files"):
+        m.save(1, lambda d: None)
+
+
+def test_empty_root(tmp_path):
+    assert CheckpointManager(tmp_path / "missing").latest() is None

@@ -1,0 +1,88 @@
+"""Drain reasons we own, and parsing of Slurm's command output (recorded from Slurm 22.05.8)."""
+import json
+
+import pytest
+
+from slurmtools import slurm
+from slurmtools.drain import DrainReason, is_ours, parse_reason
+
+
+def test_reason_renders_and_parses_back():
+    r = DrainReason("CRITICAL", "gpu.ecc", "gpu=3 dbe=2", "1234")
+    assert r.render() == "slurmtools: CRITICAL gpu.ecc gpu=3 dbe=2 job=1234"
+    assert parse_reason(r.render()) == {"status": "CRITICAL", "check": "gpu.ecc", "detail": "gpu=3 dbe=2", "job": "1234"}
+
+
+def test_reason_is_sanitized_and_bounded():
+    r = DrainReason("CRITICAL", "ib.port", "state='DOWN' \"x\" ; rm -rf /\n" + "y" * 500)
+    text = r.render()
+    assert "'" not in text and '"' not in text and "\n" not in text
+    assert len(text) <= 200 and text.endswith("...")
+
+
+@pytest.mark.parametrize("reason,ours", [("slurmtools: CRITICAL gpu.xid xid=79", True),
+                                         ("manual: bad HBM ECC", False), ("Prolog error", False),
+                                         ("  slurmtools: WARN x", True), ("healthcheck: slurmtools: x", False)])
+def test_only_prefixed_reasons_are_ours(reason, ours):
+    assert is_ours(reason) is ours
+    assert (parse_reason(reason) is not None) is ours
+
+
+NODE_LINE = ("NodeName=node2 Arch=x86_64 CoresPerSocket=4 CPUAlloc=0 CPUEfctv=4 CPUTot=4 CPULoad=0.10 "
+             "AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:4 NodeAddr=10.77.0.12 NodeHostName=node2 "
+             "Version=22.05.8 OS=Linux RealMemory=4000 State=IDLE+DRAIN ThreadsPerCore=1 "
+             "Partitions=gpu BootTime=None Reason=manual: bad HBM ECC [root@2026-11-29T16:00:57]")
+
+
+def test_parse_node_record_with_spaces_in_reason():
+    info = slurm.parse_node_record(slurm.parse_scontrol_record(NODE_LINE))
+    assert info.name == "node2" and info.state == "idle" and info.flags == ("DRAIN",)
+    assert info.reason == "manual: bad HBM ECC"
+    assert (info.reason_user, info.reason_time) == ("root", "2026-11-29T16:00:57")
+    assert info.display_state == "drained" and info.gres == "gpu:4"
+
+
+def test_display_states():
+    mk = lambda state: slurm.parse_node_record({"NodeName": "n", "State": state})  # noqa: E731
+    assert mk("MIXED+DRAIN").display_state == "draining"
+    assert mk("DOWN+NOT_RESPONDING").display_state == "down*"
+    assert mk("IDLE").display_state == "idle"
+
+
+def test_parse_job_id():
+    assert slurm.parse_job_id("123\n") == 123
+    assert slurm.parse_job_id("77;cluster") == 77
+    with pytest.raises(slurm.SlurmCommandError, match="unexpected output"):
+        slurm.parse_job_id("sbatch: error")
+
+
+def test_squeue_json_filters_by_id_and_decodes_wait_status():
+    text = json.dumps({"jobs": [
+        {"job_id": 3, "job_state": "RUNNING", "state_reason": "None", "nodes": "node1", "restart_cnt": 0},
+        {"job_id": 4, "job_state": "FAILED", "state_reason": "NonZeroExitCode", "nodes": "node[1-2]",
+         "restart_cnt": 2, "exit_code": 256}]})
+    info = slurm.parse_squeue_json(text, 4)
+    assert (info.state, info.restarts, info.exit_code, info.finished) == ("FAILED", 2, "1:0", True)
+    assert slurm.parse_squeue_json(text, 99) is None
+
+
+def test_sacct_json_takes_newest_record():
+    text = json.dumps({"jobs": [
+        {"job_id": 9, "state": {"current": "REQUEUED", "reason": "None"}, "nodes": "node[1-2]",
+         "exit_code": {"status": "SUCCESS", "return_code": 0}},
+        {"job_id": 9, "state": {"current": "COMPLETED", "reason": "None"}, "nodes": "node[1,3]",
+         "exit_code": {"status": "SUCCESS", "return_code": 0}}]})
+    info = slurm.parse_sacct_json(text, 9)
+    assert (info.state, info.nodes, info.exit_code) == ("COMPLETED", "node[1,3]", "0:0")
+
+
+def test_run_slurm_errors_carry_argv_and_stderr():
+    with pytest.raises(slurm.SlurmCommandError) as info:
+        slurm.run_slurm(["sh", "-c", "echo boom >&2; exit 3"])
+    assert (info.value.returncode, info.value.stderr) == (3, "boom")
+    assert str(info.value) == "sh -c echo boom >&2; exit 3 exited 3: boom"
+    with pytest.raises(slurm.SlurmCommandError, match="command not found"):
+        slurm.run_slurm(["definitely-not-a-slurm-command"])
+    with pytest.raises(slurm.SlurmCommandError, match="timed out") as info:
+        slurm.run_slurm(["sleep", "5"], timeout_s=0.2)
+    assert info.value.timed_out
