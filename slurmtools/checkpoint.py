@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from slurmtools.errors import CheckpointError
+from slurmtools.fsutil import fsync_path, write_json_atomic
 
 MANIFEST = "MANIFEST.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -41,25 +42,6 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: fh.read(_HASH_CHUNK), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    """temp + fsync + replace + fsync(dir): readers see the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_path(path.parent)
 
 
 def verify_dir(path: Path, *, checksums: bool = True) -> Tuple[bool, str, Dict[str, Any]]:

@@ -278,6 +278,130 @@ def _add_jobs(sub) -> None:
     p.set_defaults(func=cmd_plan)
 
 
+# ---- health and nodes ----------------------------------------------------------------
+def cmd_health_run(args: argparse.Namespace) -> int:
+    import os
+
+    from slurmtools.health import config, gate, report, runner
+
+    host = args.node or config.this_host()
+    job_id = os.environ.get("SLURM_JOB_ID") or None
+    settings = config.load_config(args.config).for_host(host)   # ConfigError: exit 2, never a drain
+    try:
+        outcome = gate.run_phase(settings, args.phase, host, job_id=job_id, allow_drain=not args.no_drain)
+    except SlurmToolsError:
+        raise
+    except Exception as exc:  # our own bug: fail open (or closed, if configured), never a traceback
+        what = f"{type(exc).__name__}: {exc}"
+        closed = gate.internal_error_outcome(settings, args.phase, host, job_id, what)
+        if closed is None:
+            print(f"slurmtools: error: health run failed ({what}); failing open", file=sys.stderr)
+            return 1
+        outcome = closed
+    if args.json:
+        print(gate.dump(outcome))
+    elif not args.quiet:
+        print(report.format_text(outcome.results))
+        if outcome.drained_reason:
+            print(f"drained {host}: {outcome.drained_reason}")
+    code = outcome.exit_code
+    if runner.any_probe_thread_alive():
+        # a hung probe thread (stuck NVML call) must not keep the prolog alive
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def cmd_health_check_config(args: argparse.Namespace) -> int:
+    from slurmtools.health import config
+
+    cfg = config.load_config(args.config)
+    hosts = [args.node] if args.node else [config.this_host()]
+    for host in hosts:
+        cfg.for_host(host)
+    print(f"{cfg.path or '(no config file: defaults)'}: OK for {', '.join(hosts)}")
+    return 0
+
+
+def cmd_health_record_gpu(args: argparse.Namespace) -> int:
+    import json
+
+    from slurmtools.health.gpu_probe import NvmlProbe, ProbeError, snapshot_to_json
+
+    try:
+        snap = NvmlProbe().snapshot()
+    except ProbeError as exc:
+        raise SlurmToolsError(f"cannot record GPUs: {exc}") from None
+    text = json.dumps(dict(snapshot_to_json(snap), source="recorded by slurmtools health record-gpu"), indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    import json
+
+    from slurmtools import drain, slurm
+
+    if args.nodes_action == "drain":
+        if not args.reason.strip() or any(ord(c) < 32 for c in args.reason):
+            raise UsageError("--reason must be one line of text")
+        drain.drain_manual(args.node, args.reason)
+        return 0
+    if args.nodes_action == "resume":
+        drain.resume(args.node, force=args.force)
+        return 0
+    rows = slurm.nodes() if args.all else drain.unhealthy_nodes()
+    if args.json:
+        print(json.dumps([{"node": n.name, "state": n.display_state, "reason": n.reason, "by": n.reason_user,
+                           "since": n.reason_time, "ours": drain.is_ours(n.reason)} for n in rows], sort_keys=True))
+        return 0
+    table = [("NODE", "STATE", "BY", "SINCE", "REASON")]
+    table += [(n.name, n.display_state, n.reason_user or "-", n.reason_time or "-", n.reason or "-") for n in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(4)]
+    for r in table:
+        print("  ".join(f"{r[i]:<{widths[i]}}" for i in range(4)) + "  " + r[4])
+    return 0
+
+
+def _add_health(sub) -> None:
+    from slurmtools.health.config import PHASES
+
+    p = sub.add_parser("health", help="node health gate (prolog, epilog, HealthCheckProgram)")
+    acts = p.add_subparsers(dest="health_action", required=True, parser_class=_Parser)
+    run = acts.add_parser("run", help="run the checks for a phase; exit 3 and drain on CRITICAL")
+    run.add_argument("--phase", required=True, choices=PHASES)
+    run.add_argument("--config", help="health.yaml (default: $SLURMTOOLS_HEALTH_CONFIG, beside $SLURM_CONF, "
+                                      "/etc/slurmtools/health.yaml)")
+    run.add_argument("--node", help="this node's Slurm name (default: $SLURMD_NODENAME or the hostname)")
+    run.add_argument("--json", action="store_true")
+    run.add_argument("--quiet", action="store_true")
+    run.add_argument("--no-drain", action="store_true", help="report only")
+    run.set_defaults(func=cmd_health_run)
+    cc = acts.add_parser("check-config", help="validate the health config for a host")
+    cc.add_argument("--config")
+    cc.add_argument("--node")
+    cc.set_defaults(func=cmd_health_check_config)
+    rec = acts.add_parser("record-gpu", help="record this node's NVML readings as a fixture (JSON)")
+    rec.add_argument("--out")
+    rec.set_defaults(func=cmd_health_record_gpu)
+
+    n = sub.add_parser("nodes", help="drained/down nodes with reason, who and since; drain and resume")
+    n.add_argument("--json", action="store_true")
+    n.add_argument("--all", action="store_true", help="every node, not only unhealthy ones")
+    n.set_defaults(func=cmd_nodes, nodes_action="list")
+    nacts = n.add_subparsers(dest="nodes_action", parser_class=_Parser)
+    d = nacts.add_parser("drain", help="drain a node with a slurmtools MANUAL reason")
+    d.add_argument("node")
+    d.add_argument("--reason", required=True)
+    r = nacts.add_parser("resume", help="resume a node slurmtools drained (a person's drain needs --force)")
+    r.add_argument("node")
+    r.add_argument("--force", action="store_true")
+
+
 # ---- main --------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     from slurmtools import __version__
@@ -290,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_ADDERS = [_add_minicluster, _add_jobs]
+_ADDERS = [_add_minicluster, _add_jobs, _add_health]
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -60,13 +60,26 @@ def parse_reason(reason: str) -> Optional[Dict[str, str]]:
 
 
 def drain(node: str, reason: DrainReason) -> bool:
-    """Drain node with our reason unless a person already drained it (then leave theirs). Returns
-    True when our reason is now on the node."""
+    """Drain node with our reason unless it is already drained: a person's reason is never
+    overwritten, and our own first reason (the original evidence) is kept. Returns True when
+    this call drained the node."""
     current = slurm.nodes(node)
-    if current and current[0].drained and current[0].reason and not is_ours(current[0].reason):
+    if current and current[0].drained:
         return False
     slurm.drain_node(node, reason.render())
     return True
+
+
+def drain_manual(node: str, text: str) -> None:
+    """A person draining through slurmtools: our prefix with status MANUAL, so `nodes resume`
+    can undo it, while automatic resume (which only touches CRITICAL drains) never does."""
+    import getpass
+    slurm.drain_node(node, DrainReason("MANUAL", "admin", text, None).render() + f" by={getpass.getuser()}")
+
+
+def auto_resumable(reason: str) -> bool:
+    parsed = parse_reason(reason)
+    return parsed is not None and parsed["status"] == "CRITICAL"
 
 
 def resume(node: str, *, force: bool = False) -> None:

@@ -90,6 +90,9 @@ def write_configs(layout: MiniClusterLayout) -> None:
     dbd = layout.etc_dir / "slurmdbd.conf"
     dbd.write_text(layout.render_slurmdbd_conf(daemons.db_password(layout)))
     dbd.chmod(0o600)
+    if not layout.health_config.exists():
+        layout.health_config.write_text(layout.render_health_config())
+        layout.health_config.chmod(0o644)
     for g in range(layout.gpus_per_node):
         dev = layout.fake_gpu_dir / f"nvidia{g}"
         if not dev.exists():

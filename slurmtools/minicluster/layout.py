@@ -197,6 +197,28 @@ class MiniClusterLayout:
             "StorageLoc=slurm_acct_db",
         ]) + "\n"
 
+    @property
+    def health_config(self) -> Path:
+        """Beside slurm.conf, where `slurmtools health run` looks when Slurm sets SLURM_CONF."""
+        return self.etc_dir / "slurmtools-health.yaml"
+
+    def render_health_config(self) -> str:
+        """The fake nodes' GPUs come from a built-in fixture, named explicitly: a rehearsal cluster."""
+        return "\n".join([
+            "# Written by `slurmtools minicluster up` (kept when it exists). Rehearsal settings: the",
+            "# fake GPUs are served by a built-in NVML fixture, selected explicitly here.",
+            "defaults:",
+            f'  gpu_probe: "fixture:minicluster-4gpu"' if self.gpus_per_node else "  gpu_probe: none",
+            "  kernel_log: null",
+            f"  state_dir: {self.state_dir}/health",
+            "  probe_timeout_s: 3",
+            "  deadline_s: 5",
+            "  syslog: false",
+            "  checks:",
+            f"    gpu: {{count: {{expected: {self.gpus_per_node}}}}}",
+            "    system: {memory: {min_available_gb: 0.5}, disk: {paths: [/tmp], min_free_gb: 0.5}}",
+        ]) + "\n"
+
     def render_hosts_block(self) -> str:
         lines = [HOSTS_BEGIN]
         lines += [f"{self.node_addr(n)} {n}" for n in self.node_names]

@@ -1,0 +1,1 @@
+"""Pure checks: facts -> CheckResult. No I/O."""

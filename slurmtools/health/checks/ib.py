@@ -1,0 +1,77 @@
+"""InfiniBand checks: pure functions of sysfs port facts and the previous counter reading."""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+from slurmtools.health import config as cfg
+from slurmtools.health.model import CheckResult, IbPort, Status
+
+RATE_COUNTERS = ("symbol_error", "link_error_recovery", "port_rcv_errors")
+
+
+def _ports(p_ignore: Sequence[str], ports: Sequence[IbPort]) -> List[IbPort]:
+    return [p for p in ports if p.hca not in p_ignore]
+
+
+def check_ports(p: cfg.IbPorts, ports: Sequence[IbPort]) -> CheckResult:
+    ports = _ports(p.ignore_hcas, ports)
+    if p.expected_ports is not None and len(ports) < p.expected_ports:
+        return CheckResult("ib.ports", Status.CRITICAL, f"ports={len(ports)} expected={p.expected_ports}",
+                           {"found": [x.key for x in ports]})
+    for port in ports:
+        if port.state != "ACTIVE":
+            return CheckResult("ib.ports", Status.CRITICAL, f"port={port.key} state={port.state or '?'}",
+                               {"port": port.key})
+        if port.phys_state != "LinkUp":
+            return CheckResult("ib.ports", Status.CRITICAL, f"port={port.key} phys_state={port.phys_state or '?'}",
+                               {"port": port.key})
+        if p.min_rate_gbps is not None and (port.rate_gbps or 0) < p.min_rate_gbps:
+            return CheckResult("ib.ports", Status.CRITICAL, f"port={port.key} rate={port.rate_gbps:g}Gb/s "
+                               f"expected>={p.min_rate_gbps:g}", {"port": port.key})
+        if p.link_layer is not None and port.link_layer != p.link_layer:
+            return CheckResult("ib.ports", Status.CRITICAL, f"port={port.key} link_layer={port.link_layer} "
+                               f"expected={p.link_layer}", {"port": port.key})
+    return CheckResult("ib.ports", Status.OK, f"{len(ports)} ports active" if ports else "no InfiniBand ports",
+                       {"ports": [x.key for x in ports]})
+
+
+def counter_state(ports: Sequence[IbPort]) -> Dict[str, Dict[str, int]]:
+    return {p.key: dict(p.counters) for p in ports}
+
+
+def check_counters(p: cfg.IbCounters, ports: Sequence[IbPort],
+                   previous: Optional[Dict[str, Dict[str, int]]]) -> CheckResult:
+    if not previous:
+        return CheckResult("ib.counters", Status.OK, "baseline recorded", {})
+    worst_warn = None
+    for port in ports:
+        before = previous.get(port.key)
+        if before is None:
+            continue
+        for name in p.critical_on_increase:
+            d = port.counters.get(name, 0) - before.get(name, port.counters.get(name, 0))
+            if d > 0:
+                return CheckResult("ib.counters", Status.CRITICAL, f"port={port.key} {name}+{d}",
+                                   {"port": port.key, "counter": name, "increase": d})
+        for name in RATE_COUNTERS:
+            d = port.counters.get(name, 0) - before.get(name, port.counters.get(name, 0))
+            if d >= p.critical_increase:
+                return CheckResult("ib.counters", Status.CRITICAL, f"port={port.key} {name}+{d}",
+                                   {"port": port.key, "counter": name, "increase": d})
+            if d >= p.warn_increase and worst_warn is None:
+                worst_warn = CheckResult("ib.counters", Status.WARN, f"port={port.key} {name}+{d}",
+                                         {"port": port.key, "counter": name, "increase": d})
+    return worst_warn or CheckResult("ib.counters", Status.OK, "no error counter growth", {})
+
+
+def ib_results(checks: cfg.IbChecks, ports: Sequence[IbPort], phase: str,
+               previous: Optional[Dict[str, Dict[str, int]]]) -> List[CheckResult]:
+    out = []
+    if checks.ports.enabled and phase in checks.ports.phases:
+        out.append(check_ports(checks.ports, ports))
+    if checks.counters.enabled and phase in checks.counters.phases:
+        out.append(check_counters(checks.counters, _ports(checks.ports.ignore_hcas, ports), previous))
+    return out
+
+
+IB_CHECK_NAMES = ("ib.ports", "ib.counters")

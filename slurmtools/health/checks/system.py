@@ -1,0 +1,50 @@
+"""System checks: pure functions of psutil facts."""
+from __future__ import annotations
+
+from typing import List
+
+from slurmtools.health import config as cfg
+from slurmtools.health.model import CheckResult, Status, SystemFacts
+
+
+def check_memory(p: cfg.SysMemory, f: SystemFacts) -> CheckResult:
+    if f.mem_available_gb < p.min_available_gb:
+        return CheckResult("system.memory", Status.CRITICAL, f"available={f.mem_available_gb:.1f}GB "
+                           f"min={p.min_available_gb:g}GB", {"available_gb": round(f.mem_available_gb, 2)})
+    return CheckResult("system.memory", Status.OK, f"available={f.mem_available_gb:.1f}GB", {})
+
+
+def check_disk(p: cfg.SysDisk, f: SystemFacts) -> CheckResult:
+    for path in p.paths:
+        free = f.disk_free_gb.get(path)
+        if free is None:
+            return CheckResult("system.disk", Status.CRITICAL, f"path={path} missing", {"path": path})
+        if free < p.min_free_gb:
+            return CheckResult("system.disk", Status.CRITICAL, f"path={path} free={free:.1f}GB min={p.min_free_gb:g}GB",
+                               {"path": path, "free_gb": round(free, 2)})
+    return CheckResult("system.disk", Status.OK, "enough free space", {})
+
+
+def check_mounts(p: cfg.SysMounts, f: SystemFacts) -> CheckResult:
+    mounted = {m.mountpoint for m in f.mounts}
+    missing = [m for m in p.required if m.rstrip("/") not in mounted and m not in mounted]
+    if missing:
+        return CheckResult("system.mounts", Status.CRITICAL, f"not mounted: {','.join(missing)}", {"missing": missing})
+    return CheckResult("system.mounts", Status.OK, "required mounts present", {})
+
+
+def check_processes(p: cfg.SysProcesses, f: SystemFacts) -> CheckResult:
+    missing = [name for name in p.required if name not in f.process_names]
+    if missing:
+        return CheckResult("system.processes", Status.CRITICAL, f"not running: {','.join(missing)}",
+                           {"missing": missing})
+    return CheckResult("system.processes", Status.OK, "required processes running", {})
+
+
+def system_results(checks: cfg.SystemChecks, f: SystemFacts, phase: str) -> List[CheckResult]:
+    plan = [(checks.memory, check_memory), (checks.disk, check_disk), (checks.mounts, check_mounts),
+            (checks.processes, check_processes)]
+    return [fn(params, f) for params, fn in plan if params.enabled and phase in params.phases]
+
+
+SYSTEM_CHECK_NAMES = ("system.memory", "system.disk", "system.mounts", "system.processes")

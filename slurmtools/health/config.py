@@ -1,0 +1,306 @@
+"""Health config: /etc/slurmtools/health.yaml (commented example in etc/health.yaml).
+
+    defaults: {<settings>}                  # every node
+    hosts:                                  # in order; later sections win
+      - match: "gpu[001-064]"               # a hostlist pattern (ClusterShell NodeSet)
+        <settings>
+
+Settings and every check's parameters are documented dataclasses validated by the same
+rules as job specs (errors name file:line and key, with a did-you-mean). As root, a config
+that is not root-owned or is group/world-writable is refused: it decides which nodes drain.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from slurmtools.errors import ConfigError, SpecError
+from slurmtools.requeue.policy import FATAL_XIDS, MONITOR_XIDS
+from slurmtools.schema import attach_line, build, check_hostlist, check_limits, doc, err, load_yaml_with_lines
+
+PHASES = ("prolog", "epilog", "periodic")
+DEFAULT_PATH = Path("/etc/slurmtools/health.yaml")
+CONFIG_ENV = "SLURMTOOLS_HEALTH_CONFIG"
+BESIDE_SLURM_CONF = "slurmtools-health.yaml"
+DEFAULT_SLURM_CONF = Path("/etc/slurm/slurm.conf")
+
+
+def _phases(*names: str):
+    return doc("Phases that run this check: prolog, epilog, periodic.", default_factory=lambda: list(names))
+
+
+@dataclass(frozen=True)
+class CheckParams:
+    enabled: bool = doc("Run this check.", True)
+    phases: List[str] = _phases(*PHASES)
+
+    def __post_init__(self) -> None:
+        check_limits(self, ())
+        for p in self.phases:
+            if p not in PHASES:
+                raise err(f"unknown phase {p!r}; phases are {', '.join(PHASES)}", ("phases",))
+
+
+@dataclass(frozen=True)
+class GpuCount(CheckParams):
+    expected: Optional[int] = doc("GPUs this node must have (unset: any number).", None, min=0, max=64)
+
+
+@dataclass(frozen=True)
+class GpuEcc(CheckParams):
+    corrected_warn: int = doc("Corrected volatile ECC errors above which a GPU is WARN.", 1000, min=0)
+
+
+@dataclass(frozen=True)
+class GpuMemory(CheckParams):
+    """Retired pages pending and row remapping pending/failed: all CRITICAL."""
+
+
+@dataclass(frozen=True)
+class GpuXid(CheckParams):
+    fatal: List[int] = doc("XIDs that drain the node (NVIDIA recovery action: reset, reboot or RMA).",
+                           default_factory=lambda: sorted(FATAL_XIDS))
+    monitor: List[int] = doc("XIDs reported as WARN only (application-level).",
+                             default_factory=lambda: sorted(MONITOR_XIDS))
+
+
+@dataclass(frozen=True)
+class GpuThermal(CheckParams):
+    temperature_warn_c: int = doc("GPU temperature at or above which the GPU is WARN.", 87, min=30, max=130)
+    critical_reasons: List[str] = doc("Clock-event reasons that are CRITICAL.",
+                                      default_factory=lambda: ["hw_slowdown", "hw_thermal_slowdown",
+                                                               "hw_power_brake_slowdown"])
+    warn_reasons: List[str] = doc("Clock-event reasons that are WARN.",
+                                  default_factory=lambda: ["sw_thermal_slowdown"])
+
+
+@dataclass(frozen=True)
+class GpuPcie(CheckParams):
+    expected_width: Optional[int] = doc("PCIe link width each GPU must run at (e.g. 16).", None, min=1, max=32)
+    expected_gen: Optional[int] = doc("PCIe generation each GPU must support (max gen; the current gen "
+                                      "drops at idle to save power, so it is not compared).", None, min=1, max=7)
+
+
+@dataclass(frozen=True)
+class GpuNvlink(CheckParams):
+    expected_active: Optional[int] = doc("Active NVLinks per GPU (18 on H100/H200 SXM; unset: every "
+                                         "reported link must be active).", None, min=0, max=36)
+    errors_warn: int = doc("Growth of a link's replay/recovery/CRC counters since the last run that is WARN.",
+                           100, min=0)
+
+
+@dataclass(frozen=True)
+class GpuProcesses(CheckParams):
+    phases: List[str] = _phases("prolog", "epilog")
+
+
+@dataclass(frozen=True)
+class GpuChecks:
+    count: GpuCount = doc("Expected GPU count.", default_factory=GpuCount)
+    ecc: GpuEcc = doc("Volatile ECC errors.", default_factory=GpuEcc)
+    memory: GpuMemory = doc("Retired pages and row remapping.", default_factory=GpuMemory)
+    xid: GpuXid = doc("XID events from the kernel log.", default_factory=GpuXid)
+    thermal: GpuThermal = doc("Temperature and clock-event (throttle) reasons.", default_factory=GpuThermal)
+    pcie: GpuPcie = doc("PCIe link width and generation.", default_factory=GpuPcie)
+    nvlink: GpuNvlink = doc("NVLink state and error counters.", default_factory=GpuNvlink)
+    processes: GpuProcesses = doc("Compute processes left on a GPU.", default_factory=GpuProcesses)
+
+
+@dataclass(frozen=True)
+class IbPorts(CheckParams):
+    expected_ports: Optional[int] = doc("Ports (over all HCAs) that must be ACTIVE/LinkUp (unset: every port "
+                                        "present must be).", None, min=0, max=256)
+    min_rate_gbps: Optional[float] = doc("Lowest acceptable link rate, e.g. 400 for NDR.", None, min=0.0)
+    link_layer: Optional[str] = doc("Required link layer.", None, choices=("InfiniBand", "Ethernet"))
+    ignore_hcas: List[str] = doc("HCAs not checked (e.g. a management NIC's mlx5_bond_0).", default_factory=list)
+
+
+@dataclass(frozen=True)
+class IbCounters(CheckParams):
+    critical_on_increase: List[str] = doc("Counters whose any increase is CRITICAL.", default_factory=lambda: [
+        "link_downed", "excessive_buffer_overrun_errors", "local_link_integrity_errors"])
+    warn_increase: int = doc("Increase of symbol_error / link_error_recovery / port_rcv_errors that is WARN.", 10,
+                             min=1)
+    critical_increase: int = doc("Increase of those counters that is CRITICAL.", 1000, min=1)
+
+
+@dataclass(frozen=True)
+class IbChecks:
+    ports: IbPorts = doc("HCA ports: count, state, physical state, rate, link layer.", default_factory=IbPorts)
+    counters: IbCounters = doc("Error counter increases since the previous run.", default_factory=IbCounters)
+
+
+@dataclass(frozen=True)
+class SysMemory(CheckParams):
+    min_available_gb: float = doc("Available memory below this is CRITICAL.", 1.0, min=0.0)
+
+
+@dataclass(frozen=True)
+class SysDisk(CheckParams):
+    paths: List[str] = doc("Paths whose filesystems must have free space.", default_factory=lambda: ["/tmp"])
+    min_free_gb: float = doc("Free space below this is CRITICAL.", 1.0, min=0.0)
+
+
+@dataclass(frozen=True)
+class SysMounts(CheckParams):
+    required: List[str] = doc("Mount points that must be mounted (e.g. /shared).", default_factory=list)
+
+
+@dataclass(frozen=True)
+class SysProcesses(CheckParams):
+    required: List[str] = doc("Process names that must be running (e.g. nvidia-persistenced).", default_factory=list)
+
+
+@dataclass(frozen=True)
+class SystemChecks:
+    memory: SysMemory = doc("Available memory.", default_factory=SysMemory)
+    disk: SysDisk = doc("Free disk space.", default_factory=SysDisk)
+    mounts: SysMounts = doc("Required mounts.", default_factory=SysMounts)
+    processes: SysProcesses = doc("Required processes / services.", default_factory=SysProcesses)
+
+
+@dataclass(frozen=True)
+class Checks:
+    gpu: GpuChecks = doc("GPU checks (NVML).", default_factory=GpuChecks)
+    ib: IbChecks = doc("InfiniBand checks (sysfs).", default_factory=IbChecks)
+    system: SystemChecks = doc("System checks (psutil).", default_factory=SystemChecks)
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    gpu_probe: str = doc("`nvml`, `none` (no GPUs), or `fixture:<path|builtin name>` for rehearsals and tests; "
+                         "a fixture is never used unless named here.", "nvml")
+    sysfs_root: str = doc("Root under which /sys/class/infiniband is read.", "/")
+    kernel_log: Optional[str] = doc("Kernel log for XIDs: /dev/kmsg, a file in kmsg format, or null.", "/dev/kmsg")
+    state_dir: str = doc("Where counters, job baselines and the last result are kept.", "/var/lib/slurmtools/health")
+    probe_timeout_s: float = doc("Time box of each probe.", 3.0, min=0.05, max=300.0)
+    deadline_s: float = doc("Time box of the whole run.", 8.0, min=0.1, max=600.0)
+    probe_timeout_status: str = doc("Status of the checks whose probe timed out (a hung NVML is a sick node).",
+                                    "CRITICAL", choices=("CRITICAL", "WARN", "UNKNOWN"))
+    on_internal_error: str = doc("When slurmtools itself fails: `open` (run the job, drain nothing) or `closed` "
+                                 "(drain with an internal-error reason).", "open", choices=("open", "closed"))
+    cache_minutes: float = doc("Prolog: skip the NVML probe when the node passed within this many minutes and no "
+                               "IB counter or kernel-log XID moved (0: off).", 0.0, min=0.0, max=1440.0)
+    auto_resume_after: int = doc("Periodic: resume a node drained by slurmtools after this many consecutive clean "
+                                 "runs (0: never).", 0, min=0, max=1000)
+    drain: bool = doc("Drain on CRITICAL (false: report only).", True)
+    textfile: Optional[str] = doc("Prometheus textfile to write (node_exporter textfile collector).", None)
+    syslog: bool = doc("Log non-OK results to syslog.", True)
+    checks: Checks = doc("Per-check switches and thresholds.", default_factory=Checks)
+
+    def __post_init__(self) -> None:
+        check_limits(self, ())
+        if not (self.gpu_probe in ("nvml", "none") or self.gpu_probe.startswith("fixture:")):
+            raise err(f"must be nvml, none or fixture:<path>; got {self.gpu_probe!r}", ("gpu_probe",))
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    path: Optional[Path]
+    defaults: Dict[str, Any]
+    hosts: Tuple[Tuple[str, Dict[str, Any]], ...]
+
+    def for_host(self, host: str) -> NodeSettings:
+        from ClusterShell.NodeSet import NodeSet
+        merged = copy.deepcopy(self.defaults)
+        for pattern, section in self.hosts:
+            if host in NodeSet(pattern):
+                merged = _deep_merge(merged, section)
+        try:
+            return build(NodeSettings, merged)
+        except SpecError as exc:  # each section was valid; the merge can still clash (e.g. phases)
+            raise ConfigError(f"for host {host}: {exc.detail}", file=str(self.path) if self.path else None,
+                              key=exc.key) from None
+
+
+def _deep_merge(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def find_config_path(explicit: Optional[str] = None) -> Optional[Path]:
+    """--config, then $SLURMTOOLS_HEALTH_CONFIG, then slurmtools-health.yaml beside slurm.conf
+    ($SLURM_CONF, which Slurm sets in prologs, else /etc/slurm/slurm.conf, symlinks resolved: a
+    per-cluster config), then /etc/slurmtools/health.yaml."""
+    if explicit:
+        return Path(explicit)
+    if os.environ.get(CONFIG_ENV):
+        return Path(os.environ[CONFIG_ENV])
+    slurm_conf = Path(os.environ.get("SLURM_CONF") or DEFAULT_SLURM_CONF)
+    try:
+        beside = slurm_conf.resolve().parent / BESIDE_SLURM_CONF
+    except OSError:
+        beside = slurm_conf.parent / BESIDE_SLURM_CONF
+    if beside.exists():
+        return beside
+    return DEFAULT_PATH if DEFAULT_PATH.exists() else None
+
+
+def check_ownership(path: Path) -> None:
+    st = path.stat()
+    if os.geteuid() == 0:
+        if st.st_uid != 0:
+            raise ConfigError(f"refused: owned by uid {st.st_uid}, not root (this file decides which nodes drain)",
+                              file=str(path))
+        if st.st_mode & 0o022:
+            raise ConfigError(f"refused: group/world writable (mode {oct(st.st_mode & 0o777)})", file=str(path))
+
+
+def parse_config(text: str, file: str) -> HealthConfig:
+    data, lines = load_yaml_with_lines(text, file)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"must be a mapping with `defaults` and/or `hosts`, got {type(data).__name__}", file=file)
+    try:
+        for key in data:
+            if key not in ("defaults", "hosts"):
+                raise err(f"unknown key; the top level has `defaults` and `hosts`", (str(key),))
+        defaults = data.get("defaults") or {}
+        if not isinstance(defaults, dict):
+            raise err("must be a mapping of settings", ("defaults",))
+        build(NodeSettings, defaults, ("defaults",))
+        hosts = []
+        raw_hosts = data.get("hosts") or []
+        if not isinstance(raw_hosts, list):
+            raise err("must be a list of sections with `match`", ("hosts",))
+        for i, section in enumerate(raw_hosts):
+            path = ("hosts", str(i))
+            if not isinstance(section, dict) or "match" not in section:
+                raise err("each host section needs `match: <hostlist>`", path)
+            pattern = section["match"]
+            if not isinstance(pattern, str):
+                raise err("must be a hostlist string", path + ("match",))
+            check_hostlist(pattern, path + ("match",))
+            rest = {k: v for k, v in section.items() if k != "match"}
+            build(NodeSettings, rest, path)
+            hosts.append((pattern, rest))
+    except SpecError as exc:
+        e = attach_line(exc, file, lines)
+        raise ConfigError(e.detail, file=e.file, line=e.line, key=e.key) from None
+    return HealthConfig(Path(file), defaults, tuple(hosts))
+
+
+def load_config(explicit: Optional[str] = None) -> HealthConfig:
+    """The config in force; no file at all means every default (documented, fail-safe)."""
+    path = find_config_path(explicit)
+    if path is None:
+        return HealthConfig(None, {}, ())
+    try:
+        check_ownership(path)
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError("no such file", file=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read: {exc}", file=str(path)) from None
+    return parse_config(text, str(path))
+
+
+def this_host() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]

@@ -1,0 +1,173 @@
+"""One health run for a phase (prolog, epilog, periodic): gather, judge, report, drain, remember.
+
+Exit-code contract with the prolog.d/epilog.d shims: 0 healthy (OK/WARN/UNKNOWN), 3 CRITICAL
+(drained with our reason; the prolog fails so Slurm runs the job elsewhere). Config errors
+(exit 2) and our own failures (exit 1) never drain unless `on_internal_error: closed`.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from slurmtools import drain as drains
+from slurmtools import slurm
+from slurmtools.errors import SlurmCommandError
+from slurmtools.fsutil import write_json_atomic
+from slurmtools.health import report, runner, state
+from slurmtools.health.config import NodeSettings
+from slurmtools.health.model import CheckResult, Status, worst
+
+EXIT_HEALTHY = 0
+EXIT_CRITICAL = 3
+
+
+@dataclass
+class Outcome:
+    results: List[CheckResult]
+    status: Status
+    drained_reason: Optional[str]
+    cached: bool
+    duration_s: float
+    report: Dict[str, Any]
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CRITICAL if self.status is Status.CRITICAL else EXIT_HEALTHY
+
+
+def _cache_hit(s: NodeSettings, phase: str, st: state.HealthState, facts: runner.Facts, now_s: float) -> bool:
+    """Prolog only: the node passed within cache_minutes, no IB counter moved and the kernel log
+    has no new XID. Then the NVML probe (the slow part on real nodes) is skipped."""
+    if phase != "prolog" or s.cache_minutes <= 0 or not st.last_clean_t:
+        return False
+    if now_s - st.last_clean_t > s.cache_minutes * 60:
+        return False
+    from slurmtools.health import kmsg
+    from slurmtools.health.checks.ib import counter_state
+    if facts.ib.error or facts.kernel.error:
+        return False
+    if counter_state(runner.ib_ports(facts)) != st.ib_counters:
+        return False
+    if facts.kernel.value is not None and kmsg.xid_events(facts.kernel.value, st.kmsg_seq):
+        return False
+    return True
+
+
+def run_phase(s: NodeSettings, phase: str, host: str, *, job_id: Optional[str], allow_drain: bool = True) -> Outcome:
+    t0 = time.monotonic()
+    now_s = time.time()
+    deadline = t0 + s.deadline_s
+    spath = state.state_file(Path(s.state_dir), host)
+    st = state.load(spath)
+    baseline = st.baseline_for(job_id) if phase == "epilog" else None
+    prev_ib = baseline["ib_counters"] if baseline else st.ib_counters
+    prev_nvlink = baseline["nvlink_counters"] if baseline else st.nvlink_counters
+    after_seq = int(baseline["kmsg_seq"]) if baseline else st.kmsg_seq
+
+    facts = runner.gather_cheap(s, phase, deadline)
+    cached = _cache_hit(s, phase, st, facts, now_s)
+    if cached:
+        facts.gpu_skipped = True
+    else:
+        runner.gather_gpu(s, phase, deadline, facts)
+    results = runner.judge(s, phase, facts, after_kmsg_seq=after_seq, previous_ib=prev_ib or None,
+                           previous_nvlink=prev_nvlink or None)
+    if baseline:
+        results = [_attributed(r, job_id) for r in results]
+    overall = worst(results)
+
+    drained_reason = None
+    if overall is Status.CRITICAL and s.drain and allow_drain:
+        first = next(r for r in results if r.status is Status.CRITICAL)
+        reason = drains.DrainReason("CRITICAL", first.name, first.summary, job_id)
+        try:
+            if drains.drain(host, reason):
+                drained_reason = reason.render()
+        except SlurmCommandError as exc:
+            results.append(CheckResult("slurmtools.drain", Status.UNKNOWN, f"drain failed: {exc}"))
+    if phase == "periodic" and s.auto_resume_after > 0:
+        _auto_resume(s, host, st, overall, results)
+
+    _remember(st, facts, overall, phase, job_id, now_s)
+    state.save(spath, st)
+    duration = time.monotonic() - t0
+    doc = report.to_json(host, phase, results, job_id=job_id, duration_s=duration, drained=drained_reason,
+                         cached=cached)
+    write_json_atomic(spath.parent / f"last-{phase}.json", doc)
+    if s.textfile:
+        report.write_textfile(s.textfile, host, phase, results, duration)
+    if s.syslog:
+        report.log_syslog(host, phase, results, job_id)
+    return Outcome(results, overall, drained_reason, cached, duration, doc)
+
+
+# checks that compare with a previous reading: in the epilog that reading is the job's prolog
+# baseline, so what they find happened during the job
+DELTA_CHECKS = frozenset({"gpu.xid", "ib.counters", "gpu.nvlink"})
+
+
+def _attributed(r: CheckResult, job_id: Optional[str]) -> CheckResult:
+    if r.status in (Status.OK, Status.UNKNOWN) or r.name not in DELTA_CHECKS:
+        return r
+    return CheckResult(r.name, r.status, r.summary + " (during this job)", dict(r.details, job_id=job_id), r.duration_s)
+
+
+def _remember(st: state.HealthState, facts: runner.Facts, overall: Status, phase: str, job_id: Optional[str],
+              now_s: float) -> None:
+    from slurmtools.health.checks.gpu import nvlink_counters
+    from slurmtools.health.checks.ib import counter_state
+    from slurmtools.health.model import GpuSnapshot
+    if isinstance(facts.ib.value, list):
+        st.ib_counters = counter_state(facts.ib.value)
+    if isinstance(facts.gpu.value, GpuSnapshot):
+        st.nvlink_counters = nvlink_counters(facts.gpu.value)
+    if facts.kernel.value:
+        st.kmsg_seq = max(seq for seq, _ in facts.kernel.value)
+    if overall is not Status.CRITICAL:
+        st.last_clean_t = now_s
+    if phase == "prolog" and job_id:
+        st.record_baseline(job_id, now_s)
+    if phase == "epilog" and job_id:
+        st.jobs.pop(job_id, None)
+
+
+def _auto_resume(s: NodeSettings, host: str, st: state.HealthState, overall: Status,
+                 results: List[CheckResult]) -> None:
+    """Resume our own drain after K consecutive clean periodic runs; never a person's drain."""
+    if overall is Status.CRITICAL:
+        st.clean_runs = 0
+        return
+    st.clean_runs += 1
+    if st.clean_runs < s.auto_resume_after:
+        return
+    try:
+        node = slurm.nodes(host)
+        if node and node[0].drained and drains.auto_resumable(node[0].reason):
+            slurm.resume_node(host)
+            results.append(CheckResult("slurmtools.resume", Status.OK,
+                                       f"resumed after {st.clean_runs} clean runs (was: {node[0].reason})"))
+            st.clean_runs = 0
+    except SlurmCommandError as exc:
+        results.append(CheckResult("slurmtools.resume", Status.UNKNOWN, f"resume failed: {exc}"))
+
+
+def internal_error_outcome(s: Optional[NodeSettings], phase: str, host: str, job_id: Optional[str],
+                           error: str) -> Optional[Outcome]:
+    """`on_internal_error: closed`: drain with an internal-error reason and fail the phase."""
+    if s is None or s.on_internal_error != "closed" or not s.drain:
+        return None
+    reason = drains.DrainReason("CRITICAL", "slurmtools.internal", error[:120], job_id)
+    try:
+        drains.drain(host, reason)
+    except SlurmCommandError:
+        pass
+    res = [CheckResult("slurmtools.internal", Status.CRITICAL, error)]
+    return Outcome(res, Status.CRITICAL, reason.render(), False, 0.0,
+                   {"host": host, "phase": phase, "status": "CRITICAL", "results": [r.to_json() for r in res]})
+
+
+def dump(outcome: Outcome) -> str:
+    return json.dumps(outcome.report, sort_keys=True)

@@ -1,0 +1,163 @@
+"""GPU facts through NVML (nvidia-ml-py's `pynvml` module), or from a recorded snapshot.
+
+NVML errors are wrapped here and nowhere else: a call a GPU does not support is a None fact;
+anything else becomes ProbeError. The fixture probe is only ever chosen explicitly
+(`gpu_probe: fixture:<path or builtin name>`), never as a fallback when NVML is missing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple, TypeVar
+
+from slurmtools.health.model import GpuFacts, GpuSnapshot, NvLink
+
+BUILTIN_FIXTURES = Path(__file__).parent / "fixtures"
+T = TypeVar("T")
+
+# NVML clock-event (throttle) reason bits -> names used in facts and config
+THROTTLE_BITS = {
+    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+class ProbeError(Exception):
+    """A probe could not gather its facts (not a verdict about the node)."""
+
+
+class GpuProbe(Protocol):
+    def snapshot(self) -> GpuSnapshot: ...
+
+
+def throttle_names(mask: int) -> Tuple[str, ...]:
+    return tuple(name for bit, name in sorted(THROTTLE_BITS.items()) if mask & bit)
+
+
+class NvmlProbe:
+    """Reads every GPU once per call; nvmlShutdown always follows nvmlInit."""
+
+    def __init__(self) -> None:
+        try:
+            import pynvml
+        except ImportError as exc:
+            raise ProbeError("nvidia-ml-py is not installed (pip install 'slurmtools[nvml]')") from exc
+        self.nv = pynvml
+
+    def _opt(self, fn: Callable[..., T], *args: Any) -> Optional[T]:
+        """A fact this GPU may not support: None instead of an error."""
+        try:
+            return fn(*args)
+        except self.nv.NVMLError_NotSupported:
+            return None
+        except self.nv.NVMLError as exc:
+            if getattr(exc, "value", None) in (self.nv.NVML_ERROR_NOT_SUPPORTED, self.nv.NVML_ERROR_INVALID_ARGUMENT):
+                return None
+            raise
+
+    def snapshot(self) -> GpuSnapshot:
+        nv = self.nv
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as exc:
+            raise ProbeError(f"init failed: {exc}") from None
+        try:
+            driver = _text(nv.nvmlSystemGetDriverVersion())
+            return GpuSnapshot(driver, tuple(self._gpu(i) for i in range(nv.nvmlDeviceGetCount())))
+        except nv.NVMLError as exc:
+            raise ProbeError(f"query failed: {exc}") from None
+        finally:
+            try:
+                nv.nvmlShutdown()
+            except nv.NVMLError:
+                pass
+
+    def _gpu(self, index: int) -> GpuFacts:
+        nv, opt = self.nv, self._opt
+        h = nv.nvmlDeviceGetHandleByIndex(index)
+        ecc_u = opt(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
+        ecc_c = opt(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC)
+        pending = opt(nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
+        remap = opt(nv.nvmlDeviceGetRemappedRows, h)  # (corrected, uncorrected, pending, failure)
+        reasons = opt(nv.nvmlDeviceGetCurrentClocksEventReasons, h)
+        links: List[NvLink] = []
+        for link in range(nv.NVML_NVLINK_MAX_LINKS):
+            state = opt(nv.nvmlDeviceGetNvLinkState, h, link)
+            if state is None:
+                continue
+            err = [opt(nv.nvmlDeviceGetNvLinkErrorCounter, h, link, c) or 0 for c in
+                   (nv.NVML_NVLINK_ERROR_DL_REPLAY, nv.NVML_NVLINK_ERROR_DL_RECOVERY, nv.NVML_NVLINK_ERROR_DL_CRC_FLIT)]
+            links.append(NvLink(link, bool(state), *err))
+        procs = opt(nv.nvmlDeviceGetComputeRunningProcesses, h) or []
+        return GpuFacts(
+            index=index, name=_text(nv.nvmlDeviceGetName(h)), uuid=_text(nv.nvmlDeviceGetUUID(h)),
+            pci_bus_id=_text(nv.nvmlDeviceGetPciInfo(h).busId),
+            ecc_uncorrected_volatile=ecc_u, ecc_corrected_volatile=ecc_c,
+            retired_pages_pending=None if pending is None else bool(pending),
+            remapped_rows_pending=None if remap is None else bool(remap[2]),
+            remapped_rows_failure=None if remap is None else bool(remap[3]),
+            temperature_c=opt(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
+            throttle_reasons=throttle_names(reasons) if reasons is not None else (),
+            pcie_gen_current=opt(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
+            pcie_gen_max=opt(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
+            pcie_width_current=opt(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
+            pcie_width_max=opt(nv.nvmlDeviceGetMaxPcieLinkWidth, h),
+            nvlinks=tuple(links), compute_pids=tuple(int(p.pid) for p in procs))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# ---- snapshots as JSON (recorded fixtures) ---------------------------------------------
+def snapshot_to_json(snap: GpuSnapshot) -> Dict[str, Any]:
+    return {"driver_version": snap.driver_version, "gpus": [dataclasses.asdict(g) for g in snap.gpus]}
+
+
+def snapshot_from_json(data: Dict[str, Any]) -> GpuSnapshot:
+    fields = {f.name for f in dataclasses.fields(GpuFacts)}
+    gpus = []
+    for g in data.get("gpus", []):
+        unknown = set(g) - fields
+        if unknown:
+            raise ProbeError(f"fixture GPU {g.get('index')}: unknown fields {sorted(unknown)}")
+        g = dict(g)
+        g["nvlinks"] = tuple(NvLink(**link) for link in g.get("nvlinks", ()))
+        g["throttle_reasons"] = tuple(g.get("throttle_reasons", ()))
+        g["compute_pids"] = tuple(g.get("compute_pids", ()))
+        gpus.append(GpuFacts(**g))
+    return GpuSnapshot(str(data.get("driver_version", "")), tuple(gpus))
+
+
+class FixtureProbe:
+    """A recorded snapshot: `fixture:/path.json` or `fixture:<builtin name>`. A fixture may set
+    `hang_s` to behave like a hung NVML (for time-box tests)."""
+
+    def __init__(self, ref: str) -> None:
+        path = Path(ref)
+        if not path.suffix and not path.is_absolute():
+            path = BUILTIN_FIXTURES / f"{ref}.json"
+        self.path = path
+
+    def snapshot(self) -> GpuSnapshot:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ProbeError(f"cannot read GPU fixture {self.path}: {exc}") from None
+        if data.get("hang_s"):
+            time.sleep(float(data["hang_s"]))
+        return snapshot_from_json(data)
+
+
+def make_gpu_probe(spec: str) -> Optional[GpuProbe]:
+    """`nvml`, `fixture:<path|name>` or `none` (this node has no GPUs to check)."""
+    if spec == "none":
+        return None
+    if spec == "nvml":
+        return NvmlProbe()
+    if spec.startswith("fixture:"):
+        return FixtureProbe(spec[len("fixture:"):])
+    raise ProbeError(f"unknown gpu_probe {spec!r}")
