@@ -57,6 +57,10 @@ class TrainingControl:
         only set a flag; the loop checkpoints at the next step boundary."""
         self._flags = SignalFlags().install([signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2])
 
+    def signal_names(self) -> set:
+        """Names of the signals received so far (e.g. {"SIGUSR2"})."""
+        return set(self._flags.names()) if self._flags is not None else set()
+
     def heartbeat(self, step: int, *, force: bool = False) -> None:
         """Liveness signal: written whenever the step changes (the watchdog finds the laggard by
         step), otherwise at most once per interval. Call it at the top of each step."""

@@ -35,6 +35,8 @@ def format_time_limit(minutes: int) -> str:
 
 def directives(spec: JobSpec) -> List[Tuple[str, str]]:
     """(option, value) pairs; value '' means a flag without a value."""
+    if not spec.command:
+        raise SpecError("is required for an sbatch script (the program to launch)", key="command")
     for key in DIRECTIVE_FIELDS:
         value = getattr(spec, key)
         if value is not None and "\\" in value:

@@ -75,8 +75,10 @@ class JobSpec:
     """One multi-node training job."""
 
     name: str = doc("Job name (sbatch --job-name).")
-    command: List[str] = doc("The training program and its arguments. torchrun launcher: a `.py` script or "
-                             "`-m module` first. srun launcher: any program.", multiline_ok=True)
+    command: List[str] = doc("The training program and its arguments (needed for an sbatch script; a notebook "
+                             "job's program is its Python callable). torchrun launcher: a `.py` script or "
+                             "`-m module` first. srun launcher: any program.", default_factory=list,
+                             multiline_ok=True)
     nodes: int = doc("Number of nodes; written once in the script and read back from SLURM_JOB_NUM_NODES.", 1,
                      min=1, max=100000)
     gpus_per_node: int = doc("GPUs per node (0 for CPU jobs).", 0, min=0, max=64)
@@ -124,12 +126,10 @@ class JobSpec:
 def cross_checks(spec: JobSpec) -> None:
     if "/" in spec.name:
         raise err("must not contain '/' (it becomes part of the log file name via %x)", ("name",))
-    if not spec.command:
-        raise err("must name a program", ("command",))
     for i, arg in enumerate(spec.command):
         if "\x00" in arg:
             raise err(f"argument {i} contains a NUL byte", ("command",))
-    if spec.launcher == "torchrun" and not (spec.command[0].endswith(".py") or spec.command[0] == "-m"):
+    if spec.command and spec.launcher == "torchrun" and not (spec.command[0].endswith(".py") or spec.command[0] == "-m"):
         raise err(f"with launcher torchrun the command starts with a .py script or -m module, "
                    f"got {spec.command[0]!r}", ("command",))
     for name, value in spec.env.items():

@@ -68,7 +68,6 @@ def test_unknown_key_without_close_match_lists_keys(tmp_path):
     ("name: x\ncommand: [t.py]\nnodes: true\n", ":3: nodes: must be an integer, got True"),
     ("name: x\ncommand: t.py\n", ":2: command: must be a list of strings, got str"),
     ("name: x\ncommand: [t.py, {a: 1}]\n", ":2: command: item 1 must be a string, got dict"),
-    ("name: x\ncommand: []\n", ":2: command: must name a program"),
     ("name: x\ncommand: [run.sh]\n", ":2: command: with launcher torchrun the command starts with a .py script"),
     ("name: x\ncommand: [t.py]\nlauncher: mpirun\n", ":3: launcher: must be one of torchrun, srun; got 'mpirun'"),
     ("name: x\ncommand: [t.py]\nmem_gb: -1\n", ":3: mem_gb: must be >= 0.0, got -1.0"),
@@ -127,6 +126,14 @@ def test_python_built_spec_follows_the_same_rules():
 def test_env_values_accept_numbers_and_booleans(tmp_path):
     spec = load_spec(write(tmp_path, "name: x\ncommand: [t.py]\nenv: {A: 1, B: true, C: 2.5}\n"))
     assert spec.env == {"A": "1", "B": "1", "C": "2.5"}
+
+
+def test_command_is_optional_in_the_spec_but_required_to_render():
+    from slurmtools import sbatch
+    spec = spec_from_dict({"name": "notebook-job", "nodes": 2})
+    assert spec.command == []
+    with pytest.raises(SpecError, match="command: is required for an sbatch script"):
+        sbatch.render(spec)
 
 
 def test_every_field_is_documented():

@@ -1,0 +1,224 @@
+"""The tiny FSDP2 language model and its training loop: the reference trainer slurmtools uses in
+examples, tests and benchmarks (sbatch path and submitit path alike).
+
+Data is a deterministic function of the step (arithmetic sequences, learnable), each rank takes
+its slice, so a resumed run is bit-identical to an uninterrupted one at the same world size.
+Checkpoints go through CheckpointManager + DCP; heartbeats and checkpoint requests through
+slurmtools.runtime. Needs torch (pip install 'slurmtools[torch]').
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from slurmtools import checkpoint_torch
+from slurmtools.checkpoint import CheckpointManager
+from slurmtools.notebook import CheckpointableTrainer
+from slurmtools.runtime import TrainingControl, agree
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 20
+    checkpoint_every: int = 5
+    checkpoint_dir: Optional[str] = None
+    vocab: int = 256
+    dim: int = 64
+    layers: int = 2
+    heads: int = 4
+    seq: int = 32
+    batch_per_rank: int = 8
+    lr: float = 3e-3
+    seed: int = 1234
+    step_sleep_s: float = 0.0
+    fail_at_step: int = -1
+    hang_at_step: str = ""
+    slow_checkpoint_at: int = -1
+    slow_checkpoint_s: float = 30.0
+    faults_on_attempt: int = 0
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        mask = torch.triu(torch.ones(x.size(1), x.size(1), dtype=torch.bool, device=x.device), 1)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, seq: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.zeros(seq, dim))
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits as (batch*seq, vocab): a 2-D output, not a view FSDP2 warns about."""
+        x = self.embed(tokens) + self.pos[: tokens.size(1)]
+        for b in self.blocks:
+            x = b(x)
+        x = self.norm(x)
+        return self.head(x.reshape(-1, x.size(-1)))
+
+
+def batch_for(step: int, rank: int, world: int, cfg: TrainConfig, device: torch.device) -> torch.Tensor:
+    """The global batch of a step is fixed; rank r takes its slice (same data at any layout)."""
+    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+    n = cfg.batch_per_rank * world
+    # learnable structure: arithmetic sequences mod vocab (random start, stride 1..3)
+    start = torch.randint(0, cfg.vocab, (n, 1), generator=g)
+    stride = torch.randint(1, 4, (n, 1), generator=g)
+    global_batch = (start + stride * torch.arange(cfg.seq + 1)) % cfg.vocab
+    return global_batch[rank * cfg.batch_per_rank:(rank + 1) * cfg.batch_per_rank].to(device)
+
+
+def state_hash(model: nn.Module, optim: torch.optim.Optimizer) -> str:
+    """sha256 over the full (unsharded) model + optimizer state, in key order; collective."""
+    msd, osd = get_state_dict(model, optim, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    h = hashlib.sha256()
+
+    def feed(prefix: str, obj) -> None:
+        if isinstance(obj, dict):
+            for k in sorted(obj, key=str):
+                feed(f"{prefix}.{k}", obj[k])
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                feed(f"{prefix}.{i}", v)
+        elif isinstance(obj, torch.Tensor):
+            h.update(prefix.encode())
+            h.update(obj.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(f"{prefix}={obj!r}".encode())
+
+    feed("model", msd)
+    feed("optim", osd)
+    return h.hexdigest()
+
+
+def log_json(record: Dict[str, Any]) -> None:
+    print(json.dumps(record, sort_keys=True), flush=True)
+
+
+def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, Any]], None] = log_json
+          ) -> Dict[str, Any]:
+    """Train until cfg.steps or a checkpoint request; the process group must be initialised.
+
+    Returns {"event": "final", "step", "state_sha256", ...} or {"event": "stopped_for_requeue", "step"}.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        torch.set_num_threads(1)
+        device = torch.device("cpu")
+    torch.manual_seed(cfg.seed)
+    model = TinyLM(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq).to(device)
+    mesh = init_device_mesh(device.type, (world,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    manager = CheckpointManager(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+    meta = {"attempt_id": control.attempt_id}
+
+    start = 0
+    if manager is not None:
+        t0 = time.monotonic()
+        extra = checkpoint_torch.load_latest(manager, model, optim)
+        if extra is not None:
+            start = int(extra["step"])
+            if rank == 0:
+                log({"event": "resumed", "step": start, "path": extra["path"], "world_size": world,
+                     "attempt_id": control.attempt_id, "load_s": round(time.monotonic() - t0, 3)})
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    faults = cfg.faults_on_attempt in (-1, restart)
+    hang_rank, _, hang_step = cfg.hang_at_step.partition(":") if faults else ("", "", "")
+    fail_at = cfg.fail_at_step if faults else -1
+    slow_at = cfg.slow_checkpoint_at if faults else -1
+    control.install_signal_handlers()
+    step = start
+    while step < cfg.steps:
+        if step == fail_at:
+            raise RuntimeError(f"injected failure at step {step}")
+        if hang_step and rank == int(hang_rank) and step == int(hang_step):
+            print(f"rank {rank}: injected hang at step {step}", file=sys.stderr, flush=True)
+            while True:
+                time.sleep(3600)
+        control.heartbeat(step)
+        tokens = batch_for(step, rank, world, cfg, device)
+        logits = model(tokens[:, :-1])
+        loss = nn.functional.cross_entropy(logits, tokens[:, 1:].reshape(-1))
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        optim.step()
+        step += 1
+        reduced = loss.detach().clone()
+        dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+        if rank == 0:
+            log({"step": step, "total_steps": cfg.steps, "loss": (reduced.item() / world).hex(), "world_size": world,
+                 "attempt_id": control.attempt_id})
+        if cfg.step_sleep_s:
+            time.sleep(cfg.step_sleep_s)
+        requested = agree(control.checkpoint_requested())
+        if manager is not None and (requested or step % cfg.checkpoint_every == 0 or step == cfg.steps):
+            t0 = time.monotonic()
+            pause = (lambda: time.sleep(cfg.slow_checkpoint_s)) if step == slow_at else None
+            checkpoint_torch.save(manager, step, model, optim, meta=meta, before_commit=pause)
+            if rank == 0:
+                log({"event": "checkpoint", "step": step, "save_s": round(time.monotonic() - t0, 3),
+                     "requested": requested, "attempt_id": control.attempt_id})
+        if requested and step < cfg.steps:
+            control.heartbeat(step)
+            control.mark_stopped_for_requeue(step)
+            if rank == 0:
+                log({"event": "stopped_for_requeue", "step": step, "attempt_id": control.attempt_id})
+            return {"event": "stopped_for_requeue", "step": step, "attempt_id": control.attempt_id}
+    control.heartbeat(step)
+    digest = state_hash(model, optim)
+    final = {"event": "final", "step": step, "state_sha256": digest, "world_size": world,
+             "attempt_id": control.attempt_id}
+    if rank == 0:
+        log(final)
+    control.mark_complete(step)
+    return final
+
+
+def shutdown() -> None:
+    """Every rank reaches the barrier before any tears gloo down: a rank destroying its process
+    group while a peer still talks to it can abort the peer at exit."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+
+class TinyFSDPJob(CheckpointableTrainer):
+    """The tiny trainer as a submitit callable: `executor.submit(TinyFSDPJob(TrainConfig(...)))`."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.checkpoint_dir = cfg.checkpoint_dir
+
+    def train(self, control: TrainingControl) -> Dict[str, Any]:
+        return train(self.cfg, control)

@@ -1,0 +1,95 @@
+"""submitit from Python on the real mini-cluster (real sacct through slurmdbd): results, a
+person's requeue, and a time-limit warning, each ending in the reference run's exact state."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmtools import notebook, slurm
+from slurmtools.errors import SpecError
+from slurmtools.requeue import ledger
+from slurmtools.runtime import control_dir_for
+from tests.cluster import training
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.cluster
+submitit = pytest.importorskip("submitit")
+
+
+def spec(work: Path, **over):
+    data = {"name": "nb", "nodes": 2, "processes_per_node": 2, "time_limit_min": 10,
+            "checkpoint_dir": str(work / "ckpt"), "requeue": {"warning_lead_s": 60, "checkpoint_grace_s": 30}}
+    data.update(over)
+    return data
+
+
+def job_for(work: Path, **cfg):
+    from slurmtools.tiny_fsdp import TinyFSDPJob, TrainConfig
+    return TinyFSDPJob(TrainConfig(steps=training.STEPS, checkpoint_every=training.CHECKPOINT_EVERY,
+                                   checkpoint_dir=str(work / "ckpt"), **cfg))
+
+
+def stdout_events(job):
+    out = []
+    for line in Path(job.paths.stdout).read_text().splitlines():
+        if line.startswith("{"):
+            out.append(json.loads(line))
+    return out
+
+
+def test_bad_spec_gives_the_same_clear_error(shared_tmp):
+    with pytest.raises(SpecError, match="nodez: unknown key; did you mean 'nodes'"):
+        notebook.executor({"name": "x", "nodez": 2}, folder=shared_tmp)
+
+
+def test_submit_from_python_and_get_the_result(cluster, shared_tmp, reference_run):
+    training.settle()
+    ex = notebook.executor(spec(shared_tmp), folder=shared_tmp / "sub" / "%j")
+    job = ex.submit(job_for(shared_tmp))
+    results = job.results()
+    assert len(results) == 4 and all(r["event"] == "final" for r in results)
+    assert results[0]["state_sha256"] == reference_run["hash"]
+    assert results[0]["world_size"] == 4
+    job.watcher.update()
+    wait_for(lambda: (job.watcher.update(), job.state)[1] == "COMPLETED", 30, "sacct to say COMPLETED")
+    st = notebook.status(job, checkpoint_dir=str(shared_tmp / "ckpt"))
+    assert st.progress.startswith(f"step {training.STEPS}/{training.STEPS}")
+    assert "goodput" in st.goodput
+
+
+def test_requeue_mid_run_resumes_from_the_checkpoint(cluster, shared_tmp, reference_run):
+    training.settle()
+    ex = notebook.executor(spec(shared_tmp), folder=shared_tmp / "sub" / "%j")
+    job = ex.submit(job_for(shared_tmp, step_sleep_s=0.5))
+    wait_for(lambda: Path(job.paths.stdout).exists() and any(
+        e.get("step", 0) >= 6 and "loss" in e for e in stdout_events(job)), 120, "step 6", interval_s=0.3)
+    slurm.requeue(int(job.job_id))
+    results = job.results()
+    assert results[0]["state_sha256"] == reference_run["hash"]
+    assert results[0]["attempt_id"] == f"{job.job_id}.1"
+    evts = stdout_events(job)
+    stops = [e["step"] for e in evts if e.get("event") == "stopped_for_requeue"]
+    resumes = [e["step"] for e in evts if e.get("event") == "resumed"]
+    assert stops and resumes == stops            # 0 steps lost
+    records = ledger.read(control_dir_for(shared_tmp / "ckpt", str(job.job_id)))
+    assert [r["cause"] for r in records if r["event"] == "end"] == ["preempted", "completed"]
+
+
+def test_time_limit_warning_checkpoints_requeues_and_completes(cluster, shared_tmp, reference_run):
+    training.settle()
+    ex = notebook.executor(spec(shared_tmp, time_limit_min=1, requeue={"warning_lead_s": 30,
+                                                                       "checkpoint_grace_s": 20}),
+                           folder=shared_tmp / "sub" / "%j")
+    job = ex.submit(job_for(shared_tmp, step_sleep_s=1.5))
+    results = job.results()
+    assert results[0]["state_sha256"] == reference_run["hash"]
+    records = ledger.read(control_dir_for(shared_tmp / "ckpt", str(job.job_id)))
+    causes = [r["cause"] for r in records if r["event"] == "end"]
+    assert causes[-1] == "completed" and "preempted" in causes and set(causes) <= {"preempted", "completed"}
+    evts = stdout_events(job)
+    stops = [e["step"] for e in evts if e.get("event") == "stopped_for_requeue"]
+    resumes = [e["step"] for e in evts if e.get("event") == "resumed"]
+    assert resumes[:len(stops)] == stops
