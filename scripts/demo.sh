@@ -1,6 +1,8 @@
 #!/bin/bash
 # The main job end to end on the built-in mini-cluster (fresh Debian 12, as root):
-# bootstrap, bring up a 3-node Slurm, submit the example multi-node job, show its output.
+# bootstrap, bring up a 3-node Slurm with accounting and health-gated prologs, submit the
+# tiny FSDP2 job (2 nodes x 2 processes) from its spec, follow it to completion, then show
+# its checkpoints, its goodput ledger and the node table.
 # The cluster stays up afterwards; `.venv/bin/slurmtools minicluster down` stops it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,10 +10,23 @@ bash scripts/bootstrap.sh
 st=.venv/bin/slurmtools
 echo "== bringing up the mini-cluster"
 $st minicluster up
-out=$(mktemp -d /tmp/slurmtools-demo.XXXXXX)
-chmod 755 "$out"
-echo "== a 2-node job (output in $out)"
-jid=$(sbatch --parsable -N2 --ntasks-per-node=1 --gpus-per-node=2 -o "$out/hello-%j.out" \
-  --wrap 'srun bash -c "echo task \$SLURM_PROCID on \$(hostname): CUDA_VISIBLE_DEVICES=\$CUDA_VISIBLE_DEVICES"')
-for _ in $(seq 60); do squeue -h -j "$jid" -t PD,R,CG 2>/dev/null | grep -q . || break; sleep 0.5; done
-sort "$out/hello-$jid.out"
+rm -rf runs/tiny-fsdp
+echo
+echo "== the sbatch script slurmtools renders for examples/tiny_fsdp/job.yaml (head)"
+$st render examples/tiny_fsdp/job.yaml | sed -n '1,16p'
+echo "   ..."
+echo
+echo "== submitting it and following it"
+jid=$($st submit examples/tiny_fsdp/job.yaml --wait)
+echo
+echo "== job $jid: supervisor decisions and the final state"
+grep -h '"slurmtools": "decision"\|"event": "final"' runs/tiny-fsdp/logs/tiny-fsdp-"$jid".out
+echo
+echo "== complete checkpoints (each sealed by a sha256 manifest)"
+ls runs/tiny-fsdp/checkpoints
+echo
+echo "== goodput from the job's ledger"
+$st goodput runs/tiny-fsdp/checkpoints/.slurmtools/"$jid"
+echo
+echo "== nodes (none drained)"
+$st minicluster status

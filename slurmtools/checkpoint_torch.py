@@ -89,3 +89,40 @@ def load_latest(manager: CheckpointManager, model: Any, optim: Any) -> Optional[
     extra["path"] = chosen
     return extra
 
+
+
+class AsyncCheckpointer:
+    """Async sharded save: training continues while a thread writes the shards.
+
+    The save runs on its own gloo process group (on the training group it can hang or abort
+    with a collective mismatch, FACTS-torch.md). Rank 0 commits (manifest, rename) once its
+    future resolves, which DCP only does after every rank's shards and the metadata are written.
+    One save is in flight at a time; `wait()` finishes it.
+    """
+
+    def __init__(self, manager: CheckpointManager) -> None:
+        self.manager = manager
+        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self._pending: Optional[tuple] = None
+
+    def save(self, step: int, model: Any, optim: Any, meta: Optional[Dict[str, Any]] = None) -> None:
+        self.wait()
+        if _broadcast(_complete_or_quarantine(self.manager, step) if _rank() == 0 else None):
+            return
+        tmp = _broadcast(str(self.manager.begin(step)) if _rank() == 0 else None)
+        msd, osd = get_state_dict(model, optim)
+        state = {"model": msd, "optim": osd, "extra": {"step": step}}
+        future = dcp.async_save(state, storage_writer=FileSystemWriter(tmp, overwrite=False),
+                                process_group=self.group)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self._pending = (step, future, dict(meta or {}, world_size=world))
+
+    def wait(self) -> Optional[Checkpoint]:
+        if self._pending is None:
+            return None
+        step, future, meta = self._pending
+        self._pending = None
+        future.result()
+        if _rank() == 0:
+            return self.manager.commit(step, meta)
+        return None

@@ -48,6 +48,7 @@ class TrainConfig:
     slow_checkpoint_at: int = -1
     slow_checkpoint_s: float = 30.0
     faults_on_attempt: int = 0
+    async_checkpoint: bool = False
 
 
 class Block(nn.Module):
@@ -118,7 +119,7 @@ def state_hash(model: nn.Module, optim: torch.optim.Optimizer) -> str:
 
 
 def log_json(record: Dict[str, Any]) -> None:
-    print(json.dumps(record, sort_keys=True), flush=True)
+    print(json.dumps(dict(record, t=round(time.time(), 3)), sort_keys=True), flush=True)
 
 
 def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, Any]], None] = log_json
@@ -141,6 +142,7 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
     fully_shard(model, mesh=mesh)
     optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     manager = CheckpointManager(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+    saver = checkpoint_torch.AsyncCheckpointer(manager) if manager and cfg.async_checkpoint else None
     meta = {"attempt_id": control.attempt_id}
 
     start = 0
@@ -184,8 +186,13 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
         requested = agree(control.checkpoint_requested())
         if manager is not None and (requested or step % cfg.checkpoint_every == 0 or step == cfg.steps):
             t0 = time.monotonic()
-            pause = (lambda: time.sleep(cfg.slow_checkpoint_s)) if step == slow_at else None
-            checkpoint_torch.save(manager, step, model, optim, meta=meta, before_commit=pause)
+            if saver is not None and not requested and step != cfg.steps:
+                saver.save(step, model, optim, meta=meta)      # periodic: training goes on meanwhile
+            else:
+                if saver is not None:
+                    saver.wait()                               # a requested or final save is blocking
+                pause = (lambda: time.sleep(cfg.slow_checkpoint_s)) if step == slow_at else None
+                checkpoint_torch.save(manager, step, model, optim, meta=meta, before_commit=pause)
             if rank == 0:
                 log({"event": "checkpoint", "step": step, "save_s": round(time.monotonic() - t0, 3),
                      "requested": requested, "attempt_id": control.attempt_id})

@@ -26,6 +26,9 @@ def parse_args(argv=None) -> TrainConfig:
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
+        if isinstance(default, bool):
+            ap.add_argument(flag, action="store_true", default=default)
+            continue
         kind = str if f.name in ("checkpoint_dir", "hang_at_step") else type(default)
         ap.add_argument(flag, type=kind, default=default)
     return TrainConfig(**vars(ap.parse_args(argv)))
