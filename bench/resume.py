@@ -12,14 +12,13 @@ so its moment is known; the real time-limit path is covered by the fault tests.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import psutil
 
@@ -62,14 +61,7 @@ def submit(s) -> int:
 
 def events(s, job: int) -> List[Dict[str, Any]]:
     p = Path(s.output_dir) / f"{s.name}-{job}.out"
-    out = []
-    for line in (p.read_text().splitlines() if p.exists() else []):
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
+    return jobs.json_lines(p.read_text()) if p.exists() else []
 
 
 def finished(job: int) -> bool:

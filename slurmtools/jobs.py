@@ -9,7 +9,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence, TextIO
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, TextIO
 
 from slurmtools import sbatch, slurm
 from slurmtools.errors import SlurmCommandError, UsageError
@@ -35,6 +35,19 @@ def log_paths(job_id: int) -> tuple:
         raise UsageError(f"job {job_id} is not known to slurmctld any more (MinJobAge); "
                          "its logs are in the spec's output_dir")
     return Path(rec.get("StdOut", "")), Path(rec.get("StdErr", ""))
+
+
+def json_lines(text: str) -> List[Dict[str, Any]]:
+    """The JSON objects among a log's lines (supervisor and trainer events); other lines are skipped."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
 
 
 def progress_from_log(text: str) -> Optional[str]:

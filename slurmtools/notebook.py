@@ -157,7 +157,7 @@ class CheckpointableTrainer(_Checkpointable):  # type: ignore[misc,valid-type]
         ledger.append(control_dir, {"event": "end", "attempt_id": attempt_id, "t": time.time(), "cause": cause,
                                     "counted": cause not in ("completed", "preempted"),
                                     "last_step": max((b.step for b in beats), default=step),
-                                    "first_step_t": min((b.time_s for b in beats), default=None),
+                                    "first_step_t": watchdog.first_progress(beats),
                                     "checkpoint_step": step if cause != "crash" else None})
 
 

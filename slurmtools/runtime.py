@@ -48,6 +48,8 @@ class TrainingControl:
         self.heartbeat_interval_s = heartbeat_interval_s
         self._last_beat = 0.0
         self._last_step: Optional[int] = None
+        self._first_step: Optional[int] = None
+        self._first_progress_t: Optional[float] = None
         self._flags: Optional[SignalFlags] = None
         if self.control_dir is not None:
             (self.control_dir / HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
@@ -71,9 +73,13 @@ class TrainingControl:
             return
         self._last_beat = now
         self._last_step = step
+        if self._first_step is None:
+            self._first_step = step
+        elif step > self._first_step and self._first_progress_t is None:
+            self._first_progress_t = now      # the first step this attempt completed (goodput)
         _write_small(self.control_dir / HEARTBEAT_DIR / f"{self.rank}.json",
                      {"rank": self.rank, "host": socket.gethostname(), "step": step, "time": now,
-                      "attempt_id": self.attempt_id})
+                      "first_progress_t": self._first_progress_t, "attempt_id": self.attempt_id})
 
     def checkpoint_requested(self) -> bool:
         """This rank's view; use `agree()` so every rank acts at the same step."""

@@ -261,7 +261,7 @@ def parse_config(text: str, file: str) -> HealthConfig:
     try:
         for key in data:
             if key not in ("defaults", "hosts"):
-                raise err(f"unknown key; the top level has `defaults` and `hosts`", (str(key),))
+                raise err("unknown key; the top level has `defaults` and `hosts`", (str(key),))
         defaults = data.get("defaults") or {}
         if not isinstance(defaults, dict):
             raise err("must be a mapping of settings", ("defaults",))

@@ -208,7 +208,7 @@ class MiniClusterLayout:
             "# Written by `slurmtools minicluster up` (kept when it exists). Rehearsal settings: the",
             "# fake GPUs are served by a built-in NVML fixture, selected explicitly here.",
             "defaults:",
-            f'  gpu_probe: "fixture:minicluster-4gpu"' if self.gpus_per_node else "  gpu_probe: none",
+            '  gpu_probe: "fixture:minicluster-4gpu"' if self.gpus_per_node else "  gpu_probe: none",
             "  kernel_log: null",
             f"  state_dir: {self.state_dir}/health",
             "  probe_timeout_s: 3",

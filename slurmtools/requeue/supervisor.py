@@ -124,13 +124,12 @@ def _close_dangling_attempt(control: Path, records: list, checkpoint_step: Optio
     states = _node_states(str(last.get("nodes", "")))
     down = sorted(n for n, st in states.items() if st in ("down", "fail", "failing"))
     cause = policy.Cause.NODE_FAILURE if down else policy.Cause.CRASH
-    resume = last.get("resume_step") or 0
     end = {"event": "end", "attempt_id": last.get("attempt_id"),
            "t": max((b.time_s for b in beats), default=float(last.get("t", time.time()))),
            "cause": cause.value, "node": down[0] if down else None, "counted": True,
            "detail": "supervisor was killed before recording the end", "action": "requeue",
            "last_step": max((b.step for b in beats), default=None),
-           "first_step_t": min((b.time_s for b in beats if b.step > resume), default=None),
+           "first_step_t": watchdog.first_progress(beats),
            "checkpoint_step": checkpoint_step}
     ledger.append(control, end)
     return end
@@ -204,7 +203,7 @@ def run(cfg: SupervisorConfig, argv: Sequence[str]) -> int:
 
     beats = watchdog.read_heartbeats(control)
     last_step = max((b.step for b in beats), default=None)
-    first_beat = min((b.time_s for b in beats if b.step > (resume.step if resume else 0)), default=None)
+    first_beat = watchdog.first_progress(beats)
     now_ckpt = manager.latest(checksums=False) if manager else None
     cancelled = flags.seen(signal.SIGTERM) and _job_cancelled(job_id)
     evidence = policy.Evidence(

@@ -20,6 +20,12 @@ class Beat:
     host: str
     step: int
     time_s: float
+    first_progress_s: Optional[float] = None   # when this rank first completed a step this attempt
+
+
+def first_progress(beats: List[Beat]) -> Optional[float]:
+    """When the attempt's first step was done (the earliest rank), for goodput."""
+    return min((b.first_progress_s for b in beats if b.first_progress_s is not None), default=None)
 
 
 @dataclass(frozen=True)
@@ -38,7 +44,9 @@ def read_heartbeats(control_dir: Path) -> List[Beat]:
     for f in d.glob("*.json"):
         try:
             data = json.loads(f.read_text())
-            beats.append(Beat(int(data["rank"]), str(data.get("host", "")), int(data["step"]), float(data["time"])))
+            first = data.get("first_progress_t")
+            beats.append(Beat(int(data["rank"]), str(data.get("host", "")), int(data["step"]), float(data["time"]),
+                              float(first) if first is not None else None))
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a half-written or foreign file is no evidence
     return sorted(beats, key=lambda b: b.rank)

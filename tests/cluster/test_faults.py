@@ -5,7 +5,6 @@ checkpoint write, e corrupted newest checkpoint, f a hung rank, g a user bug, h 
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -45,8 +44,9 @@ def assert_zero_steps_lost(evts):
 
 def test_a_time_limit_warning_checkpoints_requeues_and_completes(workdir, reference_run):
     # --time=1 with the warning 30 s ahead: Slurm sends it at its first 30-s tick after the start,
-    # so every attempt is warned; 16 steps of 1.5 s cannot finish inside one attempt.
-    spec = training.training_spec(workdir, "timelimit", extra=["--step-sleep-s", "1.5"], time_limit_min=1,
+    # so every attempt is warned within ~30 s of its start (~8 s of which is start-up);
+    # 20 steps of 1.2 s cannot finish inside one attempt.
+    spec = training.training_spec(workdir, "timelimit", extra=["--step-sleep-s", "1.2"], time_limit_min=1,
                                   requeue={"warning_lead_s": 30, "checkpoint_grace_s": 20})
     job = training.submit(spec)
     info = training.wait_finished(job, 420)
@@ -58,6 +58,7 @@ def test_a_time_limit_warning_checkpoints_requeues_and_completes(workdir, refere
     assert all(not d.get("exclude") for d in decisions)
     assert_zero_steps_lost(evts)
     assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+    assert training.leftover_trainers(job) == []
 
 
 def test_b_requeue_by_a_person_checkpoints_and_resumes(workdir, reference_run):
@@ -72,6 +73,7 @@ def test_b_requeue_by_a_person_checkpoints_and_resumes(workdir, reference_run):
     assert_zero_steps_lost(evts)
     assert attempts(evts) == [f"{job}.0", f"{job}.1"]
     assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+    assert training.leftover_trainers(job) == []
 
 
 def _kill_second_node(cluster, job: int) -> str:
@@ -87,10 +89,8 @@ def _restore(cluster, node: str) -> None:
     wait_for(lambda: training.all_idle() or _our_jobs(), 60, f"{node} back")
 
 
-def test_c_node_killed_mid_step_requeues_without_it_and_resumes(cluster, workdir, reference_run):
-    spec = training.training_spec(workdir, "nodekill", extra=["--step-sleep-s", "0.5"])
-    job = training.submit(spec)
-    training.wait_step(spec, job, 6)
+def _kill_node_and_finish(cluster, spec, job: int):
+    """Kill the job's second node, wait for the job to end, bring the node back; (events, victim)."""
     victim = _kill_second_node(cluster, job)
     try:
         info = training.wait_finished(job, 300)
@@ -98,6 +98,15 @@ def test_c_node_killed_mid_step_requeues_without_it_and_resumes(cluster, workdir
         _restore(cluster, victim)
     evts = training.events(spec, job)
     assert info.state == "COMPLETED", training.describe(spec, job)
+    assert training.leftover_trainers(job) == []
+    return evts, victim
+
+
+def test_c_node_killed_mid_step_requeues_without_it_and_resumes(cluster, workdir, reference_run):
+    spec = training.training_spec(workdir, "nodekill", extra=["--step-sleep-s", "0.5"])
+    job = training.submit(spec)
+    training.wait_step(spec, job, 6)
+    evts, victim = _kill_node_and_finish(cluster, spec, job)
     starts = training.supervisor_events(evts, "start")
     assert len(starts) == 2 and victim not in _expand(starts[1]["nodes"])
     resumed = training.trainer_events(evts, "resumed")
@@ -117,13 +126,7 @@ def test_d_node_killed_during_checkpoint_write_ignores_the_partial_one(cluster, 
     job = training.submit(spec)
     staging = Path(spec.checkpoint_dir) / "step_8.tmp"
     wait_for(lambda: staging.is_dir() and (staging / ".metadata").exists(), 120, "the step-8 shards to be written")
-    victim = _kill_second_node(cluster, job)
-    try:
-        info = training.wait_finished(job, 300)
-    finally:
-        _restore(cluster, victim)
-    evts = training.events(spec, job)
-    assert info.state == "COMPLETED", training.describe(spec, job)
+    evts, _ = _kill_node_and_finish(cluster, spec, job)
     assert training.trainer_events(evts, "resumed")[0]["step"] == 4
     assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
 
@@ -169,6 +172,7 @@ def test_f_hung_rank_is_killed_requeued_and_its_node_excluded(workdir, reference
         info_node = slurm.nodes(node)[0]
         assert info_node.drained and info_node.reason.startswith(f"slurmtools: CRITICAL job.hang no heartbeat from rank 3 job={job}")
         assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+        assert training.leftover_trainers(job) == []     # the hung rank was killed, not orphaned
     finally:
         for n in slurm.nodes():
             if n.drained and drain.is_ours(n.reason):
@@ -201,3 +205,4 @@ def test_h_repeating_failure_stops_at_the_budget(workdir):
                                                              ("crash", "stop")]
     assert "restart budget spent (2 failures)" in decisions[-1]["reason"]
     assert CheckpointManager(spec.checkpoint_dir).latest().step == 4
+    assert training.leftover_trainers(job) == []

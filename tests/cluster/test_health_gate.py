@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import drain, slurm
+from slurmtools import slurm
 from slurmtools.health.fixture_data import write_ib_tree, xid_line
 from tests.cluster import training
 from tests.conftest import wait_for

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import sys
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from slurmtools.spec import JobSpec, spec_from_dict
 from tests.conftest import REPO, wait_for
 
 TRAIN = REPO / "examples" / "tiny_fsdp" / "train.py"
-STEPS = 16
+STEPS = 20
 CHECKPOINT_EVERY = 4
 
 
@@ -57,14 +56,20 @@ def stderr(spec: JobSpec, job: int) -> str:
 
 
 def events(spec: JobSpec, job: int) -> List[Dict[str, Any]]:
-    out = []
-    for line in output(spec, job).splitlines():
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
+    return jobs.json_lines(output(spec, job))
+
+
+def leftover_trainers(job: int) -> List[int]:
+    """Pids of training processes of this job still alive (orphans), on any node."""
+    import psutil
+    pids = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if str(TRAIN) in (p.info["cmdline"] or []) and p.environ().get("SLURM_JOB_ID") == str(job):
+                pids.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return pids
 
 
 def supervisor_events(evts: List[Dict[str, Any]], kind: str) -> List[Dict[str, Any]]:

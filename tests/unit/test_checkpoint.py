@@ -1,6 +1,5 @@
 """CheckpointManager: complete or ignored, newest verified wins, older ones are the fallback."""
 import json
-import os
 from pathlib import Path
 
 import pytest

@@ -10,7 +10,6 @@ import pytest
 
 from slurmtools.errors import ConfigError
 from slurmtools.health import config, gate, kmsg, runner, sysfs
-from slurmtools.health.checks import gpu as gpu_checks
 from slurmtools.health.checks import ib as ib_checks
 from slurmtools.health.config import parse_config
 from slurmtools.health.fixture_data import node_snapshot, with_fault, write_ib_tree, xid_line

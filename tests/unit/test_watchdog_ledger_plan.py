@@ -1,6 +1,5 @@
 """Heartbeat stall detection, the goodput ledger, and the Young/Daly planner."""
 import json
-from pathlib import Path
 
 import pytest
 
@@ -106,3 +105,16 @@ def test_plan_rejects_nonsense(kw, msg):
     args.update(kw)
     with pytest.raises(ValueError, match=msg):
         plan.plan(**args)
+
+
+def test_first_progress_survives_heartbeat_overwrites(tmp_path):
+    """Heartbeat files are rewritten every step; the first-progress time must not move with them."""
+    c = TrainingControl(control_dir=tmp_path, rank=0, heartbeat_interval_s=0)
+    c.heartbeat(10)                       # resumed at step 10: no progress yet
+    assert watchdog.first_progress(watchdog.read_heartbeats(tmp_path)) is None
+    c.heartbeat(11)
+    first = watchdog.first_progress(watchdog.read_heartbeats(tmp_path))
+    c.heartbeat(12)
+    c.heartbeat(13)
+    beats = watchdog.read_heartbeats(tmp_path)
+    assert beats[0].step == 13 and watchdog.first_progress(beats) == first

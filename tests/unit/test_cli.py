@@ -1,0 +1,92 @@
+"""The CLI: every bad input is one line on stderr with exit code 2, never a traceback."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+REPO = HERE.parent.parent
+
+
+def cli(*args: str, cwd: Path = REPO, env_extra=None) -> subprocess.CompletedProcess:
+    import os
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "slurmtools", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=60)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, code: int, text: str) -> None:
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("slurmtools: error: ") and text in lines[0], lines[0]
+
+
+def test_version_and_render_golden():
+    assert cli("--version").stdout.strip() == "slurmtools 0.1.0"
+    out = cli("render", "--portable", "tests/unit/specs/minimal.yaml")
+    assert out.returncode == 0 and out.stdout == (HERE / "golden" / "minimal.sbatch").read_text()
+
+
+@pytest.mark.parametrize("args,code,text", [
+    (["render", "nope.yaml"], 2, "nope.yaml: no such file"),
+    (["submit", "nope.yaml"], 2, "nope.yaml: no such file"),
+    (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
+    (["status", "12x"], 2, "not a job id: '12x'"),
+    (["plan", "--checkpoint-cost-s", "-1", "--nodes", "8", "--node-mtbf-h", "10"], 2, "must be >= 0, got -1"),
+    (["plan", "--checkpoint-cost-s", "0", "--nodes", "8", "--node-mtbf-h", "10"], 2, "checkpoint cost must be > 0 s"),
+    (["run"], 2, "run: no command given"),
+    (["minicluster", "kill", "node99"], 2, "unknown node 'node99'"),
+    (["minicluster", "up", "--nodes", "0"], 2, "nodes must be between 1 and 32"),
+    (["nodes", "drain", "node1", "--reason", " "], 2, "--reason must be one line of text"),
+    (["health", "run", "--phase", "later"], 2, "invalid choice: 'later'"),
+])
+def test_bad_input_is_one_line_exit_2(args, code, text):
+    one_line_error(cli(*args), code, text)
+
+
+def test_spec_errors_name_file_line_and_key(tmp_path):
+    bad = tmp_path / "job.yaml"
+    bad.write_text("name: x\ncommand: [t.py]\nrequeue:\n  hang_timout_s: 5\n")
+    one_line_error(cli("render", str(bad)), 2,
+                   f"{bad}:4: requeue.hang_timout_s: unknown key; did you mean 'hang_timeout_s'?")
+
+
+def test_health_config_error_exits_2_and_never_tracebacks(tmp_path):
+    cfg = tmp_path / "health.yaml"
+    cfg.write_text("defaults:\n  checks: {gpu: {ecc: {corected_warn: 1}}}\n")
+    cfg.chmod(0o644)
+    proc = cli("health", "run", "--phase", "prolog", "--config", str(cfg), "--no-drain")
+    one_line_error(proc, 2, "defaults.checks.gpu.ecc.corected_warn: unknown key; did you mean 'corrected_warn'?")
+    assert cli("health", "check-config", "--config", str(cfg)).returncode == 2
+
+
+def test_health_run_reports_json_and_exit_3_on_critical(tmp_path):
+    cfg = tmp_path / "health.yaml"
+    cfg.write_text(f'defaults:\n  gpu_probe: "fixture:h100-8gpu-ecc-uncorrected"\n  kernel_log: null\n'
+                   f"  state_dir: {tmp_path}/state\n  syslog: false\n  drain: false\n")
+    cfg.chmod(0o644)
+    proc = cli("health", "run", "--phase", "prolog", "--config", str(cfg), "--node", "gpu001", "--json")
+    assert proc.returncode == 3, proc.stderr
+    import json
+    report = json.loads(proc.stdout)
+    assert report["status"] == "CRITICAL" and report["host"] == "gpu001"
+    assert [r["check"] for r in report["results"] if r["status"] == "CRITICAL"] == ["gpu.ecc"]
+
+
+def test_goodput_of_a_missing_ledger(tmp_path):
+    one_line_error(cli("goodput", str(tmp_path)), 2, "no ledger records at")
+
+
+def test_shim_fails_open_when_slurmtools_itself_fails(tmp_path):
+    """Exit codes other than 3 (a bad config, a crash) must not fail the prolog."""
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("defaults: {nonsense: 1}\n")
+    cfg.chmod(0o644)
+    proc = subprocess.run(["bash", str(REPO / "prolog.d" / "50-slurmtools-health")], capture_output=True, text=True,
+                          env={"SLURMTOOLS_HEALTH_CONFIG": str(cfg)}, timeout=60)
+    assert proc.returncode == 0
+    assert "failing open" in proc.stderr
