@@ -26,7 +26,7 @@ echo "== complete checkpoints (each sealed by a sha256 manifest)"
 ls runs/tiny-fsdp/checkpoints
 echo
 echo "== goodput from the job's ledger"
-$st goodput runs/tiny-fsdp/checkpoints/.slurmtools/"$jid"
+$st goodput "$jid" --spec examples/tiny_fsdp/job.yaml
 echo
 echo "== nodes (none drained)"
 $st minicluster status

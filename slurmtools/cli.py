@@ -195,9 +195,19 @@ def cmd_goodput(args: argparse.Namespace) -> int:
 
     from slurmtools.requeue import ledger
 
-    records = ledger.read(Path(args.ledger))
+    target = Path(args.target)
+    if not target.exists() and args.target.isdigit():
+        if not args.spec:
+            raise UsageError(f"goodput {args.target}: give the job's spec (--spec JOB.yaml) to find its ledger, "
+                             "or the control dir itself")
+        from slurmtools.runtime import control_dir_for
+        from slurmtools.spec import load_spec
+
+        spec = load_spec(args.spec)
+        target = control_dir_for(Path(spec.checkpoint_dir or spec.output_dir), args.target)
+    records = ledger.read(target)
     if not records:
-        raise UsageError(f"no ledger records at {args.ledger} (a control dir or its ledger.jsonl)")
+        raise UsageError(f"no ledger records at {target} (a control dir or its ledger.jsonl)")
     g = ledger.goodput(records)
     if args.json:
         print(json.dumps({"ratio": g.ratio, **g.__dict__}, sort_keys=True))
@@ -267,7 +277,9 @@ def _add_jobs(sub) -> None:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("goodput", help="goodput of a supervised job from its ledger")
-    p.add_argument("ledger", help="the job's control dir (<checkpoint_dir>/.slurmtools/JOBID) or its ledger.jsonl")
+    p.add_argument("target", help="JOBID (with --spec), or the job's control dir "
+                                  "(<checkpoint_dir>/.slurmtools/JOBID) or its ledger.jsonl")
+    p.add_argument("--spec", help="the job's spec: its checkpoint_dir (or output_dir) holds the ledger")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_goodput)
     p = sub.add_parser("plan", help="checkpoint interval (Young/Daly) and predicted goodput")

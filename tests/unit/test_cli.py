@@ -90,3 +90,26 @@ def test_shim_fails_open_when_slurmtools_itself_fails(tmp_path):
                           env={"SLURMTOOLS_HEALTH_CONFIG": str(cfg)}, timeout=60)
     assert proc.returncode == 0
     assert "failing open" in proc.stderr
+
+
+def test_goodput_by_job_id_needs_the_spec(tmp_path):
+    one_line_error(cli("goodput", "123"), 2, "give the job's spec (--spec JOB.yaml)")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"name: x\ncommand: [t.py]\ncheckpoint_dir: {tmp_path}/ck\n")
+    ctl = tmp_path / "ck" / ".slurmtools" / "123"
+    ctl.mkdir(parents=True)
+    (ctl / "ledger.jsonl").write_text('{"event": "start", "attempt_id": "123.0", "t": 0}\n'
+                                      '{"event": "end", "attempt_id": "123.0", "t": 10, "cause": "completed", '
+                                      '"last_step": 5, "checkpoint_step": 5, "first_step_t": 6}\n')
+    out = cli("goodput", "123", "--spec", str(spec))
+    assert out.returncode == 0 and "final step: 5" in out.stdout and "effective training time ratio: 50.0%" in out.stdout  # 5 steps x 1 s of 10 s
+
+
+def test_minicluster_refuses_a_non_root_user():
+    import os
+    import shutil
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to become an unprivileged user")
+    proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-m",
+                           "slurmtools", "minicluster", "up"], capture_output=True, text=True, cwd="/", timeout=60)
+    one_line_error(proc, 1, "the mini-cluster needs root")
