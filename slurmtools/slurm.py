@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -22,13 +23,23 @@ TERMINAL_STATES = frozenset({
 })
 
 
+def _ignore_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def run_slurm(argv: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, input_text: Optional[str] = None,
-              env: Optional[Mapping[str, str]] = None) -> str:
-    """Run one Slurm command and return its stdout; never through a shell."""
+              env: Optional[Mapping[str, str]] = None, survive_sigterm: bool = False) -> str:
+    """Run one Slurm command and return its stdout; never through a shell.
+
+    survive_sigterm: the command ignores SIGTERM (an ignored signal survives exec). A job that
+    requeues itself is sent SIGTERM at once, its own scontrol children included; the commands
+    that must still finish (update, release) take milliseconds, well inside KillWait.
+    """
     try:
         proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, input=input_text,
                               env=dict(env) if env is not None else None,
-                              stdin=None if input_text is not None else subprocess.DEVNULL)
+                              stdin=None if input_text is not None else subprocess.DEVNULL,
+                              preexec_fn=_ignore_sigterm if survive_sigterm else None)
     except FileNotFoundError as exc:
         raise SlurmCommandError(argv, None, f"{argv[0]}: command not found (is Slurm installed?)") from exc
     except subprocess.TimeoutExpired as exc:
@@ -212,12 +223,30 @@ def cancel(job_id: int, signal_name: Optional[str] = None) -> None:
 
 
 def requeue(job_id: int) -> None:
-    run_slurm(["scontrol", "requeue", str(job_id)])
+    """Safe from inside the job too: the SIGTERM that follows the requeue cannot kill scontrol."""
+    run_slurm(["scontrol", "requeue", str(job_id)], survive_sigterm=True)
 
 
-def update_job(job_id: int, **fields: str) -> None:
+def update_job(job_id: int, *, survive_sigterm: bool = False, **fields: str) -> None:
     """`scontrol update JobId=N Key=Value ...` (e.g. ExcNodeList, StartTime)."""
-    run_slurm(["scontrol", "update", f"JobId={job_id}", *[f"{k}={v}" for k, v in fields.items()]])
+    run_slurm(["scontrol", "update", f"JobId={job_id}", *[f"{k}={v}" for k, v in fields.items()]],
+              survive_sigterm=survive_sigterm)
+
+
+def requeue_excluding(job_id: int, fields: Mapping[str, str], attempts: int = 3) -> None:
+    """Requeue a job and change what a running job may not (ExcNodeList, StartTime): hold it,
+    update, release. Safe to call from inside the job itself, which Slurm starts ending at the hold."""
+    run_slurm(["scontrol", "requeuehold", str(job_id)], survive_sigterm=True)
+    try:
+        update_job(job_id, survive_sigterm=True, **fields)
+    finally:
+        for attempt in range(attempts):
+            try:
+                run_slurm(["scontrol", "release", str(job_id)], survive_sigterm=True)
+                break
+            except SlurmCommandError:
+                if attempt == attempts - 1:
+                    raise
 
 
 def nodes(names: Optional[str] = None) -> List[NodeInfo]:

@@ -271,11 +271,7 @@ def _requeue(job_id: int, attempt_id: str, diag: policy.Diagnosis, verdict: poli
                 fields["ExcNodeList"] = str(ns)
             if verdict.backoff_s > 0:
                 fields["StartTime"] = f"now+{int(round(verdict.backoff_s))}"
-            slurm.run_slurm(["scontrol", "requeuehold", str(job_id)])
-            try:
-                slurm.update_job(job_id, **fields)
-            finally:
-                slurm.run_slurm(["scontrol", "release", str(job_id)])
+            slurm.requeue_excluding(job_id, fields)
             emit("requeue", attempt_id, by="slurmtools", **{k.lower(): v for k, v in fields.items()})
         else:
             slurm.requeue(job_id)

@@ -86,3 +86,12 @@ def test_run_slurm_errors_carry_argv_and_stderr():
     with pytest.raises(slurm.SlurmCommandError, match="timed out") as info:
         slurm.run_slurm(["sleep", "5"], timeout_s=0.2)
     assert info.value.timed_out
+
+
+def test_survive_sigterm_commands_ignore_sigterm():
+    """A job requeueing itself is sent SIGTERM, its scontrol children included: those must finish."""
+    out = slurm.run_slurm(["sh", "-c", "kill -TERM $$; echo survived"], survive_sigterm=True)
+    assert out.strip() == "survived"
+    with pytest.raises(slurm.SlurmCommandError) as info:
+        slurm.run_slurm(["sh", "-c", "kill -TERM $$; echo survived"])
+    assert info.value.returncode == -15
