@@ -191,10 +191,10 @@ def submit(script_text: str, extra_args: Sequence[str] = (), timeout_s: float = 
     return parse_job_id(out)
 
 
-def show_job(job_id: int) -> Optional[Dict[str, str]]:
+def show_job(job_id: int, *, survive_sigterm: bool = False) -> Optional[Dict[str, str]]:
     """`scontrol -o show job` as a dict, or None once slurmctld has forgotten the job."""
     try:
-        out = run_slurm(["scontrol", "-o", "show", "job", str(job_id)])
+        out = run_slurm(["scontrol", "-o", "show", "job", str(job_id)], survive_sigterm=survive_sigterm)
     except SlurmCommandError as exc:
         if "Invalid job id" in exc.stderr:
             return None

@@ -95,8 +95,20 @@ def db_password(layout: MiniClusterLayout) -> str:
     return path.read_text().strip()
 
 
+def untraversable_parent(path: Path) -> Optional[Path]:
+    """The first existing ancestor that other users cannot enter (MariaDB runs as `mysql`)."""
+    for parent in reversed(path.resolve().parents):
+        if parent.exists() and not parent.stat().st_mode & 0o001:
+            return parent
+    return None
+
+
 def start_mariadb(layout: MiniClusterLayout) -> Optional[int]:
     """Our own MariaDB data dir and port (127.0.0.1 only): never touches a system database."""
+    blocked = untraversable_parent(layout.state_dir)
+    if blocked is not None:
+        raise MiniClusterError(f"MariaDB runs as user mysql and cannot reach {layout.state_dir}: {blocked} is not "
+                               "world-traversable; choose a --state-dir under /var/lib or /var/tmp")
     sock_dir = layout.run_dir / "mysqld"
     sock_dir.mkdir(parents=True, exist_ok=True)
     shutil.chown(sock_dir, "mysql", "mysql")

@@ -44,7 +44,7 @@ class Evidence:
     complete_marker: bool = False            # rank 0 wrote `complete`
     stopped_for_requeue: bool = False        # ranks checkpointed on request and exited
     warning_received: bool = False           # warning signal or SIGTERM (preemption / person's requeue)
-    cancelled: bool = False                  # Slurm says the job was cancelled (scancel)
+    cancelled: bool = False                  # Slurm ends the job for good (scancel, time limit): no requeue follows
     hang_rank: Optional[int] = None          # watchdog: laggard rank (None: no hang or not attributable)
     hang_detected: bool = False
     hang_node: Optional[str] = None
@@ -116,7 +116,7 @@ def classify(ev: Evidence) -> Diagnosis:
         # from teardown (e.g. a rendezvous shutdown race), not from training
         return Diagnosis(Cause.COMPLETED, detail="" if ev.exit_code == 0 else f"exit {ev.exit_code} after completion")
     if ev.cancelled:
-        return Diagnosis(Cause.CANCELLED, detail="cancelled")
+        return Diagnosis(Cause.CANCELLED, detail="cancelled or out of time; Slurm is not requeueing it")
     if ev.stopped_for_requeue or (ev.warning_received and not ev.hang_detected and (ev.exit_code == 0 or not down)):
         return Diagnosis(Cause.PREEMPTED, detail="checkpointed on request" if ev.stopped_for_requeue
                          else "warning signal")
@@ -162,7 +162,7 @@ def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: Limits,
     if diag.cause is Cause.PREEMPTED:
         return Verdict(Action.REQUEUE, f"preempted ({diag.detail}); not counted")
     if diag.cause is Cause.CANCELLED:
-        return Verdict(Action.STOP, "job cancelled")
+        return Verdict(Action.STOP, "cancelled or out of time: Slurm ended the job and is not requeueing it")
     if diag.cause is Cause.USER_ERROR:
         return Verdict(Action.STOP, f"user error ({diag.detail}): a requeue would fail the same way")
     if diag.cause is Cause.OOM and not limits.retry_oom:

@@ -101,14 +101,22 @@ def _node_states(nodelist: str) -> Dict[str, str]:
         return {}
 
 
-def _job_cancelled(job_id: Optional[int]) -> bool:
+def _ended_for_good(job_id: Optional[int], restart: int) -> bool:
+    """After a SIGTERM: is Slurm ending the job for good (scancel, time limit) rather than requeueing it?
+
+    While the job completes, scontrol says COMPLETING either way; a requeue has already raised
+    Restarts above this attempt's SLURM_RESTART_COUNT, a cancel has not (measured on 22.05).
+    """
     if job_id is None:
         return False
     try:
-        rec = slurm.show_job(job_id)
+        rec = slurm.show_job(job_id, survive_sigterm=True)
     except SlurmCommandError:
         return False
-    return bool(rec) and rec.get("JobState", "").startswith("CANCELLED")
+    if not rec:
+        return False
+    restarts = rec.get("Restarts", "0")
+    return restarts.isdigit() and int(restarts) <= restart
 
 
 def _close_dangling_attempt(control: Path, records: list, checkpoint_step: Optional[int]) -> Optional[dict]:
@@ -205,7 +213,7 @@ def run(cfg: SupervisorConfig, argv: Sequence[str]) -> int:
     last_step = max((b.step for b in beats), default=None)
     first_beat = watchdog.first_progress(beats)
     now_ckpt = manager.latest(checksums=False) if manager else None
-    cancelled = flags.seen(signal.SIGTERM) and _job_cancelled(job_id)
+    cancelled = flags.seen(signal.SIGTERM) and _ended_for_good(job_id, restart)
     evidence = policy.Evidence(
         exit_code=None if killed_by_us else exit_code,
         complete_marker=(control / COMPLETE_FILE).exists(),

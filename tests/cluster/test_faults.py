@@ -192,6 +192,19 @@ def test_g_user_bug_stops_after_one_attempt(workdir):
     assert "injected failure at step 0" in training.stderr(spec, job)
 
 
+def test_cancel_by_a_person_stops_without_requeue(workdir):
+    spec = training.training_spec(workdir, "cancel", extra=["--step-sleep-s", "0.5"])
+    job = training.submit(spec)
+    training.wait_step(spec, job, 3)
+    slurm.cancel(job)
+    info = training.wait_finished(job, 60)
+    assert info.state == "CANCELLED"
+    records = (Path(spec.checkpoint_dir) / ".slurmtools" / str(job) / "ledger.jsonl").read_text()
+    assert '"cause": "cancelled"' in records and '"action": "stop"' in records
+    assert slurm.job_state(job).restarts == 0
+    assert training.leftover_trainers(job) == []
+
+
 def test_h_repeating_failure_stops_at_the_budget(workdir):
     spec = training.training_spec(workdir, "repeat", extra=["--fail-at-step", "6", "--faults-on-attempt", "-1"],
                                   requeue={"max_restarts": 2, "max_consecutive_failures": 10,
