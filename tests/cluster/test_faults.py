@@ -44,9 +44,9 @@ def assert_zero_steps_lost(evts):
 
 def test_a_time_limit_warning_checkpoints_requeues_and_completes(workdir, reference_run):
     # --time=1 with the warning 30 s ahead: Slurm sends it at its first 30-s tick after the start,
-    # so every attempt is warned within ~30 s of its start (~8 s of which is start-up);
-    # 20 steps of 1.2 s cannot finish inside one attempt.
-    spec = training.training_spec(workdir, "timelimit", extra=["--step-sleep-s", "1.2"], time_limit_min=1,
+    # its periodic check (every ~30 s, seen arriving 4-35 s after the start) fires inside every attempt
+    # only if an attempt outlives it: 20 steps of 2 s (+ ~8 s start-up) cannot finish before the warning.
+    spec = training.training_spec(workdir, "timelimit", extra=["--step-sleep-s", "2.0"], time_limit_min=1,
                                   requeue={"warning_lead_s": 30, "checkpoint_grace_s": 20})
     job = training.submit(spec)
     info = training.wait_finished(job, 420)

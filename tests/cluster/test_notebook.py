@@ -82,7 +82,8 @@ def test_time_limit_warning_checkpoints_requeues_and_completes(cluster, shared_t
     ex = notebook.executor(spec(shared_tmp, time_limit_min=1, requeue={"warning_lead_s": 30,
                                                                        "checkpoint_grace_s": 20}),
                            folder=shared_tmp / "sub" / "%j")
-    job = ex.submit(job_for(shared_tmp, step_sleep_s=1.2))   # 24 s of training: cannot fit before the warning
+    # 40 s of training + start-up outlives Slurm's ~30-s time-limit check, so every attempt is warned
+    job = ex.submit(job_for(shared_tmp, step_sleep_s=2.0))
     results = job.results()
     assert results[0]["state_sha256"] == reference_run["hash"]
     records = ledger.read(control_dir_for(shared_tmp / "ckpt", str(job.job_id)))
