@@ -44,8 +44,12 @@ def executor_parameters(spec: JobSpec) -> Dict[str, Any]:
         "name": spec.name, "nodes": spec.nodes, "tasks_per_node": spec.procs_per_node,
         "timeout_min": spec.time_limit_min or DEFAULT_TIME_LIMIT_MIN,
         "slurm_signal_delay_s": spec.requeue.warning_lead_s,
-        "slurm_setup": [f"export {k}={sbatch.q(v)}" for k, v in sbatch.environment(spec)],
+        # MASTER_PORT below the ephemeral port range (submitit's own pick can collide: EADDRINUSE)
+        "slurm_setup": [f"export {k}={sbatch.q(v)}" for k, v in sbatch.environment(spec)]
+        + [f"export MASTER_PORT={sbatch.master_port_expr()}"],
         "slurm_additional_parameters": {"requeue": True},
+        # one dead rank ends the step instead of leaving the others waiting in rendezvous
+        "slurm_srun_args": ["--kill-on-bad-exit=1"],
     }
     if spec.gpus_per_node:
         params["gpus_per_node"] = spec.gpus_per_node
@@ -60,7 +64,7 @@ def executor_parameters(spec: JobSpec) -> Dict[str, Any]:
     if spec.reservation:
         params["slurm_additional_parameters"]["reservation"] = spec.reservation
     if spec.container_image:
-        params["slurm_srun_args"] = [f"--container-image={spec.container_image}"]
+        params["slurm_srun_args"].append(f"--container-image={spec.container_image}")
     return params
 
 

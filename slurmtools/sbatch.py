@@ -17,8 +17,10 @@ from slurmtools.spec import JobSpec
 # Fields whose values end up in #SBATCH lines: sbatch's own parser drops backslashes there.
 DIRECTIVE_FIELDS = ("name", "partition", "account", "qos", "constraint", "reservation", "exclude",
                     "nodelist", "output_dir")
+# Rendezvous ports 20000-31999: below Linux's ephemeral range (32768-60999), where a port can
+# already be taken by an outgoing connection (seen: EADDRINUSE with submitit's random 20000-60000).
 RDZV_PORT_BASE = 20000
-RDZV_PORT_SPAN = 20000
+RDZV_PORT_SPAN = 12000
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 
 
@@ -88,6 +90,11 @@ def environment(spec: JobSpec) -> List[Tuple[str, str]]:
     return sorted(env.items())
 
 
+def master_port_expr() -> str:
+    """Shell arithmetic for the rendezvous port of this job (same on every attempt)."""
+    return f"$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % {RDZV_PORT_SPAN} ))"
+
+
 def launch_argv(spec: JobSpec) -> List[str]:
     """The srun command line; shell expansions ($SLURM_*, $MASTER_*) are left for bash."""
     srun = ["srun", "--kill-on-bad-exit=1", '--nodes="$SLURM_JOB_NUM_NODES"']
@@ -139,7 +146,7 @@ def render(spec: JobSpec, *, slurmtools_cmd: Sequence[str] = ("slurmtools",), so
         "# (no `| head -n1`: under pipefail it can kill the script with SIGPIPE on large allocations)",
         'JOB_HOSTS=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         "MASTER_ADDR=${JOB_HOSTS%%$'\\n'*}",
-        f"MASTER_PORT=$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % {RDZV_PORT_SPAN} ))",
+        f"MASTER_PORT={master_port_expr()}",
         "export MASTER_ADDR MASTER_PORT",
         "# attempt id: the job id (also the requeue chain id) and the restart count",
         'export SLURMTOOLS_CHAIN_ID="$SLURM_JOB_ID"',

@@ -108,7 +108,7 @@ def test_hostile_values_are_inert_and_exact(payload: str, tmp_path: Path):
     assert got["env"]["SLURMTOOLS_CHECKPOINT_DIR"] == data["checkpoint_dir"]
     assert f"--checkpoint-dir={data['checkpoint_dir']}" in argv
     assert got["env"]["MASTER_ADDR"] == "node1"
-    assert got["env"]["MASTER_PORT"] == str(20000 + 4242 % 20000)
+    assert got["env"]["MASTER_PORT"] == str(20000 + 4242 % 12000)
     assert got["env"]["SLURMTOOLS_ATTEMPT_ID"] == "4242.0"
 
 
@@ -152,3 +152,17 @@ def test_random_specs_render_or_raise_spec_error(data):
     assert text.startswith("#!/bin/bash\n")
     proc = subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_rendezvous_port_stays_below_the_ephemeral_range():
+    assert sbatch.RDZV_PORT_BASE + sbatch.RDZV_PORT_SPAN - 1 < 32768
+
+
+def test_notebook_parameters_pin_the_port_and_kill_on_bad_exit():
+    from slurmtools.notebook import executor_parameters
+    params = executor_parameters(spec_from_dict({"name": "nb", "nodes": 2, "gpus_per_node": 8,
+                                                 "container_image": "img:1", "time_limit_min": 30}))
+    assert params["tasks_per_node"] == 8 and params["timeout_min"] == 30
+    assert params["slurm_srun_args"] == ["--kill-on-bad-exit=1", "--container-image=img:1"]
+    assert "export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 12000 ))" in params["slurm_setup"]
+    assert params["slurm_signal_delay_s"] == 180 and params["slurm_additional_parameters"] == {"requeue": True}
