@@ -114,7 +114,9 @@ class CheckpointableTrainer(_Checkpointable):  # type: ignore[misc,valid-type]
         import torch
         import torch.distributed as dist
 
-        env = submitit.helpers.TorchDistributedEnvironment().export()
+        dist_env = submitit.helpers.TorchDistributedEnvironment()   # reads our MASTER_PORT (see setup)
+        os.environ.pop("MASTER_PORT", None)                         # export() refuses to overwrite it
+        env = dist_env.export()
         job_id = os.environ.get("SLURM_JOB_ID", "local")
         restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         attempt_id = f"{job_id}.{restart}"
