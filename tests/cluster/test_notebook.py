@@ -52,8 +52,9 @@ def test_submit_from_python_and_get_the_result(cluster, shared_tmp, reference_ru
     assert len(results) == 4 and all(r["event"] == "final" for r in results)
     assert results[0]["state_sha256"] == reference_run["hash"]
     assert results[0]["world_size"] == 4
-    job.watcher.update()
-    wait_for(lambda: (job.watcher.update(), job.state)[1] == "COMPLETED", 30, "sacct to say COMPLETED")
+    # real sacct through slurmdbd (submitit's own watcher caches it and lags; FACTS-slurm.md)
+    wait_for(lambda: [r for r in slurm.sacct_rows(int(job.job_id))
+                      if r["JobID"] == str(job.job_id) and r["State"] == "COMPLETED"], 90, "sacct to say COMPLETED")
     st = notebook.status(job, checkpoint_dir=str(shared_tmp / "ckpt"))
     assert st.progress.startswith(f"step {training.STEPS}/{training.STEPS}")
     assert "goodput" in st.goodput
