@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from slurmtools import jobs, slurm  # noqa: E402
+from slurmtools.fsutil import json_lines  # noqa: E402
 from slurmtools.minicluster import cluster as mc  # noqa: E402
 from slurmtools.minicluster.layout import MiniClusterLayout  # noqa: E402
 from slurmtools.requeue import ledger  # noqa: E402
@@ -61,7 +62,7 @@ def submit(s) -> int:
 
 def events(s, job: int) -> List[Dict[str, Any]]:
     p = Path(s.output_dir) / f"{s.name}-{job}.out"
-    return jobs.json_lines(p.read_text()) if p.exists() else []
+    return json_lines(p.read_text()) if p.exists() else []
 
 
 def finished(job: int) -> bool:
@@ -130,7 +131,7 @@ def main() -> None:
         job = submit(free)
         wait(lambda: finished(job), 300, "failure-free run")
         free_wall = time.time() - t0
-        g_free = ledger.goodput(ledger.read(control_dir_for(Path(free.checkpoint_dir), str(job))))
+        g_free = ledger.goodput(ledger.read(control_dir_for(free.checkpoint_dir, free.output_dir, str(job))))
         print(f"failure-free run: {STEPS} steps, submit -> done {free_wall:.1f} s, "
               f"effective training time ratio {g_free.ratio:.1%}")
 
@@ -172,7 +173,7 @@ def main() -> None:
             wait(lambda: kill_rank(job, "3"), 10, "a rank to kill")
         wait(lambda: finished(job), 400, "3-crash run")
         wall = time.time() - t0
-        g = ledger.goodput(ledger.read(control_dir_for(Path(s.checkpoint_dir), str(job))))
+        g = ledger.goodput(ledger.read(control_dir_for(s.checkpoint_dir, s.output_dir, str(job))))
         print(f"3 injected crashes: submit -> done {wall:.1f} s vs {free_wall:.1f} s failure-free "
               f"({free_wall / wall:.1%} of the failure-free speed); ledger: {g.attempts} attempts, "
               f"steps lost {g.steps_lost}, restart latency {', '.join(f'{x:.1f}' for x in g.restart_latency_s)} s, "

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from slurmtools import notebook
-from slurmtools.tiny_fsdp import TinyFSDPJob, TrainConfig
+from slurmtools.notebook import TinyFSDPJob
+from slurmtools.tiny_fsdp import TrainConfig
 
 
 def main() -> int:
@@ -26,14 +27,14 @@ def main() -> int:
             "checkpoint_dir": str(work / "ckpt"), "requeue": {"warning_lead_s": 120, "checkpoint_grace_s": 60}}
     ex = notebook.executor(spec, folder=work / "submitit" / "%j")
 
-    # %% submit the checkpointable trainer
-    job = ex.submit(TinyFSDPJob(TrainConfig(steps=args.steps, checkpoint_every=6, checkpoint_dir=str(work / "ckpt"))))
+    # %% submit the checkpointable trainer (its checkpoints go to the spec's checkpoint_dir)
+    job = ex.submit(TinyFSDPJob(TrainConfig(steps=args.steps, checkpoint_every=6)))
     print(f"submitted job {job.job_id}")
 
     # %% watch it
     last = ""
     while not job.done():
-        line = str(notebook.status(job, checkpoint_dir=str(work / "ckpt"), tail_lines=0)).splitlines()[0]
+        line = str(notebook.status(job, spec, tail_lines=0)).splitlines()[0]
         if line != last:
             print(line, flush=True)
             last = line
@@ -41,7 +42,7 @@ def main() -> int:
 
     # %% the result (rank 0's) and the status with goodput
     result = job.results()[0]   # one result per task; rank 0 first
-    print(notebook.status(job, checkpoint_dir=str(work / "ckpt"), tail_lines=3))
+    print(notebook.status(job, spec, tail_lines=3))
     print(f"final step {result['step']}, state sha256 {result['state_sha256'][:16]}...")
     return 0
 

@@ -8,14 +8,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Any, List, Optional
 
 from slurmtools.errors import SlurmToolsError, UsageError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-Handler = Callable[[argparse.Namespace], int]
-_COMMANDS: Dict[str, Handler] = {}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -172,47 +170,33 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import os
 
-    from slurmtools.requeue import policy, supervisor
+    from slurmtools.requeue import flags, supervisor
+    from slurmtools.runtime import default_control_dir
 
     argv = list(args.command)
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
         raise UsageError("run: no command given (slurmtools run [options] -- srun ...)")
-    control = args.control_dir or f".slurmtools/{os.environ.get('SLURM_JOB_ID', 'local')}"
-    cfg = supervisor.SupervisorConfig(
-        limits=policy.Limits(max_restarts=args.max_restarts, max_consecutive_failures=args.max_consecutive_failures,
-                             no_progress_restarts=args.no_progress_restarts, backoff_s=args.backoff_s,
-                             retry_oom=args.retry_oom),
-        control_dir=Path(control), checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None,
-        hang_timeout_s=args.hang_timeout_s, checkpoint_grace_s=args.checkpoint_grace_s,
-        warning_signal=args.warning_signal)
-    return supervisor.run(cfg, argv)
+    config = supervisor.SupervisorConfig(
+        requeue=flags.from_args(args),
+        control_dir=Path(args.control_dir) if args.control_dir else default_control_dir(os.environ),
+        checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None)
+    return supervisor.run(config, argv)
 
 
 def cmd_goodput(args: argparse.Namespace) -> int:
     import json
 
+    from slurmtools import jobs
     from slurmtools.requeue import ledger
 
-    target = Path(args.target)
-    if not target.exists() and args.target.isdigit():
-        if not args.spec:
-            raise UsageError(f"goodput {args.target}: give the job's spec (--spec JOB.yaml) to find its ledger, "
-                             "or the control dir itself")
-        from slurmtools.runtime import control_dir_for
-        from slurmtools.spec import load_spec
-
-        spec = load_spec(args.spec)
-        target = control_dir_for(Path(spec.checkpoint_dir or spec.output_dir), args.target)
-    records = ledger.read(target)
-    if not records:
+    target = jobs.ledger_location(args.target, args.spec)
+    events = ledger.read(target)
+    if not events:
         raise UsageError(f"no ledger records at {target} (a control dir or its ledger.jsonl)")
-    g = ledger.goodput(records)
-    if args.json:
-        print(json.dumps({"ratio": g.ratio, **g.__dict__}, sort_keys=True))
-    else:
-        print(ledger.format_goodput(g))
+    result = ledger.goodput(events)
+    print(json.dumps(result.to_json(), sort_keys=True, allow_nan=False) if args.json else ledger.format_goodput(result))
     return 0
 
 
@@ -263,14 +247,8 @@ def _add_jobs(sub) -> None:
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("run", help="(inside a job) supervise the launch: warning signal, requeue, hang watchdog")
-    p.add_argument("--max-restarts", type=_positive(int), default=3)
-    p.add_argument("--max-consecutive-failures", type=_positive(int), default=2)
-    p.add_argument("--no-progress-restarts", type=_positive(int), default=3)
-    p.add_argument("--hang-timeout-s", type=_positive(float), default=600.0)
-    p.add_argument("--checkpoint-grace-s", type=_positive(float), default=120.0)
-    p.add_argument("--backoff-s", type=_positive(float), default=5.0)
-    p.add_argument("--warning-signal", default="USR1", choices=["USR1", "USR2", "TERM", "INT", "HUP"])
-    p.add_argument("--retry-oom", action="store_true")
+    from slurmtools.requeue import flags
+    flags.add_arguments(p)
     p.add_argument("--checkpoint-dir")
     p.add_argument("--control-dir")
     p.add_argument("command", nargs=argparse.REMAINDER)
@@ -294,35 +272,21 @@ def _add_jobs(sub) -> None:
 def cmd_health_run(args: argparse.Namespace) -> int:
     import os
 
-    from slurmtools.health import config, gate, report, runner
+    from slurmtools.health import config, gate, report
 
     host = args.node or config.this_host()
-    job_id = os.environ.get("SLURM_JOB_ID") or None
     settings = config.load_config(args.config).for_host(host)   # ConfigError: exit 2, never a drain
-    try:
-        outcome = gate.run_phase(settings, args.phase, host, job_id=job_id, allow_drain=not args.no_drain)
-    except SlurmToolsError:
-        raise
-    except Exception as exc:  # our own bug: fail open (or closed, if configured), never a traceback
-        what = f"{type(exc).__name__}: {exc}"
-        closed = gate.internal_error_outcome(settings, args.phase, host, job_id, what)
-        if closed is None:
-            print(f"slurmtools: error: health run failed ({what}); failing open", file=sys.stderr)
-            return 1
-        outcome = closed
+    outcome = gate.run_guarded(settings, args.phase, host, job_id=os.environ.get("SLURM_JOB_ID") or None,
+                               allow_drain=not args.no_drain)
+    if outcome is None:
+        return gate.exit_now(1)
     if args.json:
         print(gate.dump(outcome))
     elif not args.quiet:
         print(report.format_text(outcome.results))
         if outcome.drained_reason:
             print(f"drained {host}: {outcome.drained_reason}")
-    code = outcome.exit_code
-    if runner.any_probe_thread_alive():
-        # a hung probe thread (stuck NVML call) must not keep the prolog alive
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    return gate.exit_now(outcome.exit_code)
 
 
 def cmd_health_check_config(args: argparse.Namespace) -> int:
@@ -354,28 +318,16 @@ def cmd_health_record_gpu(args: argparse.Namespace) -> int:
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
-    import json
-
     from slurmtools import drain, slurm
 
     if args.nodes_action == "drain":
-        if not args.reason.strip() or any(ord(c) < 32 for c in args.reason):
-            raise UsageError("--reason must be one line of text")
         drain.drain_manual(args.node, args.reason)
         return 0
     if args.nodes_action == "resume":
         drain.resume(args.node, force=args.force)
         return 0
     rows = slurm.nodes() if args.all else drain.unhealthy_nodes()
-    if args.json:
-        print(json.dumps([{"node": n.name, "state": n.display_state, "reason": n.reason, "by": n.reason_user,
-                           "since": n.reason_time, "ours": drain.is_ours(n.reason)} for n in rows], sort_keys=True))
-        return 0
-    table = [("NODE", "STATE", "BY", "SINCE", "REASON")]
-    table += [(n.name, n.display_state, n.reason_user or "-", n.reason_time or "-", n.reason or "-") for n in rows]
-    widths = [max(len(r[i]) for r in table) for i in range(4)]
-    for r in table:
-        print("  ".join(f"{r[i]:<{widths[i]}}" for i in range(4)) + "  " + r[4])
+    print(drain.nodes_json(rows) if args.json else drain.nodes_table(rows))
     return 0
 
 

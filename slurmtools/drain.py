@@ -6,9 +6,10 @@ Only reasons that start with the prefix are ever resumed or overwritten by slurm
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from slurmtools import slurm
 from slurmtools.errors import UsageError
@@ -74,6 +75,8 @@ def drain_manual(node: str, text: str) -> None:
     """A person draining through slurmtools: our prefix with status MANUAL, so `nodes resume`
     can undo it, while automatic resume (which only touches CRITICAL drains) never does."""
     import getpass
+    if not text.strip() or any(not char.isprintable() for char in text):
+        raise UsageError("--reason must be one line of text")
     slurm.drain_node(node, DrainReason("MANUAL", "admin", text, None).render() + f" by={getpass.getuser()}")
 
 
@@ -96,3 +99,16 @@ def resume(node: str, *, force: bool = False) -> None:
 
 def unhealthy_nodes() -> List[slurm.NodeInfo]:
     return [n for n in slurm.nodes() if n.drained or n.state in ("down", "fail") or "NOT_RESPONDING" in n.flags]
+
+
+def nodes_json(rows: Sequence[slurm.NodeInfo]) -> str:
+    return json.dumps([{"node": n.name, "state": n.display_state, "reason": n.reason, "by": n.reason_user,
+                        "since": n.reason_time, "ours": is_ours(n.reason)} for n in rows], sort_keys=True)
+
+
+def nodes_table(rows: Sequence[slurm.NodeInfo]) -> str:
+    """NODE STATE BY SINCE REASON, aligned; the reason last and whole."""
+    table = [("NODE", "STATE", "BY", "SINCE", "REASON")]
+    table += [(n.name, n.display_state, n.reason_user or "-", n.reason_time or "-", n.reason or "-") for n in rows]
+    widths = [max(len(row[col]) for row in table) for col in range(4)]
+    return "\n".join("  ".join(f"{row[col]:<{widths[col]}}" for col in range(4)) + "  " + row[4] for row in table)

@@ -1,10 +1,11 @@
-"""Small durable-write helpers shared by checkpoints, health state and ledgers."""
+"""Small file helpers shared by checkpoints, health state, control files and ledgers: one
+atomic JSON writer and one JSON-lines reader."""
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Dict, List, Mapping
 
 
 def fsync_path(path: Path) -> None:
@@ -15,12 +16,35 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    """temp + fsync + replace + fsync(dir): readers see the old file or the whole new one."""
+def write_json_atomic(path: Path, data: Mapping[str, Any], *, durable: bool = True) -> None:
+    """temp + replace: readers see the old file or the whole new one, never a torn one.
+
+    durable: also fsync the file and its directory, so the new content survives a crash of
+    the machine (checkpoint manifests, health state); heartbeats that are rewritten every
+    second only need the atomicity."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
+    with open(tmp, "w") as handle:
+        json.dump(data, handle, indent=1 if durable else None, sort_keys=True, allow_nan=False)
+        if durable:
+            handle.flush()
+            os.fsync(handle.fileno())
     os.replace(tmp, path)
-    fsync_path(path.parent)
+    if durable:
+        fsync_path(path.parent)
+
+
+def json_lines(text: str) -> List[Dict[str, Any]]:
+    """The JSON objects among text's lines (ledgers, supervisor and trainer events in a job's
+    output); other lines, torn lines and non-object values are skipped."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+    return out

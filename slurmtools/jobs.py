@@ -37,19 +37,6 @@ def log_paths(job_id: int) -> tuple:
     return Path(rec.get("StdOut", "")), Path(rec.get("StdErr", ""))
 
 
-def json_lines(text: str) -> List[Dict[str, Any]]:
-    """The JSON objects among a log's lines (supervisor and trainer events); other lines are skipped."""
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-    return out
-
-
 def progress_from_log(text: str) -> Optional[str]:
     """The newest step line of the trainer's JSON output as 'step N[/total] loss X'."""
     for line in reversed(text.splitlines()):
@@ -73,8 +60,7 @@ def progress_from_log(text: str) -> Optional[str]:
     return None
 
 
-def wait_for_job(job_id: int, *, out: TextIO = sys.stdout, poll_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> slurm.JobInfo:
+def wait_for_job(job_id: int, *, out: TextIO = sys.stdout, poll_s: float = 1.0) -> slurm.JobInfo:
     """Print state changes and a live progress line until the job reaches a final state."""
     last_state = ""
     last_progress = ""
@@ -128,3 +114,19 @@ def follow(path: Path, *, still_running: Callable[[], bool], poll_s: float = 0.5
         if not still_running():
             return
         time.sleep(poll_s)
+
+
+def ledger_location(target: str, spec_path: Optional[str]) -> Path:
+    """A ledger named by the user: a control dir or ledger file, or a job id with its spec
+    (the spec's checkpoint_dir, else output_dir, holds the job's control dir)."""
+    path = Path(target)
+    if path.exists() or not (target.isascii() and target.isdigit()):
+        return path
+    if not spec_path:
+        raise UsageError(f"goodput {target}: give the job's spec (--spec JOB.yaml) to find its ledger, "
+                         "or the control dir itself")
+    from slurmtools.runtime import control_dir_for
+    from slurmtools.spec import load_spec
+
+    spec = load_spec(spec_path)
+    return control_dir_for(spec.checkpoint_dir, spec.output_dir, target)

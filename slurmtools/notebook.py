@@ -1,36 +1,57 @@
 """submitit from notebooks: the same JobSpec, the same checkpoint rule, the same requeue behaviour.
 
-    ex = notebook.executor("job.yaml", folder="runs/logs/%j")      # or a JobSpec / dict
-    job = ex.submit(TinyFSDPJob(TrainConfig(steps=100, checkpoint_dir="runs/ckpt")))
-    print(notebook.status(job))                                   # state, progress, log tail, goodput
+    spec = {"name": "nb", "nodes": 2, "processes_per_node": 2, "checkpoint_dir": "runs/ckpt"}
+    ex = notebook.executor(spec, folder="runs/logs/%j")          # or a YAML path / a JobSpec
+    job = ex.submit(TinyFSDPJob(TrainConfig(steps=100)))          # checkpoints go to the spec's dir
+    print(notebook.status(job, spec))                             # state, progress, log tail, goodput
+
+What the notebook path honours: every Slurm field (nodes, gpus_per_node, processes_per_node,
+cpus_per_task, mem_gb, time_limit_min, partition, account, qos, constraint, reservation,
+exclude, nodelist, container_image), `python` (the interpreter of the tasks), env, network,
+distributed, checkpoint_dir, requeue.warning_lead_s and requeue.checkpoint_grace_s. It always
+runs one task per training process (what `launcher: srun` means). What it cannot honour is
+refused when set to anything but its default (NOT_HONOURED): the program is the submitted
+callable (not `command`), logs go to the executor's folder (not `output_dir`), and the
+failure budget of `slurmtools run` does not exist here (submitit resubmits on preemption).
 
 submitit's own preemption handler checkpoints on rank 0 only, inside the signal handler, and
 other ranks ignore the signal; a sharded (FSDP) checkpoint needs every rank. CheckpointableTrainer
 therefore replaces those handlers in every rank with flag-only ones: all ranks checkpoint together
 at the next step boundary, then rank 0 requeues (for a warning signal) and every rank waits to
-be ended by Slurm rather than returning a partial result.
+be ended by Slurm rather than returning a partial result. Tasks start through
+slurmtools.task_start, which holds the warning pending until those handlers exist.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import shlex
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 from slurmtools import sbatch, slurm
-from slurmtools.errors import SlurmCommandError, UsageError
+from slurmtools.errors import SlurmCommandError, SpecError, UsageError
 from slurmtools.requeue import ledger
-from slurmtools.runtime import TrainingControl, control_dir_for
+from slurmtools.runtime import (CHECKPOINT_DIR_ENV, CHECKPOINT_GRACE_ENV, COLLECTIVE_TIMEOUT_ENV, TrainingControl,
+                                attempt_of, control_dir_for)
 from slurmtools.spec import JobSpec, load_spec, spec_from_dict
 
+SpecLike = Union[JobSpec, Dict[str, Any], str, Path]
 DEFAULT_TIME_LIMIT_MIN = 60
 WAIT_FOR_KILL_S = 120
+# fields the submitit path cannot honour: any value but the default is refused
+NOT_HONOURED = ("command", "launcher", "output_dir", "requeue.max_restarts", "requeue.max_consecutive_failures",
+                "requeue.warning_signal", "requeue.hang_timeout_s", "requeue.no_progress_restarts",
+                "requeue.backoff_s", "requeue.retry_oom")
+_DEFAULT_PYTHON = "python3"
 
 
-def _spec(spec_or_path: Union[JobSpec, Dict[str, Any], str, Path]) -> JobSpec:
+def load(spec_or_path: SpecLike) -> JobSpec:
     if isinstance(spec_or_path, JobSpec):
         return spec_or_path
     if isinstance(spec_or_path, dict):
@@ -38,14 +59,37 @@ def _spec(spec_or_path: Union[JobSpec, Dict[str, Any], str, Path]) -> JobSpec:
     return load_spec(spec_or_path)
 
 
+def _field_default(cls: Any, name: str) -> Any:
+    field = {f.name: f for f in dataclasses.fields(cls)}[name]
+    return field.default_factory() if field.default is dataclasses.MISSING else field.default  # type: ignore[misc]
+
+
+def refuse_unhonoured(spec: JobSpec) -> None:
+    """A one-line SpecError for the first field set to a value this path cannot honour."""
+    for key in NOT_HONOURED:
+        owner: Any = spec
+        cls: Any = JobSpec
+        *parents, name = key.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent)
+            cls = type(owner)
+        if key == "launcher" and spec.launcher == "srun":
+            continue   # what this path does anyway
+        if getattr(owner, name) != _field_default(cls, name):
+            raise SpecError("is not honoured by the notebook (submitit) path; remove it, or submit the spec "
+                            "with `slurmtools submit`", key=key)
+
+
 def executor_parameters(spec: JobSpec) -> Dict[str, Any]:
     """submitit parameters for a spec (pure): one task per training process, Slurm options, env."""
+    refuse_unhonoured(spec)
+    exports = sbatch.environment(spec) + [(CHECKPOINT_GRACE_ENV, str(spec.requeue.checkpoint_grace_s))]
     params: Dict[str, Any] = {
         "name": spec.name, "nodes": spec.nodes, "tasks_per_node": spec.procs_per_node,
         "timeout_min": spec.time_limit_min or DEFAULT_TIME_LIMIT_MIN,
         "slurm_signal_delay_s": spec.requeue.warning_lead_s,
         # MASTER_PORT below the ephemeral port range (submitit's own pick can collide: EADDRINUSE)
-        "slurm_setup": [f"export {k}={sbatch.q(v)}" for k, v in sbatch.environment(spec)]
+        "slurm_setup": [f"export {name}={sbatch.q(value)}" for name, value in sorted(exports)]
         + [f"export MASTER_PORT={sbatch.master_port_expr()}"],
         "slurm_additional_parameters": {"requeue": True},
         # one dead rank ends the step instead of leaving the others waiting in rendezvous
@@ -68,15 +112,22 @@ def executor_parameters(spec: JobSpec) -> Dict[str, Any]:
     return params
 
 
-def executor(spec_or_path: Union[JobSpec, Dict[str, Any], str, Path], folder: Union[str, Path]) -> Any:
+def task_python(spec: JobSpec) -> str:
+    """The command submitit runs each task with (it appends `-u -m submitit.core._submit FOLDER`)."""
+    python = sys.executable if spec.python == _DEFAULT_PYTHON else spec.python
+    return f"{shlex.quote(python)} -u -m slurmtools.task_start"
+
+
+def executor(spec_or_path: SpecLike, folder: Union[str, Path]) -> Any:
     """A submitit executor configured from a job spec (validated by the same rules as the sbatch path)."""
     try:
         import submitit
     except ImportError:
         raise UsageError("submitit is not installed (pip install 'slurmtools[submitit]')") from None
-    spec = _spec(spec_or_path)
-    ex = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
-    ex.update_parameters(**executor_parameters(spec))
+    spec = load(spec_or_path)
+    params = executor_parameters(spec)
+    ex = submitit.AutoExecutor(folder=str(folder), cluster="slurm", slurm_python=task_python(spec))
+    ex.update_parameters(**params)
     return ex
 
 
@@ -93,8 +144,9 @@ except ImportError:  # pragma: no cover - exercised only where submitit is absen
 
 class CheckpointableTrainer(_Checkpointable):  # type: ignore[misc,valid-type]
     """Subclass and implement `train(control) -> dict` returning {"event": "final", ...} or
-    {"event": "stopped_for_requeue", ...}; checkpoints go through CheckpointManager and the
-    process group is set up from submitit's distributed environment (MASTER_ADDR/PORT, RANK, ...)."""
+    {"event": "stopped_for_requeue", ...}; checkpoints go through CheckpointManager into
+    `self.checkpoint_dir` (default: the spec's checkpoint_dir) and the process group is set up
+    from submitit's distributed environment (MASTER_ADDR/PORT, RANK, ...)."""
 
     checkpoint_dir: Optional[str] = None
     backend: Optional[str] = None
@@ -117,27 +169,32 @@ class CheckpointableTrainer(_Checkpointable):  # type: ignore[misc,valid-type]
         dist_env = submitit.helpers.TorchDistributedEnvironment()   # reads our MASTER_PORT (see setup)
         os.environ.pop("MASTER_PORT", None)                         # export() refuses to overwrite it
         env = dist_env.export()
+        _, restart, attempt_id = attempt_of(os.environ)
         job_id = os.environ.get("SLURM_JOB_ID", "local")
-        restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        attempt_id = f"{job_id}.{restart}"
         os.environ["SLURMTOOLS_ATTEMPT_ID"] = attempt_id
-        control_dir = control_dir_for(Path(self.checkpoint_dir), job_id) if self.checkpoint_dir else None
+        self.checkpoint_dir = self.checkpoint_dir or os.environ.get(CHECKPOINT_DIR_ENV) or None
+        control_dir = control_dir_for(self.checkpoint_dir, "", job_id) if self.checkpoint_dir else None
         backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        timeout_s = int(os.environ.get("SLURMTOOLS_COLLECTIVE_TIMEOUT_S", "1800"))
+        timeout_s = int(os.environ.get(COLLECTIVE_TIMEOUT_ENV, "1800"))
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
         if backend == "nccl":
             torch.cuda.set_device(env.local_rank)
         control = TrainingControl(control_dir=control_dir, rank=env.rank)
-        control.install_signal_handlers()   # replaces submitit's rank-0-only handlers in every rank
+        control.install_signal_handlers()   # replaces submitit's handlers in every rank; unblocks the warning
         if env.rank == 0 and control_dir is not None:
-            ledger.append(control_dir, {"event": "start", "attempt_id": attempt_id, "t": time.time(),
-                                        "restart": restart, "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
-                                        "resume_step": _latest_step(self.checkpoint_dir)})
+            ledger.append(control_dir, ledger.AttemptStart(attempt_id, time.time(), restart,
+                                                           os.environ.get("SLURM_JOB_NODELIST", ""),
+                                                           _latest_step(self.checkpoint_dir)))
+        finished = threading.Event()
+        if env.rank == 0:
+            _start_grace_timer(control, job_id, finished)
         try:
             outcome = self.train(control)
         except Exception:
             self._record_end(control_dir, env.rank, attempt_id, "crash", None)
             raise
+        finally:
+            finished.set()
         if outcome.get("event") == "final":
             self._record_end(control_dir, env.rank, attempt_id, "completed", outcome.get("step"))
             dist.barrier()
@@ -147,10 +204,7 @@ class CheckpointableTrainer(_Checkpointable):  # type: ignore[misc,valid-type]
         dist.barrier()
         warned = control.signal_names() & {"SIGUSR1", "SIGUSR2"}
         if env.rank == 0 and warned and "SIGTERM" not in control.signal_names():
-            try:
-                slurm.requeue(int(job_id))       # a warning: we requeue; a SIGTERM: Slurm already is
-            except (SlurmCommandError, ValueError) as exc:
-                print(f"slurmtools: requeue failed: {exc}", file=sys.stderr, flush=True)
+            _requeue(job_id)       # a warning: we requeue; a SIGTERM: Slurm already is
         _wait_to_be_ended()
         return outcome
 
@@ -160,11 +214,51 @@ class CheckpointableTrainer(_Checkpointable):  # type: ignore[misc,valid-type]
             return
         from slurmtools.requeue import watchdog
         beats = watchdog.read_heartbeats(control_dir)
-        ledger.append(control_dir, {"event": "end", "attempt_id": attempt_id, "t": time.time(), "cause": cause,
-                                    "counted": cause not in ("completed", "preempted"),
-                                    "last_step": max((b.step for b in beats), default=step),
-                                    "first_step_t": watchdog.first_progress(beats),
-                                    "checkpoint_step": step if cause != "crash" else None})
+        ledger.append(control_dir, ledger.AttemptEnd(
+            attempt_id=attempt_id, t=time.time(), cause=cause, counted=cause not in ("completed", "preempted"),
+            last_step=max((beat.step for beat in beats), default=step),
+            first_step_t=watchdog.first_progress(beats), checkpoint_step=step if cause != "crash" else None))
+
+
+class TinyFSDPJob(CheckpointableTrainer):
+    """The reference trainer (slurmtools.tiny_fsdp) as a submitit callable:
+    `executor.submit(TinyFSDPJob(TrainConfig(...)))`; checkpoints go to the spec's checkpoint_dir
+    unless the TrainConfig names one."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self.checkpoint_dir = cfg.checkpoint_dir
+
+    def train(self, control: TrainingControl) -> Dict[str, Any]:
+        from slurmtools.tiny_fsdp import train
+        return train(dataclasses.replace(self.cfg, checkpoint_dir=self.checkpoint_dir), control)
+
+
+def _requeue(job_id: str) -> None:
+    try:
+        slurm.requeue(int(job_id))
+    except (SlurmCommandError, ValueError) as exc:
+        print(f"slurmtools: requeue failed: {exc}", file=sys.stderr, flush=True)
+
+
+def _start_grace_timer(control: TrainingControl, job_id: str, finished: threading.Event) -> None:
+    """requeue.checkpoint_grace_s: after a warning, the checkpoint has this long; then rank 0
+    requeues anyway (as the sbatch path's supervisor does), so a stuck save never eats the
+    rest of the allocation."""
+    grace_s = float(os.environ.get(CHECKPOINT_GRACE_ENV, "0") or 0)
+    if grace_s <= 0:
+        return
+
+    def watch() -> None:
+        while not finished.wait(0.5):
+            if control.signal_names() & {"SIGUSR1", "SIGUSR2"}:
+                if not finished.wait(grace_s):
+                    print(f"slurmtools: checkpoint not done {grace_s:g} s after the warning; requeueing",
+                          file=sys.stderr, flush=True)
+                    _requeue(job_id)
+                return
+
+    threading.Thread(target=watch, name="slurmtools-grace", daemon=True).start()
 
 
 def _latest_step(checkpoint_dir: Optional[str]) -> Optional[int]:
@@ -203,9 +297,9 @@ class JobStatus:
         return "\n".join(lines)
 
 
-def status(job: Any, *, checkpoint_dir: Optional[str] = None, tail_lines: int = 5) -> JobStatus:
+def status(job: Any, spec: Optional[SpecLike] = None, *, tail_lines: int = 5) -> JobStatus:
     """State from squeue/sacct through slurmtools (not submitit's lagging sacct cache), the newest
-    progress line, the log tail and, when the requeue ledger exists, goodput."""
+    progress line, the log tail and, when the spec has a checkpoint_dir, goodput from the ledger."""
     from slurmtools.jobs import progress_from_log
 
     job_id = str(job.job_id)
@@ -219,11 +313,12 @@ def status(job: Any, *, checkpoint_dir: Optional[str] = None, tail_lines: int = 
         text = Path(job.paths.stdout).read_text(errors="replace")
     except OSError:
         pass
-    lines = [ln for ln in text.splitlines() if ln.strip()]
+    lines = [line for line in text.splitlines() if line.strip()]
     good = None
+    checkpoint_dir = load(spec).checkpoint_dir if spec is not None else None
     if checkpoint_dir:
-        records = ledger.read(control_dir_for(Path(checkpoint_dir), job_id))
-        if records:
-            g = ledger.goodput(records)
-            good = f"goodput {g.ratio:.1%} over {g.attempts} attempt(s), steps lost {g.steps_lost or [0]}"
+        events = ledger.read(control_dir_for(checkpoint_dir, "", job_id))
+        if events:
+            result = ledger.goodput(events)
+            good = f"goodput {result.ratio:.1%} over {result.attempts} attempt(s), steps lost {result.steps_lost or [0]}"
     return JobStatus(job_id, state, progress_from_log(text), lines[-tail_lines:], good)

@@ -1,50 +1,83 @@
 """What a training loop needs from slurmtools, for any trainer: heartbeats, checkpoint requests,
-a completion marker and the attempt id. No torch import here; collective agreement is opt-in.
+a completion marker and the attempt id. No torch import at module level.
 
-The supervisor (`slurmtools run`) exports SLURMTOOLS_CONTROL_DIR, a directory on the shared
-checkpoint filesystem that every rank can see:
-  heartbeat/<rank>.json   each rank's last step and time (the hang watchdog reads the mtimes)
-  checkpoint-request      present when the supervisor wants a checkpoint now (warning signal)
-  complete                written by rank 0 when training has finished
+This module is the one contract between the job's parts (the generated script, the
+supervisor, the submitit path and the trainer):
+
+  control dir   <checkpoint_dir or output_dir>/.slurmtools/<job id>, on the shared filesystem,
+                kept across requeues; exported to the trainer as SLURMTOOLS_CONTROL_DIR:
+    heartbeat/<rank>.json   each rank's last step and time (the hang watchdog reads them)
+    checkpoint-request      present when the supervisor wants a checkpoint now (warning signal)
+    stopped-for-requeue     written by rank 0 after it checkpointed on request
+    complete                written by rank 0 when training has finished
+    ledger.jsonl            the attempts of the job (requeue/ledger.py)
+  attempt id    "<job id>.<restart count>" (SLURMTOOLS_ATTEMPT_ID)
+  checkpoints   the spec's checkpoint_dir (SLURMTOOLS_CHECKPOINT_DIR)
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Mapping, Optional, Set, Tuple, Union
 
-from slurmtools.requeue.signals import SignalFlags
+from slurmtools.fsutil import write_json_atomic
+from slurmtools.signals import SignalFlags
 
 CONTROL_DIR_ENV = "SLURMTOOLS_CONTROL_DIR"
+ATTEMPT_ID_ENV = "SLURMTOOLS_ATTEMPT_ID"
+CHECKPOINT_DIR_ENV = "SLURMTOOLS_CHECKPOINT_DIR"
+COLLECTIVE_TIMEOUT_ENV = "SLURMTOOLS_COLLECTIVE_TIMEOUT_S"
+CHECKPOINT_GRACE_ENV = "SLURMTOOLS_CHECKPOINT_GRACE_S"
+CONTROL_SUBDIR = ".slurmtools"
+LOCAL_JOB_ID = "local"
+
 HEARTBEAT_DIR = "heartbeat"
 REQUEST_FILE = "checkpoint-request"
 COMPLETE_FILE = "complete"
 STOPPED_FILE = "stopped-for-requeue"
+# signals a trainer turns into a checkpoint request: Slurm ending or requeueing the job
+# (SIGTERM, also forwarded by torchrun) and the time-limit / preemption warning (USR1/USR2)
+CHECKPOINT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+PathLike = Union[str, Path]
 
 
-def control_dir_for(checkpoint_dir: Path, chain_id: str) -> Path:
-    return Path(checkpoint_dir) / ".slurmtools" / chain_id
+def control_root(checkpoint_dir: Optional[str], output_dir: str) -> str:
+    """The directory holding every job's control dir: beside the checkpoints, else the logs."""
+    base = (checkpoint_dir or output_dir).rstrip("/") or "/"
+    return f"{base}/{CONTROL_SUBDIR}" if base != "/" else f"/{CONTROL_SUBDIR}"
 
 
-def _write_small(path: Path, data: Dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True))
-    os.replace(tmp, path)
+def control_dir_for(checkpoint_dir: Optional[str], output_dir: str, job_id: str) -> Path:
+    return Path(control_root(checkpoint_dir, output_dir)) / job_id
+
+
+def default_control_dir(environ: Mapping[str, str]) -> Path:
+    """Where `slurmtools run` keeps its files when the script names no control dir."""
+    return Path(CONTROL_SUBDIR) / environ.get("SLURM_JOB_ID", LOCAL_JOB_ID)
+
+
+def attempt_of(environ: Mapping[str, str]) -> Tuple[Optional[int], int, str]:
+    """(job id or None outside Slurm, restart count, attempt id) from Slurm's variables."""
+    job_text = environ.get("SLURM_JOB_ID", "")
+    job_id = int(job_text) if job_text.isascii() and job_text.isdigit() else None
+    restart_text = environ.get("SLURM_RESTART_COUNT", "0") or "0"
+    restart = int(restart_text) if restart_text.isascii() and restart_text.isdigit() else 0
+    return job_id, restart, f"{job_id if job_id is not None else LOCAL_JOB_ID}.{restart}"
 
 
 class TrainingControl:
     """One per training process. Works (as a no-op) outside the supervisor too."""
 
-    def __init__(self, control_dir: Optional[Path] = None, rank: Optional[int] = None,
+    def __init__(self, control_dir: Optional[PathLike] = None, rank: Optional[int] = None,
                  heartbeat_interval_s: float = 1.0) -> None:
         env_dir = os.environ.get(CONTROL_DIR_ENV)
         self.control_dir = Path(control_dir) if control_dir else (Path(env_dir) if env_dir else None)
         self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
-        self.attempt_id = os.environ.get("SLURMTOOLS_ATTEMPT_ID", "local.0")
+        self.attempt_id = os.environ.get(ATTEMPT_ID_ENV) or attempt_of(os.environ)[2]
         self.heartbeat_interval_s = heartbeat_interval_s
         self._last_beat = 0.0
         self._last_step: Optional[int] = None
@@ -55,11 +88,12 @@ class TrainingControl:
             (self.control_dir / HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM (Slurm ending or requeueing the job, torchrun forwarding) and SIGUSR1/2 (warning)
-        only set a flag; the loop checkpoints at the next step boundary."""
-        self._flags = SignalFlags().install([signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2])
+        """SIGTERM and SIGUSR1/2 only set a flag; the loop checkpoints at the next step boundary.
+        A warning held back since start-up (signals.block_warning_signals) is handled now."""
+        if self._flags is None:
+            self._flags = SignalFlags().install(CHECKPOINT_SIGNALS)
 
-    def signal_names(self) -> set:
+    def signal_names(self) -> Set[str]:
         """Names of the signals received so far (e.g. {"SIGUSR2"})."""
         return set(self._flags.names()) if self._flags is not None else set()
 
@@ -77,9 +111,10 @@ class TrainingControl:
             self._first_step = step
         elif step > self._first_step and self._first_progress_t is None:
             self._first_progress_t = now      # the first step this attempt completed (goodput)
-        _write_small(self.control_dir / HEARTBEAT_DIR / f"{self.rank}.json",
-                     {"rank": self.rank, "host": socket.gethostname(), "step": step, "time": now,
-                      "first_progress_t": self._first_progress_t, "attempt_id": self.attempt_id})
+        write_json_atomic(self.control_dir / HEARTBEAT_DIR / f"{self.rank}.json",
+                          {"rank": self.rank, "host": socket.gethostname(), "step": step, "time": now,
+                           "first_progress_t": self._first_progress_t, "attempt_id": self.attempt_id},
+                          durable=False)
 
     def checkpoint_requested(self) -> bool:
         """This rank's view; use `agree()` so every rank acts at the same step."""
@@ -89,11 +124,11 @@ class TrainingControl:
 
     def mark_stopped_for_requeue(self, step: int) -> None:
         if self.control_dir is not None and self.rank == 0:
-            _write_small(self.control_dir / STOPPED_FILE, {"step": step, "attempt_id": self.attempt_id})
+            write_json_atomic(self.control_dir / STOPPED_FILE, {"step": step, "attempt_id": self.attempt_id})
 
     def mark_complete(self, step: int) -> None:
         if self.control_dir is not None and self.rank == 0:
-            _write_small(self.control_dir / COMPLETE_FILE, {"step": step, "attempt_id": self.attempt_id})
+            write_json_atomic(self.control_dir / COMPLETE_FILE, {"step": step, "attempt_id": self.attempt_id})
 
 
 def agree(flag: bool) -> bool:
@@ -105,8 +140,8 @@ def agree(flag: bool) -> bool:
         return flag
     if not (dist.is_available() and dist.is_initialized()):
         return flag
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)
     if dist.get_backend() == "nccl":
-        t = t.cuda()
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+        tensor = tensor.cuda()
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())

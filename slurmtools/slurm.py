@@ -203,6 +203,21 @@ def show_job(job_id: int, *, survive_sigterm: bool = False) -> Optional[Dict[str
     return parse_scontrol_record(lines[0]) if lines else None
 
 
+def parse_time(value: str) -> Optional[float]:
+    """scontrol's local `2026-11-30T12:00:00` as a Unix time; `Unknown`, `None`, `N/A` as None."""
+    import datetime
+    try:
+        return datetime.datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+def job_end_time(job_id: int) -> Optional[float]:
+    """When the job's time limit runs out (None: no limit, or the job is gone)."""
+    record = show_job(job_id, survive_sigterm=True)
+    return parse_time(record.get("EndTime", "")) if record else None
+
+
 def job_state(job_id: int) -> JobInfo:
     """Live state from squeue; finished jobs squeue has dropped come from sacct (slurmdbd).
 

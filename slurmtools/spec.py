@@ -37,6 +37,8 @@ class RequeueSpec:
     no_progress_restarts: int = doc("Stop after this many restarts without a newer checkpoint.", 3, min=1, max=100)
     backoff_s: float = doc("First delay before a requeue after a failure; doubles per failure.", 5.0,
                            min=0.0, max=3600.0)
+    retry_oom: bool = doc("Requeue after an out-of-memory failure (default: stop, the same configuration "
+                          "would run out again).", False)
 
     def __post_init__(self) -> None:
         check_limits(self, ())

@@ -25,7 +25,6 @@ from torch.distributed.fsdp import fully_shard
 
 from slurmtools import checkpoint_torch
 from slurmtools.checkpoint import CheckpointManager
-from slurmtools.notebook import CheckpointableTrainer
 from slurmtools.runtime import TrainingControl, agree
 
 
@@ -217,15 +216,3 @@ def shutdown() -> None:
     group while a peer still talks to it can abort the peer at exit."""
     dist.barrier()
     dist.destroy_process_group()
-
-
-
-class TinyFSDPJob(CheckpointableTrainer):
-    """The tiny trainer as a submitit callable: `executor.submit(TinyFSDPJob(TrainConfig(...)))`."""
-
-    def __init__(self, cfg: TrainConfig) -> None:
-        self.cfg = cfg
-        self.checkpoint_dir = cfg.checkpoint_dir
-
-    def train(self, control: TrainingControl) -> Dict[str, Any]:
-        return train(self.cfg, control)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from slurmtools.errors import ConfigError, SpecError
-from slurmtools.requeue.policy import FATAL_XIDS, MONITOR_XIDS
+from slurmtools.xid import FATAL_XIDS, MONITOR_XIDS
 from slurmtools.schema import attach_line, build, check_hostlist, check_limits, doc, err, load_yaml_with_lines
 
 PHASES = ("prolog", "epilog", "periodic")
@@ -29,7 +29,7 @@ BESIDE_SLURM_CONF = "slurmtools-health.yaml"
 DEFAULT_SLURM_CONF = Path("/etc/slurm/slurm.conf")
 
 
-def _phases(*names: str):
+def _phases(*names: str) -> Any:
     return doc("Phases that run this check: prolog, epilog, periodic.", default_factory=lambda: list(names))
 
 

@@ -7,6 +7,8 @@ Exit-code contract with the prolog.d/epilog.d shims: 0 healthy (OK/WARN/UNKNOWN)
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 from slurmtools import drain as drains
 from slurmtools import slurm
-from slurmtools.errors import SlurmCommandError
+from slurmtools.errors import SlurmCommandError, SlurmToolsError
 from slurmtools.fsutil import write_json_atomic
 from slurmtools.health import report, runner, state
 from slurmtools.health.config import NodeSettings
@@ -167,6 +169,32 @@ def internal_error_outcome(s: Optional[NodeSettings], phase: str, host: str, job
     res = [CheckResult("slurmtools.internal", Status.CRITICAL, error)]
     return Outcome(res, Status.CRITICAL, reason.render(), False, 0.0,
                    {"host": host, "phase": phase, "status": "CRITICAL", "results": [r.to_json() for r in res]})
+
+
+def run_guarded(s: NodeSettings, phase: str, host: str, *, job_id: Optional[str],
+                allow_drain: bool = True) -> Optional[Outcome]:
+    """run_phase, failing open when slurmtools itself fails (a bug, not a sick node): the job
+    runs and nothing is drained (None, after one line on stderr), unless `on_internal_error: closed`."""
+    try:
+        return run_phase(s, phase, host, job_id=job_id, allow_drain=allow_drain)
+    except SlurmToolsError:
+        raise
+    except Exception as exc:  # our own bug: never a traceback, never a drain (unless configured)
+        what = f"{type(exc).__name__}: {exc}"
+        closed = internal_error_outcome(s, phase, host, job_id, what)
+        if closed is None:
+            print(f"slurmtools: error: health run failed ({what}); failing open", file=sys.stderr)
+        return closed
+
+
+def exit_now(code: int) -> int:
+    """The exit code, returned; but when a probe thread is still stuck (a hung NVML call), the
+    process leaves at once: a daemon thread must not keep the prolog alive."""
+    if runner.any_probe_thread_alive():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def dump(outcome: Outcome) -> str:

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 from pathlib import Path
 from typing import List, Tuple
 
 from slurmtools.health.model import XidEvent
-
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+)")
+from slurmtools.xid import XID_LINE
 
 
 def parse_records(lines: List[str]) -> List[Tuple[int, str]]:
-    out = []
+    out: List[Tuple[int, str]] = []
     for line in lines:
         head, sep, msg = line.partition(";")
         if not sep:
@@ -34,9 +32,9 @@ def xid_events(records: List[Tuple[int, str]], after_seq: int) -> List[XidEvent]
     for seq, msg in records:
         if seq <= after_seq:
             continue
-        m = _XID.search(msg)
-        if m:
-            events.append(XidEvent(seq, m.group(1), int(m.group(2)), msg))
+        match = XID_LINE.search(msg)
+        if match:
+            events.append(XidEvent(seq, match.group(1), int(match.group(2)), msg))
     return events
 
 

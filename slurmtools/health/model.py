@@ -7,12 +7,22 @@ from typing import Any, Dict, List, Optional, Tuple
 
 
 class Status(IntEnum):
-    """Nagios values (as GCM): only CRITICAL drains a node."""
+    """Nagios values (as GCM), which are exit-code-like numbers and not a severity order: only
+    CRITICAL drains a node. Severity (for the overall verdict) is SEVERITY below."""
 
     OK = 0
     WARN = 1
     CRITICAL = 2
     UNKNOWN = 3
+
+    @property
+    def severity(self) -> int:
+        """OK < UNKNOWN < WARN < CRITICAL: a check that could not judge (UNKNOWN) outranks a
+        clean one, but never a WARN, and never drains."""
+        return SEVERITY.index(self)
+
+
+SEVERITY = (Status.OK, Status.UNKNOWN, Status.WARN, Status.CRITICAL)
 
 
 @dataclass(frozen=True)
@@ -29,9 +39,8 @@ class CheckResult:
 
 
 def worst(results: List[CheckResult]) -> Status:
-    """CRITICAL > WARN > UNKNOWN > OK for the overall verdict (UNKNOWN never drains)."""
-    order = [Status.OK, Status.UNKNOWN, Status.WARN, Status.CRITICAL]
-    return max((r.status for r in results), key=order.index, default=Status.OK)
+    """The most severe status (Status.severity); OK when there are no results."""
+    return max((result.status for result in results), key=lambda status: status.severity, default=Status.OK)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from slurmtools.health import kmsg, sysfs, system_probe
+from slurmtools.health import kmsg, registry, sysfs, system_probe
 from slurmtools.health.checks import gpu as gpu_checks
 from slurmtools.health.checks import ib as ib_checks
 from slurmtools.health.checks import system as system_checks
@@ -75,18 +75,14 @@ class Facts:
     gpu_skipped: bool = False
 
 
-def _needs(checks: Any, phase: str) -> bool:
-    return any(getattr(checks, f).enabled and phase in getattr(checks, f).phases for f in checks.__dataclass_fields__)
-
-
 def gather_cheap(s: NodeSettings, phase: str, deadline: float) -> Facts:
     """sysfs, kernel log and psutil: milliseconds; run first (their change decides the cache)."""
     probes: Dict[str, Callable[[], Any]] = {}
-    if _needs(s.checks.ib, phase):
+    if registry.enabled(s.checks, phase, "ib"):
         probes["ib"] = lambda: sysfs.read_ib_ports(Path(s.sysfs_root))
-    if s.kernel_log and s.checks.gpu.xid.enabled and phase in s.checks.gpu.xid.phases and s.gpu_probe != "none":
+    if s.kernel_log and registry.runs(s.checks.gpu.xid, phase) and s.gpu_probe != "none":
         probes["kernel"] = lambda: kmsg.read_records(Path(s.kernel_log))
-    if _needs(s.checks.system, phase):
+    if registry.enabled(s.checks, phase, "system"):
         sc = s.checks.system
         probes["system"] = lambda: system_probe.gather(sc.disk.paths if sc.disk.enabled else [],
                                                        sc.processes.enabled and bool(sc.processes.required))
@@ -97,7 +93,7 @@ def gather_cheap(s: NodeSettings, phase: str, deadline: float) -> Facts:
 
 
 def gather_gpu(s: NodeSettings, phase: str, deadline: float, facts: Facts) -> None:
-    if s.gpu_probe == "none" or not _needs(s.checks.gpu, phase):
+    if s.gpu_probe == "none" or not registry.enabled(s.checks, phase, "gpu"):
         return
     try:
         probe = make_gpu_probe(s.gpu_probe)
@@ -113,11 +109,6 @@ def _failed(names: Sequence[str], outcome: ProbeOutcome, s: NodeSettings, what: 
                         outcome.duration_s) for n in names]
 
 
-def _enabled(checks: Any, phase: str, prefix: str) -> List[str]:
-    return [f"{prefix}.{f}" for f in checks.__dataclass_fields__
-            if getattr(checks, f).enabled and phase in getattr(checks, f).phases]
-
-
 def judge(s: NodeSettings, phase: str, facts: Facts, *, after_kmsg_seq: int,
           previous_ib: Optional[Dict[str, Dict[str, int]]],
           previous_nvlink: Optional[Dict[str, int]]) -> List[CheckResult]:
@@ -129,20 +120,20 @@ def judge(s: NodeSettings, phase: str, facts: Facts, *, after_kmsg_seq: int,
         events = kmsg.xid_events(facts.kernel.value, after_kmsg_seq)
     if s.gpu_probe != "none" and not facts.gpu_skipped:
         if facts.gpu.error:
-            results += _failed(_enabled(s.checks.gpu, phase, "gpu"), facts.gpu, s, "NVML")
+            results += _failed(registry.enabled(s.checks, phase, "gpu"), facts.gpu, s, "NVML")
         elif isinstance(facts.gpu.value, GpuSnapshot):
-            gpu = gpu_checks.gpu_results(s.checks.gpu, facts.gpu.value, events, phase, previous_nvlink)
+            gpu = gpu_checks.gpu_results(s.checks, facts.gpu.value, events, phase, previous_nvlink)
             if facts.kernel.error:
                 gpu = [r for r in gpu if r.name != "gpu.xid"]
             results += [_timed(r, facts.gpu.duration_s) for r in gpu]
     if facts.ib.error:
-        results += _failed(_enabled(s.checks.ib, phase, "ib"), facts.ib, s, "sysfs")
+        results += _failed(registry.enabled(s.checks, phase, "ib"), facts.ib, s, "sysfs")
     elif facts.ib.value is not None:
-        results += ib_checks.ib_results(s.checks.ib, facts.ib.value, phase, previous_ib)
+        results += ib_checks.ib_results(s.checks, facts.ib.value, phase, previous_ib)
     if facts.system.error:
-        results += _failed(_enabled(s.checks.system, phase, "system"), facts.system, s, "system")
+        results += _failed(registry.enabled(s.checks, phase, "system"), facts.system, s, "system")
     elif isinstance(facts.system.value, SystemFacts):
-        results += system_checks.system_results(s.checks.system, facts.system.value, phase)
+        results += system_checks.system_results(s.checks, facts.system.value, phase)
     return results
 
 

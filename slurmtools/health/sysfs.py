@@ -8,11 +8,6 @@ from typing import Dict, List, Optional
 
 from slurmtools.health.model import IbPort
 
-# counters worth watching (DESIGN.md §4); others are read too if present
-WATCHED_COUNTERS = ("link_downed", "excessive_buffer_overrun_errors", "local_link_integrity_errors",
-                    "symbol_error", "link_error_recovery", "port_rcv_errors", "port_xmit_discards",
-                    "port_rcv_remote_physical_errors", "VL15_dropped")
-
 
 def _read(path: Path) -> Optional[str]:
     try:

@@ -1,26 +1,64 @@
-"""The per-job ledger: one JSON line per attempt start and end, kept in the control directory.
+"""The per-job ledger: one typed event per attempt start and end, as JSON lines in the control dir.
 
 It is the supervisor's memory across requeues (failure budget, no-progress guard) and the
-input of `slurmtools goodput`. Reading and the goodput arithmetic are pure.
+input of `slurmtools goodput`. Every record is written and read here; a line that is not a
+valid event (torn, foreign, wrongly typed) is skipped, never fatal. The goodput arithmetic
+is pure.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional, Union, get_args, get_origin, get_type_hints
 
+from slurmtools.fsutil import json_lines
 from slurmtools.requeue.policy import AttemptRecord, Cause
 
 LEDGER_FILE = "ledger.jsonl"
+_CAUSES = frozenset(cause.value for cause in Cause)
 
 
-def append(control_dir: Path, record: Dict[str, Any]) -> None:
-    """Append one line with O_APPEND + fsync: a killed writer leaves whole lines or nothing useful."""
+@dataclass(frozen=True)
+class AttemptStart:
+    KIND: ClassVar[str] = "start"
+    attempt_id: str
+    t: float
+    restart: int = 0
+    nodes: str = ""
+    resume_step: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    KIND: ClassVar[str] = "end"
+    attempt_id: str
+    t: float
+    cause: str                       # a policy.Cause value
+    counted: bool = False            # against the restart budget
+    action: Optional[str] = None     # a policy.Action value
+    detail: str = ""
+    reason: str = ""
+    node: Optional[str] = None
+    exit_code: Optional[int] = None
+    last_step: Optional[int] = None
+    first_step_t: Optional[float] = None
+    checkpoint_step: Optional[int] = None
+
+
+Event = Union[AttemptStart, AttemptEnd]
+_KINDS: Dict[str, Any] = {AttemptStart.KIND: AttemptStart, AttemptEnd.KIND: AttemptEnd}
+
+
+def append(control_dir: Path, event: Event) -> None:
+    """Append one line with O_APPEND + fsync: a killed writer leaves whole lines or one torn last line."""
     control_dir.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(record, sort_keys=True) + "\n").encode()
+    record = {"event": event.KIND, **dataclasses.asdict(event)}
+    line = (json.dumps(record, sort_keys=True, allow_nan=False) + "\n").encode()
     fd = os.open(control_dir / LEDGER_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, line)
@@ -29,21 +67,50 @@ def append(control_dir: Path, record: Dict[str, Any]) -> None:
         os.close(fd)
 
 
-def read(path: Path) -> List[Dict[str, Any]]:
-    """Records from a ledger file (or a control dir); a torn last line is ignored."""
+def _valid(kind: Any, value: Any) -> bool:
+    if get_origin(kind) is Union:
+        return any(_valid(arg, value) for arg in get_args(kind))
+    if kind is type(None):
+        return value is None
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, kind)
+
+
+def parse(record: Dict[str, Any]) -> Optional[Event]:
+    """One ledger record as its event, or None when it is not a well-formed one."""
+    cls = _KINDS.get(str(record.get("event")))
+    if cls is None:
+        return None
+    hints = get_type_hints(cls)
+    values = {}
+    for field in dataclasses.fields(cls):
+        if field.name in record:
+            if not _valid(hints[field.name], record[field.name]):
+                return None
+            values[field.name] = record[field.name]
+        elif field.default is dataclasses.MISSING:
+            return None
+    event: Event = cls(**values)
+    if isinstance(event, AttemptEnd) and event.cause not in _CAUSES:
+        return None
+    return event
+
+
+def read(path: Path) -> List[Event]:
+    """Events from a ledger file (or a control dir); malformed lines are skipped."""
     if path.is_dir():
         path = path / LEDGER_FILE
-    out = []
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return out
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+        text = path.read_text(errors="replace")
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return []
+    events = (parse(record) for record in json_lines(text))
+    return [event for event in events if event is not None]
 
 
 @dataclass(frozen=True)
@@ -61,31 +128,39 @@ class Attempt:
     node: Optional[str]
 
 
-def attempts(records: List[Dict[str, Any]]) -> List[Attempt]:
-    starts: Dict[str, Dict[str, Any]] = {}
-    order: List[str] = []
-    ends: Dict[str, Dict[str, Any]] = {}
-    for r in records:
-        aid = str(r.get("attempt_id"))
-        if r.get("event") == "start":
-            if aid not in starts:
-                order.append(aid)
-            starts[aid] = r
-        elif r.get("event") == "end":
-            ends[aid] = r
+def attempts(events: List[Event]) -> List[Attempt]:
+    """Attempts in start order, each with its end when one was recorded."""
+    starts: Dict[str, AttemptStart] = {}
+    ends: Dict[str, AttemptEnd] = {}
+    for event in events:
+        if isinstance(event, AttemptStart):
+            starts[event.attempt_id] = event
+        else:
+            ends[event.attempt_id] = event
     out = []
-    for aid in order:
-        s, e = starts[aid], ends.get(aid, {})
-        out.append(Attempt(aid, float(s["t"]), e.get("t"), s.get("resume_step"), e.get("first_step_t"),
-                           e.get("last_step"), e.get("checkpoint_step"), e.get("cause"), e.get("action"),
-                           bool(e.get("counted", False)), e.get("node")))
+    for attempt_id, start in starts.items():
+        end = ends.get(attempt_id)
+        out.append(Attempt(attempt_id, start.t, end.t if end else None, start.resume_step,
+                           end.first_step_t if end else None, end.last_step if end else None,
+                           end.checkpoint_step if end else None, end.cause if end else None,
+                           end.action if end else None, bool(end and end.counted), end.node if end else None))
     return out
 
 
-def history(records: List[Dict[str, Any]]) -> List[AttemptRecord]:
+def history(events: List[Event]) -> List[AttemptRecord]:
     """Finished attempts as the policy sees them (oldest first)."""
     return [AttemptRecord(Cause(a.cause), a.counted, a.checkpoint_step, a.node)
-            for a in attempts(records) if a.cause in {c.value for c in Cause}]
+            for a in attempts(events) if a.cause is not None]
+
+
+def open_attempt(events: List[Event]) -> Optional[AttemptStart]:
+    """The newest attempt when it has a start but no end (it died with its supervisor)."""
+    starts = [event for event in events if isinstance(event, AttemptStart)]
+    if not starts:
+        return None
+    last = starts[-1]
+    ended = any(isinstance(event, AttemptEnd) and event.attempt_id == last.attempt_id for event in events)
+    return None if ended else last
 
 
 @dataclass(frozen=True)
@@ -105,14 +180,17 @@ class Goodput:
     def ratio(self) -> float:
         return self.productive_s / self.wall_s if self.wall_s > 0 else 0.0
 
+    def to_json(self) -> Dict[str, Any]:
+        return {"ratio": self.ratio, **dataclasses.asdict(self)}
 
-def goodput(records: List[Dict[str, Any]]) -> Goodput:
+
+def goodput(events: List[Event]) -> Goodput:
     """Effective training time ratio: (final step x median step time) / wall time of the whole chain."""
-    atts = attempts(records)
+    atts = attempts(events)
     if not atts:
         return Goodput(0.0, 0.0, 0, None, 0, 0, 0, [], [], [])
     wall_end = max((a.end_s for a in atts if a.end_s is not None), default=atts[-1].start_s)
-    wall = wall_end - atts[0].start_s
+    wall = max(0.0, wall_end - atts[0].start_s)
     rates = []
     for a in atts:
         done = (a.last_step or 0) - (a.resume_step or 0)
@@ -123,24 +201,24 @@ def goodput(records: List[Dict[str, Any]]) -> Goodput:
     final = max(final, max((a.last_step or 0 for a in atts if a.cause == Cause.COMPLETED.value), default=0))
     lost = [max(0, (a.last_step or 0) - (a.checkpoint_step or 0)) for a in atts
             if a.cause not in (None, Cause.COMPLETED.value)]
-    latency = [b.start_s - a.end_s for a, b in zip(atts, atts[1:]) if a.end_s is not None]
+    latency = [later.start_s - earlier.end_s for earlier, later in zip(atts, atts[1:]) if earlier.end_s is not None]
     first = [a.first_step_s - a.start_s for a in atts if a.first_step_s is not None]
     return Goodput(wall, final * step_time if step_time else 0.0, final, step_time, len(atts),
                    sum(1 for a in atts if a.counted), sum(1 for a in atts if a.cause == Cause.PREEMPTED.value),
                    lost, latency, first)
 
 
-def format_goodput(g: Goodput) -> str:
-    def fmt(xs: List[float]) -> str:
-        return ", ".join(f"{x:.1f}" for x in xs) or "-"
+def format_goodput(result: Goodput) -> str:
+    def fmt(values: List[float]) -> str:
+        return ", ".join(f"{value:.1f}" for value in values) or "-"
     lines = [
-        f"attempts: {g.attempts} (failures {g.failures}, preemptions {g.preemptions})",
-        f"final step: {g.final_step}",
-        f"wall time: {g.wall_s:.1f} s",
-        f"step time (median): {g.step_time_s:.3f} s" if g.step_time_s else "step time: unknown",
-        f"effective training time ratio: {g.ratio:.1%}",
-        f"steps lost per failure/preemption: {', '.join(map(str, g.steps_lost)) or '-'}",
-        f"restart latency (end -> next start): {fmt(g.restart_latency_s)} s",
-        f"start -> first step: {fmt(g.time_to_first_step_s)} s",
+        f"attempts: {result.attempts} (failures {result.failures}, preemptions {result.preemptions})",
+        f"final step: {result.final_step}",
+        f"wall time: {result.wall_s:.1f} s",
+        f"step time (median): {result.step_time_s:.3f} s" if result.step_time_s else "step time: unknown",
+        f"effective training time ratio: {result.ratio:.1%}",
+        f"steps lost per failure/preemption: {', '.join(map(str, result.steps_lost)) or '-'}",
+        f"restart latency (end -> next start): {fmt(result.restart_latency_s)} s",
+        f"start -> first step: {fmt(result.time_to_first_step_s)} s",
     ]
     return "\n".join(lines)

@@ -1,20 +1,22 @@
-"""Pure failure classification and the decision matrix (DESIGN.md §5).
+"""Pure failure classification and the decision matrix.
 
-classify(evidence) -> Cause; decide(cause, history, limits) -> Verdict. No I/O, no clock:
-every row is a table-driven unit test.
+classify(evidence) -> Diagnosis; decide(diagnosis, history, requeue settings) -> Verdict.
+No I/O, no clock: every row is a table-driven unit test. The matrix (README, section 2):
+completed -> done; warning / preemption / a person's requeue -> requeue, not counted;
+node failure, collective timeout, hang, fatal XID -> requeue excluding the blamed node (and
+drain it when the evidence is strong); user error before progress -> stop; OOM -> stop
+unless allowed; budget spent, same failure N times in a row, no newer checkpoint across K
+restarts -> stop with a summary.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Pattern, Sequence
 
-# NVIDIA XIDs whose recovery action is a GPU reset / node reboot / RMA (fatal for the node), vs
-# monitor-only ones (application errors, page faults). Data, not code: extend here.
-FATAL_XIDS = frozenset({48, 56, 57, 58, 62, 63, 64, 69, 74, 79, 92, 94, 95, 109, 110, 119, 120, 136, 140,
-                        143, 144, 145, 146, 147, 148, 149, 150, 151, 154, 155, 156, 158})
-MONITOR_XIDS = frozenset({13, 31, 32, 38, 43, 45, 61, 68, 121, 137})
+from slurmtools.spec import RequeueSpec
+from slurmtools.xid import FATAL_XIDS, XID_LINE, xid_codes
 
 
 class Cause(str, Enum):
@@ -72,15 +74,6 @@ class AttemptRecord:
 
 
 @dataclass(frozen=True)
-class Limits:
-    max_restarts: int = 3
-    max_consecutive_failures: int = 2
-    no_progress_restarts: int = 3
-    backoff_s: float = 5.0
-    retry_oom: bool = False
-
-
-@dataclass(frozen=True)
 class Verdict:
     action: Action
     reason: str
@@ -94,7 +87,6 @@ _COLLECTIVE = re.compile(
     r"(Watchdog caught collective operation timeout|collective operation timeout|NCCL.*[Tt]imeout|"
     r"ProcessGroupNCCL.*timed out|Timed out waiting \d+ms for (recv|send) operation|"
     r"gloo.*(Connection closed by peer|Connection reset by peer|Timed out)|DistBackendError)")
-_XID = re.compile(r"NVRM: Xid \(PCI:[^)]*\): (\d+)")
 _OOM = re.compile(r"(CUDA out of memory|OutOfMemoryError|torch\.OutOfMemoryError|oom-kill|Out Of Memory|"
                   r"Killed process \d+ .*out of memory|OUT_OF_MEMORY)", re.IGNORECASE)
 _USER = re.compile(r"\b(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|NameError|"
@@ -103,13 +95,10 @@ _NODE_FAIL = re.compile(r"Node failure on (\S+)")
 _HOST_IN_LINE = re.compile(r"\b(?:host|node)[=: ]+([A-Za-z][\w.-]*)")
 
 
-def xid_codes(text: str) -> List[int]:
-    return [int(m) for m in _XID.findall(text)]
-
-
-def classify(ev: Evidence) -> Diagnosis:
+def classify(evidence: Evidence) -> Diagnosis:
     """The cause of an attempt's end, and the node to blame when the evidence names one."""
-    down = sorted(n for n, s in ev.node_states.items() if s in ("down", "fail", "failing"))
+    ev = evidence
+    down = sorted(node for node, state in ev.node_states.items() if state in ("down", "fail", "failing"))
     node_fail = _NODE_FAIL.search(ev.log_tail)
     if ev.complete_marker:
         # training finished and its final checkpoint is committed; a non-zero exit here comes
@@ -125,7 +114,7 @@ def classify(ev: Evidence) -> Diagnosis:
         return Diagnosis(Cause.NODE_FAILURE, node=node, detail=f"node {node} failed")
     fatal = [x for x in xid_codes(ev.log_tail) if x in FATAL_XIDS]
     if fatal:
-        return Diagnosis(Cause.GPU_FATAL, node=_blamed_host(ev.log_tail, _XID), detail=f"xid={fatal[0]}",
+        return Diagnosis(Cause.GPU_FATAL, node=_blamed_host(ev.log_tail, XID_LINE), detail=f"xid={fatal[0]}",
                          fatal_for_node=True)
     if ev.hang_detected:
         return Diagnosis(Cause.HANG, node=ev.hang_node,
@@ -140,21 +129,22 @@ def classify(ev: Evidence) -> Diagnosis:
         # clean exit without the complete marker: the program ended early on its own
         return Diagnosis(Cause.USER_ERROR, detail="exited 0 before training completed")
     if _USER.search(ev.log_tail) or not ev.progressed:
-        m = _USER.search(ev.log_tail)
-        return Diagnosis(Cause.USER_ERROR, detail=(m.group(1) if m else f"exit {ev.exit_code} before the first step"))
+        user = _USER.search(ev.log_tail)
+        return Diagnosis(Cause.USER_ERROR,
+                         detail=(user.group(1) if user else f"exit {ev.exit_code} before the first step"))
     return Diagnosis(Cause.CRASH, detail=f"exit {ev.exit_code}")
 
 
-def _blamed_host(text: str, pattern: re.Pattern) -> Optional[str]:
+def _blamed_host(text: str, pattern: Pattern[str]) -> Optional[str]:
     for line in text.splitlines():
         if pattern.search(line):
-            m = _HOST_IN_LINE.search(line)
-            if m:
-                return m.group(1)
+            host = _HOST_IN_LINE.search(line)
+            if host:
+                return host.group(1)
     return None
 
 
-def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: Limits,
+def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: RequeueSpec,
            checkpoint_step: Optional[int]) -> Verdict:
     """What to do after an attempt ended with diag, given earlier attempts (oldest first)."""
     if diag.cause is Cause.COMPLETED:
@@ -172,10 +162,10 @@ def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: Limits,
         return Verdict(Action.STOP, f"restart budget spent ({limits.max_restarts} failures): last {diag.cause.value}"
                        f" ({diag.detail})", counted=True)
     same = 1
-    for a in reversed(history):
-        if not a.counted:
+    for earlier in reversed(history):
+        if not earlier.counted:
             continue
-        if a.cause is not diag.cause or a.node != diag.node:
+        if earlier.cause is not diag.cause or earlier.node != diag.node:
             break
         same += 1
     if same >= limits.max_consecutive_failures:
@@ -191,10 +181,10 @@ def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: Limits,
                    drain_node=drain, backoff_s=backoff)
 
 
-def _no_progress(history: Sequence[AttemptRecord], checkpoint_step: Optional[int], k: int) -> bool:
-    """True when the last k counted failures (this one included) all ended at the same checkpoint."""
-    counted = [a for a in history if a.counted][-(k - 1):] if k > 1 else []
-    if len(counted) < k - 1:
+def _no_progress(history: Sequence[AttemptRecord], checkpoint_step: Optional[int], restarts: int) -> bool:
+    """True when the last `restarts` counted failures (this one included) all ended at the same checkpoint."""
+    counted = [a for a in history if a.counted][-(restarts - 1):] if restarts > 1 else []
+    if len(counted) < restarts - 1:
         return False
     return all(a.checkpoint_step == checkpoint_step for a in counted)
 

@@ -18,29 +18,48 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Deque, Dict, Optional, Sequence
+from typing import IO, Deque, Dict, List, Mapping, Optional, Sequence
 
 from slurmtools import drain, slurm
-from slurmtools.checkpoint import CheckpointManager
+from slurmtools.checkpoint import Checkpoint, CheckpointManager
 from slurmtools.errors import SlurmCommandError
 from slurmtools.requeue import ledger, policy, watchdog
-from slurmtools.requeue.signals import SignalFlags, signal_number
-from slurmtools.runtime import COMPLETE_FILE, HEARTBEAT_DIR, REQUEST_FILE, STOPPED_FILE
+from slurmtools.runtime import (ATTEMPT_ID_ENV, COMPLETE_FILE, CONTROL_DIR_ENV, HEARTBEAT_DIR, REQUEST_FILE,
+                                STOPPED_FILE, attempt_of)
+from slurmtools.signals import SignalFlags, signal_number
+from slurmtools.spec import RequeueSpec
 
 TAIL_LINES = 300
 STARTUP_ALLOWANCE_S = 120.0
+DOWN_STATES = ("down", "fail", "failing")
 
 
 @dataclass(frozen=True)
 class SupervisorConfig:
-    limits: policy.Limits
+    requeue: RequeueSpec
     control_dir: Path
     checkpoint_dir: Optional[Path] = None
-    hang_timeout_s: float = 600.0
-    checkpoint_grace_s: float = 120.0
-    warning_signal: str = "USR1"
     poll_s: float = 0.5
     stop_timeout_s: float = 8.0
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """Who this run of the batch script is."""
+
+    job_id: Optional[int]
+    restart: int
+    attempt_id: str
+    nodelist: str
+
+
+@dataclass
+class Watch:
+    """What happened while the step ran."""
+
+    exit_code: Optional[int] = None
+    killed_by_us: bool = False
+    stall: Optional[watchdog.Stall] = None
 
 
 def emit(event: str, attempt_id: str, **fields: object) -> None:
@@ -72,13 +91,13 @@ def _prepare_control_dir(control_dir: Path) -> None:
     control_dir.mkdir(parents=True, exist_ok=True)
     for name in (REQUEST_FILE, STOPPED_FILE, COMPLETE_FILE):
         (control_dir / name).unlink(missing_ok=True)
-    hb = control_dir / HEARTBEAT_DIR
-    hb.mkdir(exist_ok=True)
-    for f in hb.iterdir():
-        f.unlink(missing_ok=True)
+    heartbeats = control_dir / HEARTBEAT_DIR
+    heartbeats.mkdir(exist_ok=True)
+    for path in heartbeats.iterdir():
+        path.unlink(missing_ok=True)
 
 
-def _stop_child(child: subprocess.Popen, timeout_s: float) -> None:
+def _stop_child(child: "subprocess.Popen[bytes]", timeout_s: float) -> None:
     """SIGTERM the step's process group, then SIGKILL: nothing is left running."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -96,7 +115,7 @@ def _node_states(nodelist: str) -> Dict[str, str]:
     if not nodelist:
         return {}
     try:
-        return {n.name: n.state for n in slurm.nodes(nodelist)}
+        return {node.name: node.state for node in slurm.nodes(nodelist)}
     except SlurmCommandError:
         return {}
 
@@ -110,141 +129,181 @@ def _ended_for_good(job_id: Optional[int], restart: int) -> bool:
     if job_id is None:
         return False
     try:
-        rec = slurm.show_job(job_id, survive_sigterm=True)
+        record = slurm.show_job(job_id, survive_sigterm=True)
     except SlurmCommandError:
         return False
-    if not rec:
+    if not record:
         return False
-    restarts = rec.get("Restarts", "0")
+    restarts = record.get("Restarts", "0")
     return restarts.isdigit() and int(restarts) <= restart
 
 
-def _close_dangling_attempt(control: Path, records: list, checkpoint_step: Optional[int]) -> Optional[dict]:
+def _close_dangling_attempt(control: Path, events: List[ledger.Event],
+                            checkpoint_step: Optional[int]) -> Optional[ledger.AttemptEnd]:
     """An attempt with a start but no end was killed with its supervisor (its node died, or
     Slurm's KillWait ran out): record its end from the heartbeats it left, before they are cleared."""
-    started = [r for r in records if r.get("event") == "start"]
-    if not started:
-        return None
-    last = started[-1]
-    if any(r.get("event") == "end" and r.get("attempt_id") == last.get("attempt_id") for r in records):
+    last = ledger.open_attempt(events)
+    if last is None:
         return None
     beats = watchdog.read_heartbeats(control)
-    states = _node_states(str(last.get("nodes", "")))
-    down = sorted(n for n, st in states.items() if st in ("down", "fail", "failing"))
+    states = _node_states(last.nodes)
+    down = sorted(node for node, state in states.items() if state in DOWN_STATES)
     cause = policy.Cause.NODE_FAILURE if down else policy.Cause.CRASH
-    end = {"event": "end", "attempt_id": last.get("attempt_id"),
-           "t": max((b.time_s for b in beats), default=float(last.get("t", time.time()))),
-           "cause": cause.value, "node": down[0] if down else None, "counted": True,
-           "detail": "supervisor was killed before recording the end", "action": "requeue",
-           "last_step": max((b.step for b in beats), default=None),
-           "first_step_t": watchdog.first_progress(beats),
-           "checkpoint_step": checkpoint_step}
+    end = ledger.AttemptEnd(
+        attempt_id=last.attempt_id, t=max((beat.time_s for beat in beats), default=last.t),
+        cause=cause.value, counted=True, action=policy.Action.REQUEUE.value,
+        detail="supervisor was killed before recording the end", node=down[0] if down else None,
+        last_step=max((beat.step for beat in beats), default=None),
+        first_step_t=watchdog.first_progress(beats), checkpoint_step=checkpoint_step)
     ledger.append(control, end)
     return end
 
 
-def run(cfg: SupervisorConfig, argv: Sequence[str]) -> int:
-    env = os.environ
-    job_id = int(env["SLURM_JOB_ID"]) if env.get("SLURM_JOB_ID", "").isdigit() else None
-    restart = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
-    attempt_id = env.get("SLURMTOOLS_ATTEMPT_ID") or f"{job_id or 'local'}.{restart}"
-    nodelist = env.get("SLURM_JOB_NODELIST", "")
-    control = cfg.control_dir
-    control.mkdir(parents=True, exist_ok=True)
-    records = ledger.read(control)
-    manager = CheckpointManager(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-    resume = manager.latest() if manager else None
-    dangling = _close_dangling_attempt(control, records, resume.step if resume else None)
-    if dangling:
-        records.append(dangling)
-    _prepare_control_dir(control)
-    start_t = time.time()
-    ledger.append(control, {"event": "start", "attempt_id": attempt_id, "t": start_t, "restart": restart,
-                            "nodes": nodelist, "resume_step": resume.step if resume else None})
-    emit("start", attempt_id, nodes=nodelist, resume_step=resume.step if resume else None,
-         resume_path=str(resume.path) if resume else None)
+def _warned_before_start(job_id: Optional[int], lead_s: int) -> bool:
+    """The script ignores the warning signal until this process handles it (a warning landing
+    during bash's prelude or Python's start-up would otherwise kill the job): when the time
+    left is already inside the warning lead, the warning was due, and is treated as received."""
+    if job_id is None:
+        return False
+    try:
+        end_s = slurm.job_end_time(job_id)
+    except SlurmCommandError:
+        return False
+    return end_s is not None and end_s - time.time() <= lead_s
 
-    warn_sig = signal_number(cfg.warning_signal)
+
+def _begin(config: SupervisorConfig, attempt: Attempt, manager: Optional[CheckpointManager]
+           ) -> "tuple[List[ledger.Event], Optional[Checkpoint]]":
+    """Close a dangling attempt, clear the control dir, record and announce this attempt's start."""
+    control = config.control_dir
+    control.mkdir(parents=True, exist_ok=True)
+    events = ledger.read(control)
+    resume = manager.latest() if manager else None
+    dangling = _close_dangling_attempt(control, events, resume.step if resume else None)
+    if dangling:
+        events.append(dangling)
+    _prepare_control_dir(control)
+    ledger.append(control, ledger.AttemptStart(attempt.attempt_id, time.time(), attempt.restart, attempt.nodelist,
+                                               resume.step if resume else None))
+    emit("start", attempt.attempt_id, nodes=attempt.nodelist, resume_step=resume.step if resume else None,
+         resume_path=str(resume.path) if resume else None)
+    return events, resume
+
+
+def _watch(config: SupervisorConfig, attempt: Attempt, child: "subprocess.Popen[bytes]", flags: SignalFlags,
+           start_t: float) -> Watch:
+    """Until the step ends: warning -> checkpoint request (and the grace timer), heartbeats -> hang."""
+    control = config.control_dir
+    requeue = config.requeue
+    requested_at: Optional[float] = None
+    watch = Watch()
+    while child.poll() is None:
+        now = time.time()
+        if flags.any() and requested_at is None:
+            requested_at = now
+            (control / REQUEST_FILE).write_text(json.dumps({"signals": flags.names(), "t": now}))
+            emit("checkpoint_requested", attempt.attempt_id, signals=flags.names())
+        if requested_at is not None and now - requested_at > requeue.checkpoint_grace_s:
+            emit("grace_expired", attempt.attempt_id, grace_s=requeue.checkpoint_grace_s)
+            _stop_child(child, config.stop_timeout_s)
+            watch.killed_by_us = True
+            break
+        if requeue.hang_timeout_s > 0 and requested_at is None:
+            beats = watchdog.read_heartbeats(control)
+            stall = watchdog.judge(beats, now, requeue.hang_timeout_s)
+            if stall is None and not beats and now - start_t > requeue.hang_timeout_s + STARTUP_ALLOWANCE_S:
+                stall = watchdog.Stall(now - start_t, None, None, 0)
+            if stall is not None:
+                emit("hang", attempt.attempt_id, idle_s=round(stall.idle_s, 1), rank=stall.rank, host=stall.host,
+                     step=stall.step)
+                _stop_child(child, config.stop_timeout_s)
+                watch.killed_by_us = True
+                watch.stall = stall
+                break
+        time.sleep(config.poll_s)
+    watch.exit_code = child.wait()
+    return watch
+
+
+def _evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: SignalFlags, tail: Deque[str],
+              resume: Optional[Checkpoint]) -> "tuple[policy.Evidence, List[watchdog.Beat]]":
+    control = config.control_dir
+    beats = watchdog.read_heartbeats(control)
+    last_step = max((beat.step for beat in beats), default=None)
+    evidence = policy.Evidence(
+        exit_code=None if watch.killed_by_us else watch.exit_code,
+        complete_marker=(control / COMPLETE_FILE).exists(),
+        stopped_for_requeue=(control / STOPPED_FILE).exists(),
+        warning_received=flags.any(),
+        cancelled=flags.seen(signal.SIGTERM) and _ended_for_good(attempt.job_id, attempt.restart),
+        hang_detected=watch.stall is not None,
+        hang_rank=watch.stall.rank if watch.stall else None,
+        hang_node=watch.stall.host if watch.stall else None,
+        log_tail="".join(tail),
+        progressed=last_step is not None and last_step > (resume.step if resume else 0),
+        node_states=_node_states(attempt.nodelist),
+    )
+    return evidence, beats
+
+
+def _decide(config: SupervisorConfig, attempt: Attempt, evidence: policy.Evidence, beats: List[watchdog.Beat],
+            events: List[ledger.Event], manager: Optional[CheckpointManager], exit_code: Optional[int]
+            ) -> "tuple[policy.Diagnosis, policy.Verdict, Optional[int]]":
+    """Classify, decide, and record the attempt's end in the ledger and the job's output."""
+    newest = manager.latest(checksums=False) if manager else None
+    checkpoint_step = newest.step if newest else None
+    diag = policy.classify(evidence)
+    verdict = policy.decide(diag, ledger.history(events), config.requeue, checkpoint_step)
+    if attempt.job_id is None and verdict.action is policy.Action.REQUEUE:
+        verdict = replace(verdict, action=policy.Action.STOP,
+                          reason=verdict.reason + "; not under Slurm, cannot requeue")
+    last_step = max((beat.step for beat in beats), default=None)
+    ledger.append(config.control_dir, ledger.AttemptEnd(
+        attempt_id=attempt.attempt_id, t=time.time(), cause=diag.cause.value, counted=verdict.counted,
+        action=verdict.action.value, detail=diag.detail, reason=verdict.reason, node=diag.node,
+        exit_code=exit_code, last_step=last_step, first_step_t=watchdog.first_progress(beats),
+        checkpoint_step=checkpoint_step))
+    emit("decision", attempt.attempt_id, cause=diag.cause.value, action=verdict.action.value, reason=verdict.reason,
+         node=diag.node, exclude=verdict.exclude_node, drain=verdict.drain_node, exit_code=exit_code,
+         last_step=last_step, checkpoint_step=checkpoint_step)
+    return diag, verdict, checkpoint_step
+
+
+def run(config: SupervisorConfig, argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> int:
+    """One attempt: begin, launch, watch, judge, then complete, stop or requeue."""
+    env = dict(os.environ if environ is None else environ)
+    job_id, restart, attempt_id = attempt_of(env)
+    attempt = Attempt(job_id, restart, attempt_id, env.get("SLURM_JOB_NODELIST", ""))
+    warn_sig = signal_number(config.requeue.warning_signal)
     flags = SignalFlags().install({warn_sig, signal.SIGTERM, signal.SIGINT, signal.SIGUSR2})
-    child_env = dict(env, SLURMTOOLS_CONTROL_DIR=str(control), SLURMTOOLS_ATTEMPT_ID=attempt_id,
-                     SLURMTOOLS_RESUME_CHECKPOINT=str(resume.path) if resume else "")
+    manager = CheckpointManager(config.checkpoint_dir) if config.checkpoint_dir else None
+    events, resume = _begin(config, attempt, manager)
+    if _warned_before_start(job_id, config.requeue.warning_lead_s):
+        os.kill(os.getpid(), warn_sig)      # the flag handler records it like the real one
+    child_env = dict(env, **{CONTROL_DIR_ENV: str(config.control_dir), ATTEMPT_ID_ENV: attempt_id})
     tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
+    start_t = time.time()
     try:
         child = subprocess.Popen(list(argv), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as exc:
         emit("stop", attempt_id, reason=f"cannot start {argv[0]}: {exc}")
         return 1
-    pumps = [_Pump(child.stdout, sys.stdout, tail), _Pump(child.stderr, sys.stderr, tail)]  # type: ignore[arg-type]
-    for p in pumps:
-        p.start()
-
-    requested_at: Optional[float] = None
-    stall: Optional[watchdog.Stall] = None
-    killed_by_us = False
-    while child.poll() is None:
-        now = time.time()
-        if flags.any() and requested_at is None:
-            requested_at = now
-            (control / REQUEST_FILE).write_text(json.dumps({"signals": flags.names(), "t": now}))
-            emit("checkpoint_requested", attempt_id, signals=flags.names())
-        if requested_at is not None and now - requested_at > cfg.checkpoint_grace_s:
-            emit("grace_expired", attempt_id, grace_s=cfg.checkpoint_grace_s)
-            _stop_child(child, cfg.stop_timeout_s)
-            killed_by_us = True
-            break
-        if cfg.hang_timeout_s > 0 and requested_at is None:
-            beats = watchdog.read_heartbeats(control)
-            stall = watchdog.judge(beats, now, cfg.hang_timeout_s)
-            if stall is None and not beats and now - start_t > cfg.hang_timeout_s + STARTUP_ALLOWANCE_S:
-                stall = watchdog.Stall(now - start_t, None, None, 0)
-            if stall is not None:
-                emit("hang", attempt_id, idle_s=round(stall.idle_s, 1), rank=stall.rank, host=stall.host,
-                     step=stall.step)
-                _stop_child(child, cfg.stop_timeout_s)
-                killed_by_us = True
-                break
-        time.sleep(cfg.poll_s)
-    exit_code = child.wait()
-    for p in pumps:
-        p.join(timeout=5)
-
-    beats = watchdog.read_heartbeats(control)
-    last_step = max((b.step for b in beats), default=None)
-    first_beat = watchdog.first_progress(beats)
-    now_ckpt = manager.latest(checksums=False) if manager else None
-    cancelled = flags.seen(signal.SIGTERM) and _ended_for_good(job_id, restart)
-    evidence = policy.Evidence(
-        exit_code=None if killed_by_us else exit_code,
-        complete_marker=(control / COMPLETE_FILE).exists(),
-        stopped_for_requeue=(control / STOPPED_FILE).exists(),
-        warning_received=flags.any(),
-        cancelled=cancelled,
-        hang_detected=stall is not None,
-        hang_rank=stall.rank if stall else None,
-        hang_node=stall.host if stall else None,
-        log_tail="".join(tail),
-        progressed=last_step is not None and last_step > (resume.step if resume else 0),
-        node_states=_node_states(nodelist),
-    )
-    diag = policy.classify(evidence)
-    verdict = policy.decide(diag, ledger.history(records), cfg.limits, now_ckpt.step if now_ckpt else None)
-    if job_id is None and verdict.action is policy.Action.REQUEUE:
-        verdict = replace(verdict, action=policy.Action.STOP, reason=verdict.reason + "; not under Slurm, cannot requeue")
-    ledger.append(control, {"event": "end", "attempt_id": attempt_id, "t": time.time(), "cause": diag.cause.value,
-                            "detail": diag.detail, "node": diag.node, "action": verdict.action.value,
-                            "reason": verdict.reason, "counted": verdict.counted, "exit_code": exit_code,
-                            "last_step": last_step, "first_step_t": first_beat,
-                            "checkpoint_step": now_ckpt.step if now_ckpt else None})
-    emit("decision", attempt_id, cause=diag.cause.value, action=verdict.action.value, reason=verdict.reason,
-         node=diag.node, exclude=verdict.exclude_node, drain=verdict.drain_node, exit_code=exit_code,
-         last_step=last_step, checkpoint_step=now_ckpt.step if now_ckpt else None)
+    assert child.stdout is not None and child.stderr is not None
+    pumps = [_Pump(child.stdout, sys.stdout, tail), _Pump(child.stderr, sys.stderr, tail)]
+    for pump in pumps:
+        pump.start()
+    watch = _watch(config, attempt, child, flags, start_t)
+    for pump in pumps:
+        pump.join(timeout=5)
+    evidence, beats = _evidence(config, attempt, watch, flags, tail, resume)
+    diag, verdict, checkpoint_step = _decide(config, attempt, evidence, beats, events, manager, watch.exit_code)
     if verdict.action is policy.Action.COMPLETE:
         return 0
     if verdict.action is policy.Action.STOP:
-        failures = sum(1 for a in ledger.history(records) if a.counted) + (1 if verdict.counted else 0)
+        failures = sum(1 for record in ledger.history(events) if record.counted) + (1 if verdict.counted else 0)
         print(f"slurmtools: STOP after attempt {attempt_id}: {verdict.reason} "
-              f"(failures so far: {failures}, last checkpoint step: {now_ckpt.step if now_ckpt else 'none'})",
+              f"(failures so far: {failures}, last checkpoint step: {checkpoint_step if checkpoint_step is not None else 'none'})",
               file=sys.stderr, flush=True)
         return 1
     assert job_id is not None
@@ -268,19 +327,9 @@ def _requeue(job_id: int, attempt_id: str, diag: policy.Diagnosis, verdict: poli
         return 0
     try:
         if verdict.exclude_node or verdict.backoff_s > 0:
-            rec = slurm.show_job(job_id) or {}
-            excluded = rec.get("ExcNodeList", "(null)")
-            fields: Dict[str, str] = {}
-            if verdict.exclude_node:
-                from ClusterShell.NodeSet import NodeSet
-                ns = NodeSet(verdict.exclude_node)
-                if excluded not in ("", "(null)"):
-                    ns.update(excluded)
-                fields["ExcNodeList"] = str(ns)
-            if verdict.backoff_s > 0:
-                fields["StartTime"] = f"now+{int(round(verdict.backoff_s))}"
+            fields = _requeue_fields(job_id, verdict)
             slurm.requeue_excluding(job_id, fields)
-            emit("requeue", attempt_id, by="slurmtools", **{k.lower(): v for k, v in fields.items()})
+            emit("requeue", attempt_id, by="slurmtools", **{key.lower(): value for key, value in fields.items()})
         else:
             slurm.requeue(job_id)
             emit("requeue", attempt_id, by="slurmtools")
@@ -292,3 +341,18 @@ def _requeue(job_id: int, attempt_id: str, diag: policy.Diagnosis, verdict: poli
     while time.time() < deadline and not flags.seen(signal.SIGTERM):
         time.sleep(0.2)
     return 0
+
+
+def _requeue_fields(job_id: int, verdict: policy.Verdict) -> Dict[str, str]:
+    """ExcNodeList (the blamed node added to what is already excluded) and StartTime (backoff)."""
+    fields: Dict[str, str] = {}
+    if verdict.exclude_node:
+        from ClusterShell.NodeSet import NodeSet
+        excluded = (slurm.show_job(job_id) or {}).get("ExcNodeList", "(null)")
+        nodeset = NodeSet(verdict.exclude_node)
+        if excluded not in ("", "(null)"):
+            nodeset.update(excluded)
+        fields["ExcNodeList"] = str(nodeset)
+    if verdict.backoff_s > 0:
+        fields["StartTime"] = f"now+{int(round(verdict.backoff_s))}"
+    return fields

@@ -25,10 +25,15 @@ def spec(work: Path, **over):
     return data
 
 
-def job_for(work: Path, **cfg):
-    from slurmtools.tiny_fsdp import TinyFSDPJob, TrainConfig
-    return TinyFSDPJob(TrainConfig(steps=training.STEPS, checkpoint_every=training.CHECKPOINT_EVERY,
-                                   checkpoint_dir=str(work / "ckpt"), **cfg))
+def job_for(**cfg):
+    """The trainer without a checkpoint dir of its own: the spec's reaches it."""
+    from slurmtools.notebook import TinyFSDPJob
+    from slurmtools.tiny_fsdp import TrainConfig
+    return TinyFSDPJob(TrainConfig(steps=training.STEPS, checkpoint_every=training.CHECKPOINT_EVERY, **cfg))
+
+
+def control_dir(work: Path, job) -> Path:
+    return control_dir_for(str(work / "ckpt"), "", str(job.job_id))
 
 
 def stdout_events(job):
@@ -47,15 +52,15 @@ def test_bad_spec_gives_the_same_clear_error(shared_tmp):
 def test_submit_from_python_and_get_the_result(cluster, shared_tmp, reference_run):
     training.settle()
     ex = notebook.executor(spec(shared_tmp), folder=shared_tmp / "sub" / "%j")
-    job = ex.submit(job_for(shared_tmp))
+    job = ex.submit(job_for())
     results = job.results()
     assert len(results) == 4 and all(r["event"] == "final" for r in results)
     assert results[0]["state_sha256"] == reference_run["hash"]
     assert results[0]["world_size"] == 4
-    # real sacct through slurmdbd (submitit's own watcher caches it and lags; FACTS-slurm.md)
+    # real sacct through slurmdbd (submitit's own watcher caches it and lags)
     wait_for(lambda: [r for r in slurm.sacct_rows(int(job.job_id))
                       if r["JobID"] == str(job.job_id) and r["State"] == "COMPLETED"], 90, "sacct to say COMPLETED")
-    st = notebook.status(job, checkpoint_dir=str(shared_tmp / "ckpt"))
+    st = notebook.status(job, spec(shared_tmp))
     assert st.progress.startswith(f"step {training.STEPS}/{training.STEPS}")
     assert "goodput" in st.goodput
 
@@ -63,7 +68,7 @@ def test_submit_from_python_and_get_the_result(cluster, shared_tmp, reference_ru
 def test_requeue_mid_run_resumes_from_the_checkpoint(cluster, shared_tmp, reference_run):
     training.settle()
     ex = notebook.executor(spec(shared_tmp), folder=shared_tmp / "sub" / "%j")
-    job = ex.submit(job_for(shared_tmp, step_sleep_s=0.5))
+    job = ex.submit(job_for(step_sleep_s=0.5))
     wait_for(lambda: Path(job.paths.stdout).exists() and any(
         e.get("step", 0) >= 6 and "loss" in e for e in stdout_events(job)), 120, "step 6", interval_s=0.3)
     slurm.requeue(int(job.job_id))
@@ -74,8 +79,8 @@ def test_requeue_mid_run_resumes_from_the_checkpoint(cluster, shared_tmp, refere
     stops = [e["step"] for e in evts if e.get("event") == "stopped_for_requeue"]
     resumes = [e["step"] for e in evts if e.get("event") == "resumed"]
     assert stops and resumes == stops            # 0 steps lost
-    records = ledger.read(control_dir_for(shared_tmp / "ckpt", str(job.job_id)))
-    assert [r["cause"] for r in records if r["event"] == "end"] == ["preempted", "completed"]
+    events = ledger.read(control_dir(shared_tmp, job))
+    assert [event.cause for event in events if isinstance(event, ledger.AttemptEnd)] == ["preempted", "completed"]
 
 
 def test_time_limit_warning_checkpoints_requeues_and_completes(cluster, shared_tmp, reference_run):
@@ -84,11 +89,11 @@ def test_time_limit_warning_checkpoints_requeues_and_completes(cluster, shared_t
                                                                        "checkpoint_grace_s": 20}),
                            folder=shared_tmp / "sub" / "%j")
     # 40 s of training + start-up outlives Slurm's ~30-s time-limit check, so every attempt is warned
-    job = ex.submit(job_for(shared_tmp, step_sleep_s=2.0))
+    job = ex.submit(job_for(step_sleep_s=2.0))
     results = job.results()
     assert results[0]["state_sha256"] == reference_run["hash"]
-    records = ledger.read(control_dir_for(shared_tmp / "ckpt", str(job.job_id)))
-    causes = [r["cause"] for r in records if r["event"] == "end"]
+    events = ledger.read(control_dir(shared_tmp, job))
+    causes = [event.cause for event in events if isinstance(event, ledger.AttemptEnd)]
     assert causes[-1] == "completed" and "preempted" in causes and set(causes) <= {"preempted", "completed"}
     evts = stdout_events(job)
     stops = [e["step"] for e in evts if e.get("event") == "stopped_for_requeue"]

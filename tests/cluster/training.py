@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
 from slurmtools import jobs, slurm
+from slurmtools.fsutil import json_lines
 from slurmtools.spec import JobSpec, spec_from_dict
 from tests.conftest import REPO, wait_for
 
@@ -56,7 +57,7 @@ def stderr(spec: JobSpec, job: int) -> str:
 
 
 def events(spec: JobSpec, job: int) -> List[Dict[str, Any]]:
-    return jobs.json_lines(output(spec, job))
+    return json_lines(output(spec, job))
 
 
 def leftover_trainers(job: int) -> List[int]:

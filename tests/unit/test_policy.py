@@ -1,8 +1,9 @@
-"""The failure decision matrix, one row per test case (DESIGN.md §5)."""
+"""The failure decision matrix, one row per test case (README, section 2)."""
 import pytest
 
-from slurmtools.requeue.policy import (Action, AttemptRecord, Cause, Diagnosis, Evidence, Limits, classify, decide,
-                                       xid_codes)
+from slurmtools.requeue.policy import Action, AttemptRecord, Cause, Diagnosis, Evidence, classify, decide
+from slurmtools.spec import RequeueSpec as Limits
+from slurmtools.xid import xid_codes
 
 LIMITS = Limits(max_restarts=3, max_consecutive_failures=2, no_progress_restarts=3, backoff_s=5.0)
 

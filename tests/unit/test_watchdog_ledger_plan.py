@@ -53,15 +53,15 @@ def test_heartbeat_written_on_every_new_step(tmp_path):
 
 def records():
     return [
-        {"event": "start", "attempt_id": "5.0", "t": 0.0, "resume_step": None},
-        {"event": "end", "attempt_id": "5.0", "t": 100.0, "cause": "hang", "counted": True, "last_step": 40,
-         "checkpoint_step": 30, "first_step_t": 10.0, "node": "node2"},
-        {"event": "start", "attempt_id": "5.1", "t": 112.0, "resume_step": 30},
-        {"event": "end", "attempt_id": "5.1", "t": 200.0, "cause": "preempted", "counted": False, "last_step": 60,
-         "checkpoint_step": 60, "first_step_t": 122.0},
-        {"event": "start", "attempt_id": "5.2", "t": 211.0, "resume_step": 60},
-        {"event": "end", "attempt_id": "5.2", "t": 291.0, "cause": "completed", "counted": False, "last_step": 100,
-         "checkpoint_step": 100, "first_step_t": 221.0},
+        ledger.AttemptStart("5.0", 0.0, resume_step=None),
+        ledger.AttemptEnd("5.0", 100.0, cause="hang", counted=True, last_step=40, checkpoint_step=30,
+                          first_step_t=10.0, node="node2"),
+        ledger.AttemptStart("5.1", 112.0, resume_step=30),
+        ledger.AttemptEnd("5.1", 200.0, cause="preempted", counted=False, last_step=60, checkpoint_step=60,
+                          first_step_t=122.0),
+        ledger.AttemptStart("5.2", 211.0, resume_step=60),
+        ledger.AttemptEnd("5.2", 291.0, cause="completed", counted=False, last_step=100, checkpoint_step=100,
+                          first_step_t=221.0),
     ]
 
 
@@ -84,7 +84,7 @@ def test_ledger_append_read_and_history(tmp_path):
         ledger.append(tmp_path, r)
     with open(tmp_path / ledger.LEDGER_FILE, "a") as fh:
         fh.write('{"event": "start", "attempt_id": "torn')      # a killed writer's last line
-    assert len(ledger.read(tmp_path)) == 6
+    assert ledger.read(tmp_path) == records()
     assert ledger.history(ledger.read(tmp_path)) == [
         AttemptRecord(Cause.HANG, True, 30, "node2"), AttemptRecord(Cause.PREEMPTED, False, 60, None),
         AttemptRecord(Cause.COMPLETED, False, 100, None)]

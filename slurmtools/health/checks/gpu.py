@@ -1,17 +1,18 @@
 """GPU checks: pure functions of an NVML snapshot (and, for deltas, the previous reading)."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from slurmtools.health import config as cfg
+from slurmtools.health import config
+from slurmtools.health import registry
 from slurmtools.health.model import CheckResult, GpuSnapshot, Status, XidEvent
 
 
-def _ok(name: str, summary: str, **details) -> CheckResult:
+def _ok(name: str, summary: str, **details: Any) -> CheckResult:
     return CheckResult(name, Status.OK, summary, details)
 
 
-def check_count(p: cfg.GpuCount, snap: GpuSnapshot) -> CheckResult:
+def check_count(p: config.GpuCount, snap: GpuSnapshot) -> CheckResult:
     n = len(snap.gpus)
     if p.expected is not None and n < p.expected:
         return CheckResult("gpu.count", Status.CRITICAL, f"gpus={n} expected={p.expected}",
@@ -19,7 +20,7 @@ def check_count(p: cfg.GpuCount, snap: GpuSnapshot) -> CheckResult:
     return _ok("gpu.count", f"gpus={n}", found=n)
 
 
-def check_ecc(p: cfg.GpuEcc, snap: GpuSnapshot) -> CheckResult:
+def check_ecc(p: config.GpuEcc, snap: GpuSnapshot) -> CheckResult:
     bad = [(g.index, g.ecc_uncorrected_volatile) for g in snap.gpus if (g.ecc_uncorrected_volatile or 0) > 0]
     if bad:
         idx, n = bad[0]
@@ -33,7 +34,7 @@ def check_ecc(p: cfg.GpuEcc, snap: GpuSnapshot) -> CheckResult:
     return _ok("gpu.ecc", "no uncorrected ECC errors")
 
 
-def check_memory(p: cfg.GpuMemory, snap: GpuSnapshot) -> CheckResult:
+def check_memory(p: config.GpuMemory, snap: GpuSnapshot) -> CheckResult:
     for g in snap.gpus:
         if g.remapped_rows_failure:
             return CheckResult("gpu.memory", Status.CRITICAL, f"gpu={g.index} row_remap=failed", {"gpu": g.index})
@@ -46,7 +47,7 @@ def check_memory(p: cfg.GpuMemory, snap: GpuSnapshot) -> CheckResult:
     return _ok("gpu.memory", "no pending retirement or remap")
 
 
-def check_xid(p: cfg.GpuXid, snap: GpuSnapshot, events: Sequence[XidEvent]) -> CheckResult:
+def check_xid(p: config.GpuXid, snap: GpuSnapshot, events: Sequence[XidEvent]) -> CheckResult:
     by_bus = {_bus(g.pci_bus_id): g.index for g in snap.gpus}
     fatal = [e for e in events if e.code in p.fatal]
     if fatal:
@@ -70,11 +71,12 @@ def _bus(bus_id: str) -> str:
     return bus_id.lower()
 
 
-def _event(e: XidEvent, by_bus: Dict[str, int]) -> Dict:
-    return {"xid": e.code, "pci": e.pci_bus_id, "gpu": by_bus.get(_bus(e.pci_bus_id)), "message": e.message[:200]}
+def _event(event: XidEvent, by_bus: Dict[str, int]) -> Dict[str, Any]:
+    return {"xid": event.code, "pci": event.pci_bus_id, "gpu": by_bus.get(_bus(event.pci_bus_id)),
+            "message": event.message[:200]}
 
 
-def check_thermal(p: cfg.GpuThermal, snap: GpuSnapshot) -> CheckResult:
+def check_thermal(p: config.GpuThermal, snap: GpuSnapshot) -> CheckResult:
     for g in snap.gpus:
         crit = [r for r in g.throttle_reasons if r in p.critical_reasons]
         if crit:
@@ -90,7 +92,7 @@ def check_thermal(p: cfg.GpuThermal, snap: GpuSnapshot) -> CheckResult:
     return _ok("gpu.thermal", "no thermal or hardware slowdown")
 
 
-def check_pcie(p: cfg.GpuPcie, snap: GpuSnapshot) -> CheckResult:
+def check_pcie(p: config.GpuPcie, snap: GpuSnapshot) -> CheckResult:
     for g in snap.gpus:
         if p.expected_width is not None and g.pcie_width_current is not None and g.pcie_width_current < p.expected_width:
             return CheckResult("gpu.pcie", Status.CRITICAL, f"gpu={g.index} width=x{g.pcie_width_current} "
@@ -108,7 +110,7 @@ def nvlink_counters(snap: GpuSnapshot) -> Dict[str, int]:
             for g in snap.gpus for link in g.nvlinks}
 
 
-def check_nvlink(p: cfg.GpuNvlink, snap: GpuSnapshot, previous: Optional[Dict[str, int]]) -> CheckResult:
+def check_nvlink(p: config.GpuNvlink, snap: GpuSnapshot, previous: Optional[Dict[str, int]]) -> CheckResult:
     for g in snap.gpus:
         if not g.nvlinks:
             continue
@@ -127,7 +129,7 @@ def check_nvlink(p: cfg.GpuNvlink, snap: GpuSnapshot, previous: Optional[Dict[st
     return _ok("gpu.nvlink", "links active")
 
 
-def check_processes(p: cfg.GpuProcesses, snap: GpuSnapshot, phase: str) -> CheckResult:
+def check_processes(p: config.GpuProcesses, snap: GpuSnapshot, phase: str) -> CheckResult:
     busy = {g.index: list(g.compute_pids) for g in snap.gpus if g.compute_pids}
     if busy:
         idx = min(busy)
@@ -137,21 +139,18 @@ def check_processes(p: cfg.GpuProcesses, snap: GpuSnapshot, phase: str) -> Check
     return _ok("gpu.processes", "no compute processes")
 
 
-def gpu_results(checks: cfg.GpuChecks, snap: GpuSnapshot, events: Sequence[XidEvent], phase: str,
+def gpu_results(checks: config.Checks, snap: GpuSnapshot, events: Sequence[XidEvent], phase: str,
                 previous_nvlink: Optional[Dict[str, int]]) -> List[CheckResult]:
-    """Every enabled GPU check for this phase."""
-    plan = [
-        (checks.count, lambda: check_count(checks.count, snap)),
-        (checks.ecc, lambda: check_ecc(checks.ecc, snap)),
-        (checks.memory, lambda: check_memory(checks.memory, snap)),
-        (checks.xid, lambda: check_xid(checks.xid, snap, events)),
-        (checks.thermal, lambda: check_thermal(checks.thermal, snap)),
-        (checks.pcie, lambda: check_pcie(checks.pcie, snap)),
-        (checks.nvlink, lambda: check_nvlink(checks.nvlink, snap, previous_nvlink)),
-        (checks.processes, lambda: check_processes(checks.processes, snap, phase)),
-    ]
-    return [run() for params, run in plan if params.enabled and phase in params.phases]
-
-
-GPU_CHECK_NAMES = ("gpu.count", "gpu.ecc", "gpu.memory", "gpu.xid", "gpu.thermal", "gpu.pcie", "gpu.nvlink",
-                   "gpu.processes")
+    """Every enabled GPU check for this phase (registry order)."""
+    gpu = checks.gpu
+    run: Dict[str, Callable[[], CheckResult]] = {
+        "gpu.count": lambda: check_count(gpu.count, snap),
+        "gpu.ecc": lambda: check_ecc(gpu.ecc, snap),
+        "gpu.memory": lambda: check_memory(gpu.memory, snap),
+        "gpu.xid": lambda: check_xid(gpu.xid, snap, events),
+        "gpu.thermal": lambda: check_thermal(gpu.thermal, snap),
+        "gpu.pcie": lambda: check_pcie(gpu.pcie, snap),
+        "gpu.nvlink": lambda: check_nvlink(gpu.nvlink, snap, previous_nvlink),
+        "gpu.processes": lambda: check_processes(gpu.processes, snap, phase),
+    }
+    return [run[name]() for name in registry.enabled(checks, phase, "gpu")]

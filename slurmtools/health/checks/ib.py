@@ -1,9 +1,9 @@
 """InfiniBand checks: pure functions of sysfs port facts and the previous counter reading."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
-from slurmtools.health import config as cfg
+from slurmtools.health import config, registry
 from slurmtools.health.model import CheckResult, IbPort, Status
 
 RATE_COUNTERS = ("symbol_error", "link_error_recovery", "port_rcv_errors")
@@ -13,7 +13,7 @@ def _ports(p_ignore: Sequence[str], ports: Sequence[IbPort]) -> List[IbPort]:
     return [p for p in ports if p.hca not in p_ignore]
 
 
-def check_ports(p: cfg.IbPorts, ports: Sequence[IbPort]) -> CheckResult:
+def check_ports(p: config.IbPorts, ports: Sequence[IbPort]) -> CheckResult:
     ports = _ports(p.ignore_hcas, ports)
     if p.expected_ports is not None and len(ports) < p.expected_ports:
         return CheckResult("ib.ports", Status.CRITICAL, f"ports={len(ports)} expected={p.expected_ports}",
@@ -39,7 +39,7 @@ def counter_state(ports: Sequence[IbPort]) -> Dict[str, Dict[str, int]]:
     return {p.key: dict(p.counters) for p in ports}
 
 
-def check_counters(p: cfg.IbCounters, ports: Sequence[IbPort],
+def check_counters(p: config.IbCounters, ports: Sequence[IbPort],
                    previous: Optional[Dict[str, Dict[str, int]]]) -> CheckResult:
     if not previous:
         return CheckResult("ib.counters", Status.OK, "baseline recorded", {})
@@ -64,14 +64,12 @@ def check_counters(p: cfg.IbCounters, ports: Sequence[IbPort],
     return worst_warn or CheckResult("ib.counters", Status.OK, "no error counter growth", {})
 
 
-def ib_results(checks: cfg.IbChecks, ports: Sequence[IbPort], phase: str,
+def ib_results(checks: config.Checks, ports: Sequence[IbPort], phase: str,
                previous: Optional[Dict[str, Dict[str, int]]]) -> List[CheckResult]:
-    out = []
-    if checks.ports.enabled and phase in checks.ports.phases:
-        out.append(check_ports(checks.ports, ports))
-    if checks.counters.enabled and phase in checks.counters.phases:
-        out.append(check_counters(checks.counters, _ports(checks.ports.ignore_hcas, ports), previous))
-    return out
-
-
-IB_CHECK_NAMES = ("ib.ports", "ib.counters")
+    """Every enabled InfiniBand check for this phase (registry order)."""
+    ib = checks.ib
+    run: Dict[str, Callable[[], CheckResult]] = {
+        "ib.ports": lambda: check_ports(ib.ports, ports),
+        "ib.counters": lambda: check_counters(ib.counters, _ports(ib.ports.ignore_hcas, ports), previous),
+    }
+    return [run[name]() for name in registry.enabled(checks, phase, "ib")]

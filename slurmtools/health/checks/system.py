@@ -1,20 +1,20 @@
 """System checks: pure functions of psutil facts."""
 from __future__ import annotations
 
-from typing import List
+from typing import Callable, Dict, List
 
-from slurmtools.health import config as cfg
+from slurmtools.health import config, registry
 from slurmtools.health.model import CheckResult, Status, SystemFacts
 
 
-def check_memory(p: cfg.SysMemory, f: SystemFacts) -> CheckResult:
+def check_memory(p: config.SysMemory, f: SystemFacts) -> CheckResult:
     if f.mem_available_gb < p.min_available_gb:
         return CheckResult("system.memory", Status.CRITICAL, f"available={f.mem_available_gb:.1f}GB "
                            f"min={p.min_available_gb:g}GB", {"available_gb": round(f.mem_available_gb, 2)})
     return CheckResult("system.memory", Status.OK, f"available={f.mem_available_gb:.1f}GB", {})
 
 
-def check_disk(p: cfg.SysDisk, f: SystemFacts) -> CheckResult:
+def check_disk(p: config.SysDisk, f: SystemFacts) -> CheckResult:
     for path in p.paths:
         free = f.disk_free_gb.get(path)
         if free is None:
@@ -25,7 +25,7 @@ def check_disk(p: cfg.SysDisk, f: SystemFacts) -> CheckResult:
     return CheckResult("system.disk", Status.OK, "enough free space", {})
 
 
-def check_mounts(p: cfg.SysMounts, f: SystemFacts) -> CheckResult:
+def check_mounts(p: config.SysMounts, f: SystemFacts) -> CheckResult:
     mounted = {m.mountpoint for m in f.mounts}
     missing = [m for m in p.required if m.rstrip("/") not in mounted and m not in mounted]
     if missing:
@@ -33,7 +33,7 @@ def check_mounts(p: cfg.SysMounts, f: SystemFacts) -> CheckResult:
     return CheckResult("system.mounts", Status.OK, "required mounts present", {})
 
 
-def check_processes(p: cfg.SysProcesses, f: SystemFacts) -> CheckResult:
+def check_processes(p: config.SysProcesses, f: SystemFacts) -> CheckResult:
     missing = [name for name in p.required if name not in f.process_names]
     if missing:
         return CheckResult("system.processes", Status.CRITICAL, f"not running: {','.join(missing)}",
@@ -41,10 +41,13 @@ def check_processes(p: cfg.SysProcesses, f: SystemFacts) -> CheckResult:
     return CheckResult("system.processes", Status.OK, "required processes running", {})
 
 
-def system_results(checks: cfg.SystemChecks, f: SystemFacts, phase: str) -> List[CheckResult]:
-    plan = [(checks.memory, check_memory), (checks.disk, check_disk), (checks.mounts, check_mounts),
-            (checks.processes, check_processes)]
-    return [fn(params, f) for params, fn in plan if params.enabled and phase in params.phases]
-
-
-SYSTEM_CHECK_NAMES = ("system.memory", "system.disk", "system.mounts", "system.processes")
+def system_results(checks: config.Checks, facts: SystemFacts, phase: str) -> List[CheckResult]:
+    """Every enabled system check for this phase (registry order)."""
+    system = checks.system
+    run: Dict[str, Callable[[], CheckResult]] = {
+        "system.memory": lambda: check_memory(system.memory, facts),
+        "system.disk": lambda: check_disk(system.disk, facts),
+        "system.mounts": lambda: check_mounts(system.mounts, facts),
+        "system.processes": lambda: check_processes(system.processes, facts),
+    }
+    return [run[name]() for name in registry.enabled(checks, phase, "system")]
