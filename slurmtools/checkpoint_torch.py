@@ -95,7 +95,7 @@ class AsyncCheckpointer:
     """Async sharded save: training continues while a thread writes the shards.
 
     The save runs on its own gloo process group (on the training group it can hang or abort
-    with a collective mismatch, FACTS-torch.md). Rank 0 commits (manifest, rename) once its
+    with a collective mismatch in our measurements). Rank 0 commits (manifest, rename) once its
     future resolves, which DCP only does after every rank's shards and the metadata are written.
     One save is in flight at a time; `wait()` finishes it.
     """

@@ -184,7 +184,7 @@ def start_slurmd(layout: MiniClusterLayout, node: str) -> Optional[int]:
     """slurmd in the node's network namespace and a fresh UTS namespace (hostname = node name).
 
     nsenter, not `ip netns exec`: the latter remounts /sys and slurmd 22.05 then fails to
-    find /sys/fs/cgroup (FACTS-slurm.md).
+    find /sys/fs/cgroup (`error: No filesystem mounted on /sys/fs/cgroup`).
     """
     pidfile = layout.slurmd_pidfile(node)
     if pid_alive(read_pidfile(pidfile)):

@@ -14,7 +14,8 @@ HOSTS_BEGIN = "# BEGIN slurmtools-minicluster"
 HOSTS_END = "# END slurmtools-minicluster"
 MAX_NODES = 32
 
-# Debian 12 packages the cluster needs (--no-install-recommends is enough, FACTS-slurm.md).
+# Debian 12 packages the cluster needs (--no-install-recommends is enough: 28 packages, the
+# --json plugins included; apt starts no daemon here, policy-rc.d refuses).
 REQUIRED_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "slurmdbd",
                      "mariadb-server", "iproute2", "util-linux")
 
@@ -116,7 +117,7 @@ class MiniClusterLayout:
 
     # ---- config text ---------------------------------------------------------
     def render_slurm_conf(self) -> str:
-        """slurm.conf tuned for fast, deterministic tests on a 2-core machine (FACTS-slurm.md)."""
+        """slurm.conf tuned for fast, deterministic tests on a 2-core machine (docs/minicluster.md)."""
         gres = f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else ""
         last = 10 + self.nodes
         addrs = (f"{self.subnet_prefix}.[11-{last}]" if self.nodes > 1 else f"{self.subnet_prefix}.11")
