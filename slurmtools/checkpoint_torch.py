@@ -6,12 +6,14 @@ overwrite disabled, and rank 0 commits (manifest last, rename) once all shards a
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from slurmtools.checkpoint import Checkpoint, CheckpointManager, verify_dir
 
@@ -44,6 +46,15 @@ def _complete_or_quarantine(manager: CheckpointManager, step: int) -> bool:
     return ok
 
 
+def _stage(manager: CheckpointManager, step: int) -> Optional[str]:
+    """Collective: the staging directory every rank writes step's shards into, or None when step
+    is already saved and verifies (rank 0 decides and tells the others)."""
+    if _broadcast(_complete_or_quarantine(manager, step) if _rank() == 0 else None):
+        return None
+    tmp = _broadcast(str(manager.begin(step)) if _rank() == 0 else None)
+    return str(tmp)
+
+
 def save(manager: CheckpointManager, step: int, model: Any, optim: Any, extra: Optional[Dict[str, Any]] = None,
          meta: Optional[Dict[str, Any]] = None, before_commit: Optional[Callable[[], None]] = None
          ) -> Optional[Checkpoint]:
@@ -51,13 +62,12 @@ def save(manager: CheckpointManager, step: int, model: Any, optim: Any, extra: O
 
     before_commit runs on every rank after the shards are written and before rank 0 commits
     (a place for fault injection in tests, or for flushing logs)."""
-    already = _broadcast(_complete_or_quarantine(manager, step) if _rank() == 0 else None)
-    if already:
+    tmp = _stage(manager, step)
+    if tmp is None:
         return None
-    tmp = _broadcast(str(manager.begin(step)) if _rank() == 0 else None)
     msd, osd = get_state_dict(model, optim)
     state = {"model": msd, "optim": osd, "extra": dict(extra or {}, step=step)}
-    dcp.save(state, storage_writer=FileSystemWriter(tmp, overwrite=False))
+    dcp_save(state, storage_writer=FileSystemWriter(tmp, overwrite=False))
     if before_commit is not None:
         before_commit()
     _barrier()
@@ -82,13 +92,10 @@ def load_latest(manager: CheckpointManager, model: Any, optim: Any) -> Optional[
     if chosen is None:
         return None
     msd, osd = get_state_dict(model, optim)
-    state = {"model": msd, "optim": osd, "extra": {"step": -1}}
-    dcp.load(state, storage_reader=FileSystemReader(chosen))
+    state: Dict[str, Any] = {"model": msd, "optim": osd, "extra": {"step": -1}}
+    dcp_load(state, storage_reader=FileSystemReader(chosen))
     set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    extra = dict(state["extra"])
-    extra["path"] = chosen
-    return extra
-
+    return dict(state["extra"], path=chosen)
 
 
 class AsyncCheckpointer:
@@ -103,16 +110,16 @@ class AsyncCheckpointer:
     def __init__(self, manager: CheckpointManager) -> None:
         self.manager = manager
         self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
-        self._pending: Optional[tuple] = None
+        self._pending: Optional[Tuple[int, Any, Dict[str, Any]]] = None
 
     def save(self, step: int, model: Any, optim: Any, meta: Optional[Dict[str, Any]] = None) -> None:
         self.wait()
-        if _broadcast(_complete_or_quarantine(self.manager, step) if _rank() == 0 else None):
+        tmp = _stage(self.manager, step)
+        if tmp is None:
             return
-        tmp = _broadcast(str(self.manager.begin(step)) if _rank() == 0 else None)
         msd, osd = get_state_dict(model, optim)
         state = {"model": msd, "optim": osd, "extra": {"step": step}}
-        future = dcp.async_save(state, storage_writer=FileSystemWriter(tmp, overwrite=False),
+        future = dcp_async_save(state, storage_writer=FileSystemWriter(tmp, overwrite=False),
                                 process_group=self.group)
         world = dist.get_world_size() if dist.is_initialized() else 1
         self._pending = (step, future, dict(meta or {}, world_size=world))

@@ -6,13 +6,16 @@ non-zero exit code (2 for bad input, 1 for a failed operation); never a tracebac
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional, TypeVar
 
 from slurmtools.errors import SlurmToolsError, UsageError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+Number = TypeVar("Number", int, float)
+MAX_CLI_NUMBER = 1e12
 
 
 
@@ -24,7 +27,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 # ---- minicluster -------------------------------------------------------------------
-def _minicluster_layout(args: argparse.Namespace):
+def _minicluster_layout(args: argparse.Namespace) -> Any:
     from slurmtools.minicluster.cluster import default_controller_host, layout_from_record
     from slurmtools.minicluster.layout import MiniClusterLayout
 
@@ -67,7 +70,7 @@ def cmd_minicluster(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_minicluster(sub) -> None:
+def _add_minicluster(sub: Any) -> None:
     from slurmtools.minicluster.layout import DEFAULT_STATE_DIR
 
     p = sub.add_parser("minicluster", help="a real multi-node Slurm on this machine (root, Debian)")
@@ -212,19 +215,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(kind):
-    def parse(text: str):
+def _positive(kind: Callable[[str], Number]) -> Callable[[str], Number]:
+    """argparse type: a finite number >= 0 (NaN, infinity and huge values are refused)."""
+    def parse(text: str) -> Number:
+        if not text.isascii() or len(text) > 32:
+            raise argparse.ArgumentTypeError(f"not a number: {text[:40]!r}")
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value) or value > MAX_CLI_NUMBER:
+            raise argparse.ArgumentTypeError(f"must be a finite number <= {MAX_CLI_NUMBER:g}, got {text}")
         if value < 0:
             raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
         return value
     return parse
 
 
-def _add_jobs(sub) -> None:
+def _add_jobs(sub: Any) -> None:
     p = sub.add_parser("render", help="print the sbatch script for a job spec")
     p.add_argument("spec")
     p.add_argument("--portable", action="store_true", help="call `slurmtools` from PATH, not this interpreter")
@@ -331,7 +339,7 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_health(sub) -> None:
+def _add_health(sub: Any) -> None:
     from slurmtools.health.config import PHASES
 
     p = sub.add_parser("health", help="node health gate (prolog, epilog, HealthCheckProgram)")

@@ -9,7 +9,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, TextIO
+from typing import Callable, Iterator, Optional, Sequence, TextIO, Tuple
 
 from slurmtools import sbatch, slurm
 from slurmtools.errors import SlurmCommandError, UsageError
@@ -28,7 +28,7 @@ def submit_spec(spec: JobSpec, *, slurmtools_cmd: Sequence[str], source: str = "
     return slurm.submit(script)
 
 
-def log_paths(job_id: int) -> tuple:
+def log_paths(job_id: int) -> Tuple[Path, Path]:
     """(stdout, stderr) paths of a job slurmctld still knows."""
     rec = slurm.show_job(job_id)
     if rec is None:

@@ -61,7 +61,9 @@ def load(spec_or_path: SpecLike) -> JobSpec:
 
 def _field_default(cls: Any, name: str) -> Any:
     field = {f.name: f for f in dataclasses.fields(cls)}[name]
-    return field.default_factory() if field.default is dataclasses.MISSING else field.default  # type: ignore[misc]
+    if field.default is dataclasses.MISSING and field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
 
 
 def refuse_unhonoured(spec: JobSpec) -> None:
@@ -142,7 +144,7 @@ except ImportError:  # pragma: no cover - exercised only where submitit is absen
     _Checkpointable = _Base  # type: ignore[misc,assignment]
 
 
-class CheckpointableTrainer(_Checkpointable):  # type: ignore[misc,valid-type]
+class CheckpointableTrainer(_Checkpointable):
     """Subclass and implement `train(control) -> dict` returning {"event": "final", ...} or
     {"event": "stopped_for_requeue", ...}; checkpoints go through CheckpointManager into
     `self.checkpoint_dir` (default: the spec's checkpoint_dir) and the process group is set up

@@ -90,7 +90,7 @@ def _convert(tp: Any, value: Any, path: KeyPath) -> Any:
         if value is None:
             return None
         return _convert(args[0], value, path)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise err(f"must be {_type_name(tp)}, got {type(value).__name__}", path)
         return build(tp, value, path)
@@ -146,7 +146,7 @@ def build(cls: type, data: Mapping[str, Any], path: KeyPath = ()) -> Any:
     for f in dataclasses.fields(cls):
         if f.name in data:
             kwargs[f.name] = _convert(hints[f.name], data[f.name], path + (f.name,))
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise err("is required", path + (f.name,))
     try:
         return cls(**kwargs)
@@ -207,13 +207,13 @@ def field_docs(cls: type, prefix: str = "") -> List[Tuple[str, str, str]]:
     for f in dataclasses.fields(cls):
         key = prefix + f.name
         tp = get_type_hints(cls)[f.name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             rows += field_docs(tp, key + ".")
             continue
         if f.default is not dataclasses.MISSING:
             default = repr(f.default)
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = repr(f.default_factory())  # type: ignore[misc]
+        elif f.default_factory is not dataclasses.MISSING:
+            default = repr(f.default_factory())
         else:
             default = "(required)"
         rows.append((key, default, f.metadata.get("doc", "")))

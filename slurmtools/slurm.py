@@ -11,7 +11,7 @@ import re
 import signal
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurmtools.errors import SlurmCommandError
 
@@ -80,7 +80,7 @@ def parse_job_id(sbatch_stdout: str) -> int:
 class NodeInfo:
     name: str
     state: str                 # base state, lower case: idle, allocated, mixed, down, ...
-    flags: tuple               # DRAIN, NOT_RESPONDING, ...
+    flags: Tuple[str, ...]     # DRAIN, NOT_RESPONDING, ...
     reason: str
     reason_user: str
     reason_time: str

@@ -156,11 +156,13 @@ def cross_checks(spec: JobSpec) -> None:
                    f"(requeue.warning_lead_s is {spec.requeue.warning_lead_s} s)", ("time_limit_min",))
 
 
-def spec_from_dict(data: Any, *, file: Optional[str] = None, lines: Optional[Dict] = None) -> JobSpec:
+def spec_from_dict(data: Any, *, file: Optional[str] = None,
+                   lines: Optional[Dict[Tuple[str, ...], int]] = None) -> JobSpec:
     if not isinstance(data, dict):
         raise SpecError(f"must be a mapping of keys to values, got {type(data).__name__}", file=file)
     try:
-        return build(JobSpec, data)
+        spec: JobSpec = build(JobSpec, data)
+        return spec
     except SpecError as exc:
         raise attach_line(exc, file, lines) from None
 

@@ -39,7 +39,7 @@ def main() -> None:
         if not isinstance(getattr(delayed, "function", None), CheckpointableTrainer):
             unblock_warning_signals()
 
-    submitit.JobEnvironment._handle_signals = handle_signals  # type: ignore[method-assign]
+    submitit.JobEnvironment._handle_signals = handle_signals  # type: ignore[assignment]
     submission.process_job(folder)
 
 

@@ -62,7 +62,8 @@ class Block(nn.Module):
         h = self.norm1(x)
         mask = torch.triu(torch.ones(x.size(1), x.size(1), dtype=torch.bool, device=x.device), 1)
         x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
-        return x + self.mlp(self.norm2(x))
+        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        return out
 
 
 class TinyLM(nn.Module):
@@ -80,7 +81,8 @@ class TinyLM(nn.Module):
         for b in self.blocks:
             x = b(x)
         x = self.norm(x)
-        return self.head(x.reshape(-1, x.size(-1)))
+        logits: torch.Tensor = self.head(x.reshape(-1, x.size(-1)))
+        return logits
 
 
 def batch_for(step: int, rank: int, world: int, cfg: TrainConfig, device: torch.device) -> torch.Tensor:
@@ -99,7 +101,7 @@ def state_hash(model: nn.Module, optim: torch.optim.Optimizer) -> str:
     msd, osd = get_state_dict(model, optim, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     h = hashlib.sha256()
 
-    def feed(prefix: str, obj) -> None:
+    def feed(prefix: str, obj: Any) -> None:
         if isinstance(obj, dict):
             for k in sorted(obj, key=str):
                 feed(f"{prefix}.{k}", obj[k])
@@ -172,7 +174,7 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
         logits = model(tokens[:, :-1])
         loss = nn.functional.cross_entropy(logits, tokens[:, 1:].reshape(-1))
         optim.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optim.step()
         step += 1
         reduced = loss.detach().clone()

@@ -211,7 +211,8 @@ class HealthConfig:
             if host in NodeSet(pattern):
                 merged = _deep_merge(merged, section)
         try:
-            return build(NodeSettings, merged)
+            settings: NodeSettings = build(NodeSettings, merged)
+            return settings
         except SpecError as exc:  # each section was valid; the merge can still clash (e.g. phases)
             raise ConfigError(f"for host {host}: {exc.detail}", file=str(self.path) if self.path else None,
                               key=exc.key) from None

@@ -80,8 +80,9 @@ def gather_cheap(s: NodeSettings, phase: str, deadline: float) -> Facts:
     probes: Dict[str, Callable[[], Any]] = {}
     if registry.enabled(s.checks, phase, "ib"):
         probes["ib"] = lambda: sysfs.read_ib_ports(Path(s.sysfs_root))
-    if s.kernel_log and registry.runs(s.checks.gpu.xid, phase) and s.gpu_probe != "none":
-        probes["kernel"] = lambda: kmsg.read_records(Path(s.kernel_log))
+    kernel_log = s.kernel_log
+    if kernel_log and registry.runs(s.checks.gpu.xid, phase) and s.gpu_probe != "none":
+        probes["kernel"] = lambda: kmsg.read_records(Path(kernel_log))
     if registry.enabled(s.checks, phase, "system"):
         sc = s.checks.system
         probes["system"] = lambda: system_probe.gather(sc.disk.paths if sc.disk.enabled else [],

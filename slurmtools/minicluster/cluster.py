@@ -5,6 +5,7 @@ failed `up` is cleaned by `down`, and `down` stops exactly those processes (by p
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -13,7 +14,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from slurmtools import slurm
 from slurmtools.errors import MiniClusterError, SlurmCommandError
@@ -26,7 +27,8 @@ ETC_SLURM_CONF = Path("/etc/slurm/slurm.conf")
 # ---- record ----------------------------------------------------------------------
 def load_record(layout: MiniClusterLayout) -> Dict[str, Any]:
     try:
-        return json.loads(layout.record_file.read_text())
+        record: Dict[str, Any] = json.loads(layout.record_file.read_text())
+        return record
     except (OSError, ValueError):
         return {"pids": {}, "etc_slurm": None, "hosts": False}
 
@@ -130,11 +132,12 @@ def up(layout: MiniClusterLayout, *, install: bool = True, wait_s: float = 60.0)
     netns.hosts_add(layout)
     netns.net_up(layout)
     pids = record.setdefault("pids", {})
-    steps = [("mariadbd", lambda: daemons.start_mariadb(layout)),
-             ("munged", daemons.start_munged),
-             ("slurmdbd", lambda: daemons.start_slurmdbd(layout)),
-             ("slurmctld", lambda: daemons.start_slurmctld(layout))]
-    steps += [(f"slurmd-{n}", (lambda n=n: daemons.start_slurmd(layout, n))) for n in layout.node_names]
+    steps: List[Tuple[str, Callable[[], Optional[int]]]] = [
+        ("mariadbd", lambda: daemons.start_mariadb(layout)),
+        ("munged", daemons.start_munged),
+        ("slurmdbd", lambda: daemons.start_slurmdbd(layout)),
+        ("slurmctld", lambda: daemons.start_slurmctld(layout))]
+    steps += [(f"slurmd-{node}", functools.partial(daemons.start_slurmd, layout, node)) for node in layout.node_names]
     for name, start in steps:
         pid = start()
         if pid:

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 from slurmtools.errors import MiniClusterError
 from slurmtools.minicluster.layout import MiniClusterLayout
@@ -43,7 +43,7 @@ def read_pidfile(path: Path) -> Optional[int]:
     return int(text) if text.isdigit() else None
 
 
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.1) -> None:
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.1) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():

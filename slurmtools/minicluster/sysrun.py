@@ -8,7 +8,7 @@ from slurmtools.errors import MiniClusterError
 
 
 def run(argv: Sequence[str], *, timeout_s: float = 60.0, check: bool = True,
-        env: Optional[Mapping[str, str]] = None, input_text: Optional[str] = None) -> subprocess.CompletedProcess:
+        env: Optional[Mapping[str, str]] = None, input_text: Optional[str] = None) -> "subprocess.CompletedProcess[str]":
     """Run argv (never through a shell); raise MiniClusterError with argv and stderr on failure."""
     try:
         proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,

@@ -37,7 +37,7 @@ class Stall:
 
 
 def read_heartbeats(control_dir: Path) -> List[Beat]:
-    beats = []
+    beats: List[Beat] = []
     d = control_dir / HEARTBEAT_DIR
     if not d.is_dir():
         return beats
