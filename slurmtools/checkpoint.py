@@ -37,11 +37,11 @@ class Checkpoint:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
+    digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(_HASH_CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def verify_dir(path: Path, *, checksums: bool = True) -> Tuple[bool, str, Dict[str, Any]]:
@@ -55,14 +55,14 @@ def verify_dir(path: Path, *, checksums: bool = True) -> Tuple[bool, str, Dict[s
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return False, f"unreadable manifest ({exc})", {}
     for rel, info in files.items():
-        f = path / rel
+        member = path / rel
         try:
-            size = f.stat().st_size
+            size = member.stat().st_size
         except OSError:
             return False, f"missing file {rel}", manifest
         if size != info["size"]:
             return False, f"size mismatch in {rel} ({size} != {info['size']})", manifest
-        if checksums and sha256_file(f) != info["sha256"]:
+        if checksums and sha256_file(member) != info["sha256"]:
             return False, f"checksum mismatch in {rel}", manifest
     return True, "", manifest
 
@@ -104,12 +104,12 @@ class CheckpointManager:
         if final.exists():
             raise CheckpointError(f"{final} already exists; a checkpoint is never written into an existing directory")
         files: Dict[str, Dict[str, Any]] = {}
-        for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
-            rel = f.relative_to(tmp).as_posix()
+        for member in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            rel = member.relative_to(tmp).as_posix()
             if rel == MANIFEST:
                 continue
-            fsync_path(f)
-            files[rel] = {"size": f.stat().st_size, "sha256": sha256_file(f)}
+            fsync_path(member)
+            files[rel] = {"size": member.stat().st_size, "sha256": sha256_file(member)}
         if not files:
             raise CheckpointError(f"step {step}: the writer wrote no files into {tmp}")
         manifest = {"format": 1, "step": step, "files": files, "created_unix_s": time.time(), **(meta or {})}
@@ -136,10 +136,10 @@ class CheckpointManager:
         if not self.root.is_dir():
             return []
         out = []
-        for p in self.root.iterdir():
-            m = _STEP_DIR.match(p.name)
-            if m and p.is_dir():
-                out.append((int(m.group(1)), p))
+        for path in self.root.iterdir():
+            match = _STEP_DIR.match(path.name)
+            if match and path.is_dir():
+                out.append((int(match.group(1)), path))
         return sorted(out, reverse=True)
 
     def latest(self, *, checksums: bool = True) -> Optional[Checkpoint]:
@@ -175,9 +175,9 @@ class CheckpointManager:
             shutil.rmtree(ckpt.path, ignore_errors=True)
             removed.append(ckpt.path)
         newest = done[0].step if done else None
-        for p in (self.root.iterdir() if self.root.is_dir() else []):
-            m = re.match(r"^step_(\d+)\.tmp$", p.name)
-            if m and newest is not None and int(m.group(1)) < newest:
-                shutil.rmtree(p, ignore_errors=True)
-                removed.append(p)
+        for path in (self.root.iterdir() if self.root.is_dir() else []):
+            match = re.match(r"^step_(\d+)\.tmp$", path.name)
+            if match and newest is not None and int(match.group(1)) < newest:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
         return removed

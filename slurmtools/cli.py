@@ -73,10 +73,10 @@ def cmd_minicluster(args: argparse.Namespace) -> int:
 def _add_minicluster(sub: Any) -> None:
     from slurmtools.minicluster.layout import DEFAULT_STATE_DIR
 
-    p = sub.add_parser("minicluster", help="a real multi-node Slurm on this machine (root, Debian)")
-    p.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR),
+    parser = sub.add_parser("minicluster", help="a real multi-node Slurm on this machine (root, Debian)")
+    parser.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR),
                    help="where all config, logs and state live (env SLURMTOOLS_MINICLUSTER_DIR)")
-    acts = p.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    acts = parser.add_subparsers(dest="action", required=True, parser_class=_Parser)
     up = acts.add_parser("up", help="install (if missing) and start the cluster; wait until nodes are idle")
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--gpus-per-node", type=int, default=4)
@@ -90,9 +90,9 @@ def _add_minicluster(sub: Any) -> None:
     for name, what in (("kill", "kill the node: its slurmd and every process in its namespace"),
                        ("partition", "take the node's link down"), ("heal", "bring the node's link back up"),
                        ("restart", "restart the node's slurmd")):
-        a = acts.add_parser(name, help=what)
-        a.add_argument("node")
-    p.set_defaults(func=cmd_minicluster)
+        action_parser = acts.add_parser(name, help=what)
+        action_parser.add_argument("node")
+    parser.set_defaults(func=cmd_minicluster)
 
 
 # ---- jobs --------------------------------------------------------------------------
@@ -207,11 +207,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from slurmtools.requeue import plan
 
     try:
-        p = plan.plan(checkpoint_cost_s=args.checkpoint_cost_s, nodes=args.nodes, node_mtbf_h=args.node_mtbf_h,
+        parser = plan.plan(checkpoint_cost_s=args.checkpoint_cost_s, nodes=args.nodes, node_mtbf_h=args.node_mtbf_h,
                       restart_cost_s=args.restart_cost_s)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(plan.format_plan(p))
+    print(plan.format_plan(parser))
     return 0
 
 
@@ -233,47 +233,47 @@ def _positive(kind: Callable[[str], Number]) -> Callable[[str], Number]:
 
 
 def _add_jobs(sub: Any) -> None:
-    p = sub.add_parser("render", help="print the sbatch script for a job spec")
-    p.add_argument("spec")
-    p.add_argument("--portable", action="store_true", help="call `slurmtools` from PATH, not this interpreter")
-    p.set_defaults(func=cmd_render)
-    p = sub.add_parser("submit", help="render and submit a job spec; prints the job id")
-    p.add_argument("spec")
-    p.add_argument("--wait", action="store_true", help="follow state and progress; exit with the job's result")
-    p.set_defaults(func=cmd_submit)
-    p = sub.add_parser("status", help="a job's state (squeue, then sacct)")
-    p.add_argument("job_id")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_status)
-    p = sub.add_parser("cancel", help="cancel a job")
-    p.add_argument("job_id")
-    p.set_defaults(func=cmd_cancel)
-    p = sub.add_parser("logs", help="print (or --follow) a job's output")
-    p.add_argument("job_id")
-    p.add_argument("--follow", "-f", action="store_true")
-    p.add_argument("--stderr", action="store_true", help="the .err file instead of .out")
-    p.set_defaults(func=cmd_logs)
+    parser = sub.add_parser("render", help="print the sbatch script for a job spec")
+    parser.add_argument("spec")
+    parser.add_argument("--portable", action="store_true", help="call `slurmtools` from PATH, not this interpreter")
+    parser.set_defaults(func=cmd_render)
+    parser = sub.add_parser("submit", help="render and submit a job spec; prints the job id")
+    parser.add_argument("spec")
+    parser.add_argument("--wait", action="store_true", help="follow state and progress; exit with the job's result")
+    parser.set_defaults(func=cmd_submit)
+    parser = sub.add_parser("status", help="a job's state (squeue, then sacct)")
+    parser.add_argument("job_id")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(func=cmd_status)
+    parser = sub.add_parser("cancel", help="cancel a job")
+    parser.add_argument("job_id")
+    parser.set_defaults(func=cmd_cancel)
+    parser = sub.add_parser("logs", help="print (or --follow) a job's output")
+    parser.add_argument("job_id")
+    parser.add_argument("--follow", "-f", action="store_true")
+    parser.add_argument("--stderr", action="store_true", help="the .err file instead of .out")
+    parser.set_defaults(func=cmd_logs)
 
-    p = sub.add_parser("run", help="(inside a job) supervise the launch: warning signal, requeue, hang watchdog")
+    parser = sub.add_parser("run", help="(inside a job) supervise the launch: warning signal, requeue, hang watchdog")
     from slurmtools.requeue import flags
-    flags.add_arguments(p)
-    p.add_argument("--checkpoint-dir")
-    p.add_argument("--control-dir")
-    p.add_argument("command", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_run)
+    flags.add_arguments(parser)
+    parser.add_argument("--checkpoint-dir")
+    parser.add_argument("--control-dir")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    parser.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("goodput", help="goodput of a supervised job from its ledger")
-    p.add_argument("target", help="JOBID (with --spec), or the job's control dir "
+    parser = sub.add_parser("goodput", help="goodput of a supervised job from its ledger")
+    parser.add_argument("target", help="JOBID (with --spec), or the job's control dir "
                                   "(<checkpoint_dir>/.slurmtools/JOBID) or its ledger.jsonl")
-    p.add_argument("--spec", help="the job's spec: its checkpoint_dir (or output_dir) holds the ledger")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_goodput)
-    p = sub.add_parser("plan", help="checkpoint interval (Young/Daly) and predicted goodput")
-    p.add_argument("--checkpoint-cost-s", type=_positive(float), required=True)
-    p.add_argument("--nodes", type=_positive(int), required=True)
-    p.add_argument("--node-mtbf-h", type=_positive(float), required=True, help="mean time between failures of ONE node")
-    p.add_argument("--restart-cost-s", type=_positive(float), default=60.0, help="requeue + launch + load")
-    p.set_defaults(func=cmd_plan)
+    parser.add_argument("--spec", help="the job's spec: its checkpoint_dir (or output_dir) holds the ledger")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(func=cmd_goodput)
+    parser = sub.add_parser("plan", help="checkpoint interval (Young/Daly) and predicted goodput")
+    parser.add_argument("--checkpoint-cost-s", type=_positive(float), required=True)
+    parser.add_argument("--nodes", type=_positive(int), required=True)
+    parser.add_argument("--node-mtbf-h", type=_positive(float), required=True, help="mean time between failures of ONE node")
+    parser.add_argument("--restart-cost-s", type=_positive(float), default=60.0, help="requeue + launch + load")
+    parser.set_defaults(func=cmd_plan)
 
 
 # ---- health and nodes ----------------------------------------------------------------
@@ -300,11 +300,11 @@ def cmd_health_run(args: argparse.Namespace) -> int:
 def cmd_health_check_config(args: argparse.Namespace) -> int:
     from slurmtools.health import config
 
-    cfg = config.load_config(args.config)
+    health_config = config.load_config(args.config)
     hosts = [args.node] if args.node else [config.this_host()]
     for host in hosts:
-        cfg.for_host(host)
-    print(f"{cfg.path or '(no config file: defaults)'}: OK for {', '.join(hosts)}")
+        health_config.for_host(host)
+    print(f"{health_config.path or '(no config file: defaults)'}: OK for {', '.join(hosts)}")
     return 0
 
 
@@ -342,8 +342,8 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 def _add_health(sub: Any) -> None:
     from slurmtools.health.config import PHASES
 
-    p = sub.add_parser("health", help="node health gate (prolog, epilog, HealthCheckProgram)")
-    acts = p.add_subparsers(dest="health_action", required=True, parser_class=_Parser)
+    parser = sub.add_parser("health", help="node health gate (prolog, epilog, HealthCheckProgram)")
+    acts = parser.add_subparsers(dest="health_action", required=True, parser_class=_Parser)
     run = acts.add_parser("run", help="run the checks for a phase; exit 3 and drain on CRITICAL")
     run.add_argument("--phase", required=True, choices=PHASES)
     run.add_argument("--config", help="health.yaml (default: $SLURMTOOLS_HEALTH_CONFIG, beside $SLURM_CONF, "
@@ -361,17 +361,17 @@ def _add_health(sub: Any) -> None:
     rec.add_argument("--out")
     rec.set_defaults(func=cmd_health_record_gpu)
 
-    n = sub.add_parser("nodes", help="drained/down nodes with reason, who and since; drain and resume")
-    n.add_argument("--json", action="store_true")
-    n.add_argument("--all", action="store_true", help="every node, not only unhealthy ones")
-    n.set_defaults(func=cmd_nodes, nodes_action="list")
-    nacts = n.add_subparsers(dest="nodes_action", parser_class=_Parser)
-    d = nacts.add_parser("drain", help="drain a node with a slurmtools MANUAL reason")
-    d.add_argument("node")
-    d.add_argument("--reason", required=True)
-    r = nacts.add_parser("resume", help="resume a node slurmtools drained (a person's drain needs --force)")
-    r.add_argument("node")
-    r.add_argument("--force", action="store_true")
+    nodes_parser = sub.add_parser("nodes", help="drained/down nodes with reason, who and since; drain and resume")
+    nodes_parser.add_argument("--json", action="store_true")
+    nodes_parser.add_argument("--all", action="store_true", help="every node, not only unhealthy ones")
+    nodes_parser.set_defaults(func=cmd_nodes, nodes_action="list")
+    nacts = nodes_parser.add_subparsers(dest="nodes_action", parser_class=_Parser)
+    drain_parser = nacts.add_parser("drain", help="drain a node with a slurmtools MANUAL reason")
+    drain_parser.add_argument("node")
+    drain_parser.add_argument("--reason", required=True)
+    resume_parser = nacts.add_parser("resume", help="resume a node slurmtools drained (a person's drain needs --force)")
+    resume_parser.add_argument("node")
+    resume_parser.add_argument("--force", action="store_true")
 
 
 # ---- main --------------------------------------------------------------------------

@@ -51,11 +51,11 @@ def parse_reason(reason: str) -> Optional[Dict[str, str]]:
         return None
     out = {"status": words[0], "check": words[1]}
     rest = []
-    for w in words[2:]:
-        if w.startswith("job="):
-            out["job"] = w[4:]
+    for word in words[2:]:
+        if word.startswith("job="):
+            out["job"] = word[4:]
         else:
-            rest.append(w)
+            rest.append(word)
     out["detail"] = " ".join(rest)
     return out
 

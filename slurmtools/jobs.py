@@ -19,12 +19,12 @@ from slurmtools.spec import JobSpec
 def submit_spec(spec: JobSpec, *, slurmtools_cmd: Sequence[str], source: str = "") -> int:
     """Render, create the output/checkpoint dirs (Slurm will not), submit with --parsable."""
     script = sbatch.render(spec, slurmtools_cmd=slurmtools_cmd, source=source)
-    for d in (spec.output_dir, spec.checkpoint_dir):
-        if d:
+    for directory in (spec.output_dir, spec.checkpoint_dir):
+        if directory:
             try:
-                Path(d).mkdir(parents=True, exist_ok=True)
+                Path(directory).mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise UsageError(f"cannot create directory {d}: {exc.strerror}") from None
+                raise UsageError(f"cannot create directory {directory}: {exc.strerror}") from None
     return slurm.submit(script)
 
 

@@ -217,7 +217,7 @@ class CheckpointableTrainer(_Checkpointable):
         from slurmtools.requeue import watchdog
         beats = watchdog.read_heartbeats(control_dir)
         ledger.append(control_dir, ledger.AttemptEnd(
-            attempt_id=attempt_id, t=time.time(), cause=cause, counted=cause not in ("completed", "preempted"),
+            attempt_id=attempt_id, time_s=time.time(), cause=cause, counted=cause not in ("completed", "preempted"),
             last_step=max((beat.step for beat in beats), default=step),
             first_step_t=watchdog.first_progress(beats), checkpoint_step=step if cause != "crash" else None))
 

@@ -45,7 +45,7 @@ def directives(spec: JobSpec) -> List[Tuple[str, str]]:
         value = getattr(spec, key)
         if value is not None and "\\" in value:
             raise SpecError("backslashes are not allowed here: sbatch's #SBATCH parser drops them", key=key)
-    d: Dict[str, str] = {
+    options: Dict[str, str] = {
         "job-name": spec.name,
         "nodes": str(spec.nodes),
         "ntasks-per-node": str(1 if spec.launcher == "torchrun" else spec.procs_per_node),
@@ -56,18 +56,18 @@ def directives(spec: JobSpec) -> List[Tuple[str, str]]:
         "error": f"{spec.output_dir.rstrip('/') or '/'}/%x-%j.err",
     }
     if spec.gpus_per_node:
-        d["gpus-per-node"] = str(spec.gpus_per_node)
+        options["gpus-per-node"] = str(spec.gpus_per_node)
     if spec.cpus_per_task is not None:
-        d["cpus-per-task"] = str(spec.cpus_per_task)
+        options["cpus-per-task"] = str(spec.cpus_per_task)
     if spec.mem_gb is not None:
-        d["mem"] = "0" if spec.mem_gb == 0 else f"{int(round(spec.mem_gb * 1024))}M"  # 0: all of the node
+        options["mem"] = "0" if spec.mem_gb == 0 else f"{int(round(spec.mem_gb * 1024))}M"  # 0: all of the node
     if spec.time_limit_min is not None:
-        d["time"] = format_time_limit(spec.time_limit_min)
+        options["time"] = format_time_limit(spec.time_limit_min)
     for key in ("partition", "account", "qos", "constraint", "reservation", "exclude", "nodelist"):
         value = getattr(spec, key)
         if value is not None:
-            d[key] = value
-    return sorted(d.items())
+            options[key] = value
+    return sorted(options.items())
 
 
 def environment(spec: JobSpec) -> List[Tuple[str, str]]:

@@ -35,10 +35,10 @@ def err(msg: str, path: KeyPath) -> SpecError:
 
 def check_limits(obj: Any, prefix: KeyPath) -> None:
     """Field limits from metadata; nested specs check themselves in their own __post_init__."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        path = prefix + (f.name,)
-        meta = f.metadata
+    for spec_field in dataclasses.fields(obj):
+        value = getattr(obj, spec_field.name)
+        path = prefix + (spec_field.name,)
+        meta = spec_field.metadata
         if value is None:
             continue
         if "min" in meta and isinstance(value, (int, float)) and value < meta["min"]:
@@ -67,7 +67,7 @@ def check_hostlist(value: str, path: KeyPath) -> None:
 
 # ---- building from plain data ----------------------------------------------------------
 def valid_keys(cls: type) -> List[str]:
-    return [f.name for f in dataclasses.fields(cls)]
+    return [spec_field.name for spec_field in dataclasses.fields(cls)]
 
 
 def _type_name(tp: Any) -> str:
@@ -98,21 +98,21 @@ def _convert(tp: Any, value: Any, path: KeyPath) -> Any:
         if isinstance(value, str) or not isinstance(value, list):
             raise err(f"must be {_type_name(tp)}, got {type(value).__name__}", path)
         out = []
-        for i, item in enumerate(value):
+        for index, item in enumerate(value):
             if isinstance(item, bool) or not isinstance(item, (str, int, float)):
-                raise err(f"item {i} must be a string, got {type(item).__name__}", path)
+                raise err(f"item {index} must be a string, got {type(item).__name__}", path)
             out.append(str(item))
         return out
     if origin in (dict, Dict):
         if not isinstance(value, Mapping):
             raise err(f"must be {_type_name(tp)}, got {type(value).__name__}", path)
         out_d = {}
-        for k, v in value.items():
-            if isinstance(v, bool):
-                v = "1" if v else "0"
-            if not isinstance(v, (str, int, float)) or not isinstance(k, str):
-                raise err(f"{k!r} must map to a string, got {type(v).__name__}", path)
-            out_d[k] = str(v)
+        for key, value in value.items():
+            if isinstance(value, bool):
+                value = "1" if value else "0"
+            if not isinstance(value, (str, int, float)) or not isinstance(key, str):
+                raise err(f"{key!r} must map to a string, got {type(value).__name__}", path)
+            out_d[key] = str(value)
         return out_d
     if tp is bool:
         if not isinstance(value, bool):
@@ -143,11 +143,11 @@ def build(cls: type, data: Mapping[str, Any], path: KeyPath = ()) -> Any:
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise err(f"unknown key{hint} Valid keys: {', '.join(names)}", path + (str(key),))
     kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            kwargs[f.name] = _convert(hints[f.name], data[f.name], path + (f.name,))
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise err("is required", path + (f.name,))
+    for spec_field in dataclasses.fields(cls):
+        if spec_field.name in data:
+            kwargs[spec_field.name] = _convert(hints[spec_field.name], data[spec_field.name], path + (spec_field.name,))
+        elif spec_field.default is dataclasses.MISSING and spec_field.default_factory is dataclasses.MISSING:
+            raise err("is required", path + (spec_field.name,))
     try:
         return cls(**kwargs)
     except SpecError as exc:
@@ -204,17 +204,17 @@ def attach_line(exc: SpecError, file: Optional[str], lines: Optional[Dict[KeyPat
 def field_docs(cls: type, prefix: str = "") -> List[Tuple[str, str, str]]:
     """(key, default, doc) for every field, nested dataclasses flattened: the reference table."""
     rows = []
-    for f in dataclasses.fields(cls):
-        key = prefix + f.name
-        tp = get_type_hints(cls)[f.name]
+    for spec_field in dataclasses.fields(cls):
+        key = prefix + spec_field.name
+        tp = get_type_hints(cls)[spec_field.name]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             rows += field_docs(tp, key + ".")
             continue
-        if f.default is not dataclasses.MISSING:
-            default = repr(f.default)
-        elif f.default_factory is not dataclasses.MISSING:
-            default = repr(f.default_factory())
+        if spec_field.default is not dataclasses.MISSING:
+            default = repr(spec_field.default)
+        elif spec_field.default_factory is not dataclasses.MISSING:
+            default = repr(spec_field.default_factory())
         else:
             default = "(required)"
-        rows.append((key, default, f.metadata.get("doc", "")))
+        rows.append((key, default, spec_field.metadata.get("doc", "")))
     return rows

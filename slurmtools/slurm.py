@@ -59,10 +59,10 @@ def parse_scontrol_record(line: str) -> Dict[str, str]:
     record: Dict[str, str] = {}
     key: Optional[str] = None
     for token in line.strip().split(" "):
-        m = re.match(r"^([A-Za-z][A-Za-z0-9_:/]*)=(.*)$", token)
-        if m and (key is None or m.group(1)[0].isupper()):
-            key = m.group(1)
-            record[key] = m.group(2)
+        match = re.match(r"^([A-Za-z][A-Za-z0-9_:/]*)=(.*)$", token)
+        if match and (key is None or match.group(1)[0].isupper()):
+            key = match.group(1)
+            record[key] = match.group(2)
         elif key is not None:
             record[key] += " " + token
     return record
@@ -107,14 +107,14 @@ def _strip_reason_suffix(reason: str) -> str:
 def parse_node_record(record: Mapping[str, str]) -> NodeInfo:
     state_parts = record.get("State", "UNKNOWN").split("+")
     reason = record.get("Reason", "")
-    m = re.search(r"\[([^@\]]*)@([^\]]*)\]$", reason)
+    match = re.search(r"\[([^@\]]*)@([^\]]*)\]$", reason)
     return NodeInfo(
         name=record.get("NodeName", ""),
         state=state_parts[0].lower(),
         flags=tuple(s.upper() for s in state_parts[1:]),
         reason="" if reason in ("", "(null)") else _strip_reason_suffix(reason),
-        reason_user=m.group(1) if m else "",
-        reason_time=m.group(2) if m else "",
+        reason_user=match.group(1) if match else "",
+        reason_time=match.group(2) if match else "",
         gres=record.get("Gres", ""),
     )
 

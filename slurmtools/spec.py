@@ -128,9 +128,9 @@ class JobSpec:
 def cross_checks(spec: JobSpec) -> None:
     if "/" in spec.name:
         raise err("must not contain '/' (it becomes part of the log file name via %x)", ("name",))
-    for i, arg in enumerate(spec.command):
+    for index, arg in enumerate(spec.command):
         if "\x00" in arg:
-            raise err(f"argument {i} contains a NUL byte", ("command",))
+            raise err(f"argument {index} contains a NUL byte", ("command",))
     if spec.command and spec.launcher == "torchrun" and not (spec.command[0].endswith(".py") or spec.command[0] == "-m"):
         raise err(f"with launcher torchrun the command starts with a .py script or -m module, "
                    f"got {spec.command[0]!r}", ("command",))
@@ -169,15 +169,15 @@ def spec_from_dict(data: Any, *, file: Optional[str] = None,
 
 def load_spec(path: Union[str, Path]) -> JobSpec:
     """Load and validate a job spec from a YAML file."""
-    p = Path(path)
+    file_path = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = file_path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpecError("no such file", file=str(p)) from None
+        raise SpecError("no such file", file=str(file_path)) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read: {exc}", file=str(p)) from None
-    data, lines = load_yaml_with_lines(text, str(p))
-    return spec_from_dict(data, file=str(p), lines=lines)
+        raise SpecError(f"cannot read: {exc}", file=str(file_path)) from None
+    data, lines = load_yaml_with_lines(text, str(file_path))
+    return spec_from_dict(data, file=str(file_path), lines=lines)
 
 
 def field_docs() -> List[Tuple[str, str, str]]:

@@ -58,11 +58,11 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.norm1(x)
-        mask = torch.triu(torch.ones(x.size(1), x.size(1), dtype=torch.bool, device=x.device), 1)
-        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
-        out: torch.Tensor = x + self.mlp(self.norm2(x))
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        normed = self.norm1(hidden)
+        mask = torch.triu(torch.ones(hidden.size(1), hidden.size(1), dtype=torch.bool, device=hidden.device), 1)
+        hidden = hidden + self.attn(normed, normed, normed, attn_mask=mask, need_weights=False)[0]
+        out: torch.Tensor = hidden + self.mlp(self.norm2(hidden))
         return out
 
 
@@ -77,21 +77,21 @@ class TinyLM(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits as (batch*seq, vocab): a 2-D output, not a view FSDP2 warns about."""
-        x = self.embed(tokens) + self.pos[: tokens.size(1)]
-        for b in self.blocks:
-            x = b(x)
-        x = self.norm(x)
-        logits: torch.Tensor = self.head(x.reshape(-1, x.size(-1)))
+        hidden = self.embed(tokens) + self.pos[: tokens.size(1)]
+        for block in self.blocks:
+            hidden = block(hidden)
+        hidden = self.norm(hidden)
+        logits: torch.Tensor = self.head(hidden.reshape(-1, hidden.size(-1)))
         return logits
 
 
 def batch_for(step: int, rank: int, world: int, cfg: TrainConfig, device: torch.device) -> torch.Tensor:
     """The global batch of a step is fixed; rank r takes its slice (same data at any layout)."""
-    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-    n = cfg.batch_per_rank * world
+    generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+    rows = cfg.batch_per_rank * world
     # learnable structure: arithmetic sequences mod vocab (random start, stride 1..3)
-    start = torch.randint(0, cfg.vocab, (n, 1), generator=g)
-    stride = torch.randint(1, 4, (n, 1), generator=g)
+    start = torch.randint(0, cfg.vocab, (rows, 1), generator=generator)
+    stride = torch.randint(1, 4, (rows, 1), generator=generator)
     global_batch = (start + stride * torch.arange(cfg.seq + 1)) % cfg.vocab
     return global_batch[rank * cfg.batch_per_rank:(rank + 1) * cfg.batch_per_rank].to(device)
 
@@ -99,24 +99,24 @@ def batch_for(step: int, rank: int, world: int, cfg: TrainConfig, device: torch.
 def state_hash(model: nn.Module, optim: torch.optim.Optimizer) -> str:
     """sha256 over the full (unsharded) model + optimizer state, in key order; collective."""
     msd, osd = get_state_dict(model, optim, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    h = hashlib.sha256()
+    digest = hashlib.sha256()
 
     def feed(prefix: str, obj: Any) -> None:
         if isinstance(obj, dict):
-            for k in sorted(obj, key=str):
-                feed(f"{prefix}.{k}", obj[k])
+            for key in sorted(obj, key=str):
+                feed(f"{prefix}.{key}", obj[key])
         elif isinstance(obj, (list, tuple)):
-            for i, v in enumerate(obj):
-                feed(f"{prefix}.{i}", v)
+            for index, value in enumerate(obj):
+                feed(f"{prefix}.{index}", value)
         elif isinstance(obj, torch.Tensor):
-            h.update(prefix.encode())
-            h.update(obj.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+            digest.update(prefix.encode())
+            digest.update(obj.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
         else:
-            h.update(f"{prefix}={obj!r}".encode())
+            digest.update(f"{prefix}={obj!r}".encode())
 
     feed("model", msd)
     feed("optim", osd)
-    return h.hexdigest()
+    return digest.hexdigest()
 
 
 def log_json(record: Dict[str, Any]) -> None:

@@ -40,9 +40,9 @@ class CheckParams:
 
     def __post_init__(self) -> None:
         check_limits(self, ())
-        for p in self.phases:
-            if p not in PHASES:
-                raise err(f"unknown phase {p!r}; phases are {', '.join(PHASES)}", ("phases",))
+        for phase in self.phases:
+            if phase not in PHASES:
+                raise err(f"unknown phase {phase!r}; phases are {', '.join(PHASES)}", ("phases",))
 
 
 @dataclass(frozen=True)
@@ -220,8 +220,8 @@ class HealthConfig:
 
 def _deep_merge(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
     out = dict(base)
-    for k, v in over.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    for key, value in over.items():
+        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
 
 
@@ -271,8 +271,8 @@ def parse_config(text: str, file: str) -> HealthConfig:
         raw_hosts = data.get("hosts") or []
         if not isinstance(raw_hosts, list):
             raise err("must be a list of sections with `match`", ("hosts",))
-        for i, section in enumerate(raw_hosts):
-            path = ("hosts", str(i))
+        for index, section in enumerate(raw_hosts):
+            path = ("hosts", str(index))
             if not isinstance(section, dict) or "match" not in section:
                 raise err("each host section needs `match: <hostlist>`", path)
             pattern = section["match"]
@@ -283,8 +283,8 @@ def parse_config(text: str, file: str) -> HealthConfig:
             build(NodeSettings, rest, path)
             hosts.append((pattern, rest))
     except SpecError as exc:
-        e = attach_line(exc, file, lines)
-        raise ConfigError(e.detail, file=e.file, line=e.line, key=e.key) from None
+        located = attach_line(exc, file, lines)
+        raise ConfigError(located.detail, file=located.file, line=located.line, key=located.key) from None
     return HealthConfig(Path(file), defaults, tuple(hosts))
 
 

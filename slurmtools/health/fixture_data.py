@@ -38,37 +38,37 @@ def node_snapshot(model: str = "h100", gpus: int = 8, nvlinks: Optional[int] = N
 
 def with_fault(snapshot: Dict[str, Any], fault: str) -> Dict[str, Any]:
     """One named fault on GPU 3 (or the node)."""
-    s = copy.deepcopy(snapshot)
-    g = s["gpus"][3]
+    faulty = copy.deepcopy(snapshot)
+    gpu = faulty["gpus"][3]
     if fault == "ecc-uncorrected":
-        g["ecc_uncorrected_volatile"] = 2
+        gpu["ecc_uncorrected_volatile"] = 2
     elif fault == "ecc-corrected-high":
-        g["ecc_corrected_volatile"] = 5000
+        gpu["ecc_corrected_volatile"] = 5000
     elif fault == "row-remap-pending":
-        g["remapped_rows_pending"] = True
+        gpu["remapped_rows_pending"] = True
     elif fault == "row-remap-failed":
-        g["remapped_rows_failure"] = True
+        gpu["remapped_rows_failure"] = True
     elif fault == "retired-pages-pending":
-        g["retired_pages_pending"] = True
+        gpu["retired_pages_pending"] = True
     elif fault == "missing-gpu":
-        s["gpus"] = s["gpus"][:-1]
+        faulty["gpus"] = faulty["gpus"][:-1]
     elif fault == "pcie-degraded":
-        g["pcie_width_current"] = 8
+        gpu["pcie_width_current"] = 8
     elif fault == "nvlink-down":
-        g["nvlinks"][5]["active"] = False
+        gpu["nvlinks"][5]["active"] = False
     elif fault == "hw-slowdown":
-        g["throttle_reasons"] = ["hw_slowdown", "hw_thermal_slowdown"]
-        g["temperature_c"] = 92
+        gpu["throttle_reasons"] = ["hw_slowdown", "hw_thermal_slowdown"]
+        gpu["temperature_c"] = 92
     elif fault == "hot":
-        g["temperature_c"] = 89
+        gpu["temperature_c"] = 89
     elif fault == "stray-process":
-        g["compute_pids"] = [4242]
+        gpu["compute_pids"] = [4242]
     elif fault == "hang":
-        s["hang_s"] = 120
+        faulty["hang_s"] = 120
     else:
         raise ValueError(f"unknown fault {fault!r}")
-    s["source"] += f"; fault: {fault}"
-    return s
+    faulty["source"] += f"; fault: {fault}"
+    return faulty
 
 
 GPU_FAULTS = ("ecc-uncorrected", "ecc-corrected-high", "row-remap-pending", "row-remap-failed",
@@ -88,10 +88,10 @@ def write_ib_tree(root: Path, hcas: int = 8, *, rate: str = "400 Gb/sec (4X NDR)
                   faults: Iterable[str] = (), counters: Optional[Dict[str, int]] = None) -> Path:
     """/sys/class/infiniband/mlx5_<i>/ports/1/ under root; faults: port-down, polling, slow, link-downed."""
     faults = set(faults)
-    for i in range(hcas):
-        port = root / "sys" / "class" / "infiniband" / f"mlx5_{i}" / "ports" / "1"
+    for hca in range(hcas):
+        port = root / "sys" / "class" / "infiniband" / f"mlx5_{hca}" / "ports" / "1"
         (port / "counters").mkdir(parents=True, exist_ok=True)
-        bad = i == 3
+        bad = hca == 3
         state = "1: DOWN" if bad and "port-down" in faults else "4: ACTIVE"
         phys = ("3: Disabled" if bad and "port-down" in faults else
                 "2: Polling" if bad and "polling" in faults else "5: LinkUp")
@@ -101,10 +101,10 @@ def write_ib_tree(root: Path, hcas: int = 8, *, rate: str = "400 Gb/sec (4X NDR)
         (port / "link_layer").write_text(link_layer + "\n")
         values = {"link_downed": 0, "symbol_error": 0, "link_error_recovery": 0, "port_rcv_errors": 0,
                   "excessive_buffer_overrun_errors": 0, "local_link_integrity_errors": 0,
-                  "port_xmit_discards": 0, "port_rcv_data": 123456789 + i}
+                  "port_xmit_discards": 0, "port_rcv_data": 123456789 + hca}
         values.update(counters or {})
         if bad and "link-downed" in faults:
             values["link_downed"] += 1
-        for name, v in values.items():
-            (port / "counters" / name).write_text(f"{v}\n")
+        for name, value in values.items():
+            (port / "counters" / name).write_text(f"{value}\n")
     return root

@@ -40,12 +40,12 @@ class Outcome:
         return EXIT_CRITICAL if self.status is Status.CRITICAL else EXIT_HEALTHY
 
 
-def _cache_hit(s: NodeSettings, phase: str, st: state.HealthState, facts: runner.Facts, now_s: float) -> bool:
+def _cache_hit(settings: NodeSettings, phase: str, st: state.HealthState, facts: runner.Facts, now_s: float) -> bool:
     """Prolog only: the node passed within cache_minutes, no IB counter moved and the kernel log
     has no new XID. Then the NVML probe (the slow part on real nodes) is skipped."""
-    if phase != "prolog" or s.cache_minutes <= 0 or not st.last_clean_t:
+    if phase != "prolog" or settings.cache_minutes <= 0 or not st.last_clean_t:
         return False
-    if now_s - st.last_clean_t > s.cache_minutes * 60:
+    if now_s - st.last_clean_t > settings.cache_minutes * 60:
         return False
     from slurmtools.health import kmsg
     from slurmtools.health.checks.ib import counter_state
@@ -58,31 +58,31 @@ def _cache_hit(s: NodeSettings, phase: str, st: state.HealthState, facts: runner
     return True
 
 
-def run_phase(s: NodeSettings, phase: str, host: str, *, job_id: Optional[str], allow_drain: bool = True) -> Outcome:
+def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional[str], allow_drain: bool = True) -> Outcome:
     t0 = time.monotonic()
     now_s = time.time()
-    deadline = t0 + s.deadline_s
-    spath = state.state_file(Path(s.state_dir), host)
+    deadline = t0 + settings.deadline_s
+    spath = state.state_file(Path(settings.state_dir), host)
     st = state.load(spath)
     baseline = st.baseline_for(job_id) if phase == "epilog" else None
     prev_ib = baseline["ib_counters"] if baseline else st.ib_counters
     prev_nvlink = baseline["nvlink_counters"] if baseline else st.nvlink_counters
     after_seq = int(baseline["kmsg_seq"]) if baseline else st.kmsg_seq
 
-    facts = runner.gather_cheap(s, phase, deadline)
-    cached = _cache_hit(s, phase, st, facts, now_s)
+    facts = runner.gather_cheap(settings, phase, deadline)
+    cached = _cache_hit(settings, phase, st, facts, now_s)
     if cached:
         facts.gpu_skipped = True
     else:
-        runner.gather_gpu(s, phase, deadline, facts)
-    results = runner.judge(s, phase, facts, after_kmsg_seq=after_seq, previous_ib=prev_ib or None,
+        runner.gather_gpu(settings, phase, deadline, facts)
+    results = runner.judge(settings, phase, facts, after_kmsg_seq=after_seq, previous_ib=prev_ib or None,
                            previous_nvlink=prev_nvlink or None)
     if baseline:
         results = [_attributed(r, job_id) for r in results]
     overall = worst(results)
 
     drained_reason = None
-    if overall is Status.CRITICAL and s.drain and allow_drain:
+    if overall is Status.CRITICAL and settings.drain and allow_drain:
         first = next(r for r in results if r.status is Status.CRITICAL)
         reason = drains.DrainReason("CRITICAL", first.name, first.summary, job_id)
         try:
@@ -90,8 +90,8 @@ def run_phase(s: NodeSettings, phase: str, host: str, *, job_id: Optional[str], 
                 drained_reason = reason.render()
         except SlurmCommandError as exc:
             results.append(CheckResult("slurmtools.drain", Status.UNKNOWN, f"drain failed: {exc}"))
-    if phase == "periodic" and s.auto_resume_after > 0:
-        _auto_resume(s, host, st, overall, results)
+    if phase == "periodic" and settings.auto_resume_after > 0:
+        _auto_resume(settings, host, st, overall, results)
 
     _remember(st, facts, overall, phase, job_id, now_s)
     state.save(spath, st)
@@ -99,9 +99,9 @@ def run_phase(s: NodeSettings, phase: str, host: str, *, job_id: Optional[str], 
     doc = report.to_json(host, phase, results, job_id=job_id, duration_s=duration, drained=drained_reason,
                          cached=cached)
     write_json_atomic(spath.parent / f"last-{phase}.json", doc)
-    if s.textfile:
-        report.write_textfile(s.textfile, host, phase, results, duration)
-    if s.syslog:
+    if settings.textfile:
+        report.write_textfile(settings.textfile, host, phase, results, duration)
+    if settings.syslog:
         report.log_syslog(host, phase, results, job_id)
     return Outcome(results, overall, drained_reason, cached, duration, doc)
 
@@ -111,10 +111,10 @@ def run_phase(s: NodeSettings, phase: str, host: str, *, job_id: Optional[str], 
 DELTA_CHECKS = frozenset({"gpu.xid", "ib.counters", "gpu.nvlink"})
 
 
-def _attributed(r: CheckResult, job_id: Optional[str]) -> CheckResult:
-    if r.status in (Status.OK, Status.UNKNOWN) or r.name not in DELTA_CHECKS:
-        return r
-    return CheckResult(r.name, r.status, r.summary + " (during this job)", dict(r.details, job_id=job_id), r.duration_s)
+def _attributed(result: CheckResult, job_id: Optional[str]) -> CheckResult:
+    if result.status in (Status.OK, Status.UNKNOWN) or result.name not in DELTA_CHECKS:
+        return result
+    return CheckResult(result.name, result.status, result.summary + " (during this job)", dict(result.details, job_id=job_id), result.duration_s)
 
 
 def _remember(st: state.HealthState, facts: runner.Facts, overall: Status, phase: str, job_id: Optional[str],
@@ -136,14 +136,14 @@ def _remember(st: state.HealthState, facts: runner.Facts, overall: Status, phase
         st.jobs.pop(job_id, None)
 
 
-def _auto_resume(s: NodeSettings, host: str, st: state.HealthState, overall: Status,
+def _auto_resume(settings: NodeSettings, host: str, st: state.HealthState, overall: Status,
                  results: List[CheckResult]) -> None:
     """Resume our own drain after K consecutive clean periodic runs; never a person's drain."""
     if overall is Status.CRITICAL:
         st.clean_runs = 0
         return
     st.clean_runs += 1
-    if st.clean_runs < s.auto_resume_after:
+    if st.clean_runs < settings.auto_resume_after:
         return
     try:
         node = slurm.nodes(host)
@@ -156,10 +156,10 @@ def _auto_resume(s: NodeSettings, host: str, st: state.HealthState, overall: Sta
         results.append(CheckResult("slurmtools.resume", Status.UNKNOWN, f"resume failed: {exc}"))
 
 
-def internal_error_outcome(s: Optional[NodeSettings], phase: str, host: str, job_id: Optional[str],
+def internal_error_outcome(settings: Optional[NodeSettings], phase: str, host: str, job_id: Optional[str],
                            error: str) -> Optional[Outcome]:
     """`on_internal_error: closed`: drain with an internal-error reason and fail the phase."""
-    if s is None or s.on_internal_error != "closed" or not s.drain:
+    if settings is None or settings.on_internal_error != "closed" or not settings.drain:
         return None
     reason = drains.DrainReason("CRITICAL", "slurmtools.internal", error[:120], job_id)
     try:
@@ -171,17 +171,17 @@ def internal_error_outcome(s: Optional[NodeSettings], phase: str, host: str, job
                    {"host": host, "phase": phase, "status": "CRITICAL", "results": [r.to_json() for r in res]})
 
 
-def run_guarded(s: NodeSettings, phase: str, host: str, *, job_id: Optional[str],
+def run_guarded(settings: NodeSettings, phase: str, host: str, *, job_id: Optional[str],
                 allow_drain: bool = True) -> Optional[Outcome]:
     """run_phase, failing open when slurmtools itself fails (a bug, not a sick node): the job
     runs and nothing is drained (None, after one line on stderr), unless `on_internal_error: closed`."""
     try:
-        return run_phase(s, phase, host, job_id=job_id, allow_drain=allow_drain)
+        return run_phase(settings, phase, host, job_id=job_id, allow_drain=allow_drain)
     except SlurmToolsError:
         raise
     except Exception as exc:  # our own bug: never a traceback, never a drain (unless configured)
         what = f"{type(exc).__name__}: {exc}"
-        closed = internal_error_outcome(s, phase, host, job_id, what)
+        closed = internal_error_outcome(settings, phase, host, job_id, what)
         if closed is None:
             print(f"slurmtools: error: health run failed ({what}); failing open", file=sys.stderr)
         return closed

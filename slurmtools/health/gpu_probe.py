@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple, TypeVar
 from slurmtools.health.model import GpuFacts, GpuSnapshot, NvLink
 
 BUILTIN_FIXTURES = Path(__file__).parent / "fixtures"
-T = TypeVar("T")
+Result = TypeVar("Result")
 
 # NVML clock-event (throttle) reason bits -> names used in facts and config
 THROTTLE_BITS = {
@@ -47,7 +47,7 @@ class NvmlProbe:
             raise ProbeError("nvidia-ml-py is not installed (pip install 'slurmtools[nvml]')") from exc
         self.nv = pynvml
 
-    def _opt(self, fn: Callable[..., T], *args: Any) -> Optional[T]:
+    def _opt(self, fn: Callable[..., Result], *args: Any) -> Optional[Result]:
         """A fact this GPU may not support: None instead of an error."""
         try:
             return fn(*args)
@@ -77,34 +77,34 @@ class NvmlProbe:
 
     def _gpu(self, index: int) -> GpuFacts:
         nv, opt = self.nv, self._opt
-        h = nv.nvmlDeviceGetHandleByIndex(index)
-        ecc_u = opt(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
-        ecc_c = opt(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC)
-        pending = opt(nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
-        remap = opt(nv.nvmlDeviceGetRemappedRows, h)  # (corrected, uncorrected, pending, failure)
-        reasons = opt(nv.nvmlDeviceGetCurrentClocksEventReasons, h)
+        handle = nv.nvmlDeviceGetHandleByIndex(index)
+        ecc_u = opt(nv.nvmlDeviceGetTotalEccErrors, handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
+        ecc_c = opt(nv.nvmlDeviceGetTotalEccErrors, handle, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC)
+        pending = opt(nv.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+        remap = opt(nv.nvmlDeviceGetRemappedRows, handle)  # (corrected, uncorrected, pending, failure)
+        reasons = opt(nv.nvmlDeviceGetCurrentClocksEventReasons, handle)
         links: List[NvLink] = []
         for link in range(nv.NVML_NVLINK_MAX_LINKS):
-            state = opt(nv.nvmlDeviceGetNvLinkState, h, link)
+            state = opt(nv.nvmlDeviceGetNvLinkState, handle, link)
             if state is None:
                 continue
-            err = [opt(nv.nvmlDeviceGetNvLinkErrorCounter, h, link, c) or 0 for c in
+            err = [opt(nv.nvmlDeviceGetNvLinkErrorCounter, handle, link, c) or 0 for c in
                    (nv.NVML_NVLINK_ERROR_DL_REPLAY, nv.NVML_NVLINK_ERROR_DL_RECOVERY, nv.NVML_NVLINK_ERROR_DL_CRC_FLIT)]
             links.append(NvLink(link, bool(state), *err))
-        procs = opt(nv.nvmlDeviceGetComputeRunningProcesses, h) or []
+        procs: List[Any] = opt(nv.nvmlDeviceGetComputeRunningProcesses, handle) or []
         return GpuFacts(
-            index=index, name=_text(nv.nvmlDeviceGetName(h)), uuid=_text(nv.nvmlDeviceGetUUID(h)),
-            pci_bus_id=_text(nv.nvmlDeviceGetPciInfo(h).busId),
+            index=index, name=_text(nv.nvmlDeviceGetName(handle)), uuid=_text(nv.nvmlDeviceGetUUID(handle)),
+            pci_bus_id=_text(nv.nvmlDeviceGetPciInfo(handle).busId),
             ecc_uncorrected_volatile=ecc_u, ecc_corrected_volatile=ecc_c,
             retired_pages_pending=None if pending is None else bool(pending),
             remapped_rows_pending=None if remap is None else bool(remap[2]),
             remapped_rows_failure=None if remap is None else bool(remap[3]),
-            temperature_c=opt(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
+            temperature_c=opt(nv.nvmlDeviceGetTemperature, handle, nv.NVML_TEMPERATURE_GPU),
             throttle_reasons=throttle_names(reasons) if reasons is not None else (),
-            pcie_gen_current=opt(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
-            pcie_gen_max=opt(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
-            pcie_width_current=opt(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
-            pcie_width_max=opt(nv.nvmlDeviceGetMaxPcieLinkWidth, h),
+            pcie_gen_current=opt(nv.nvmlDeviceGetCurrPcieLinkGeneration, handle),
+            pcie_gen_max=opt(nv.nvmlDeviceGetMaxPcieLinkGeneration, handle),
+            pcie_width_current=opt(nv.nvmlDeviceGetCurrPcieLinkWidth, handle),
+            pcie_width_max=opt(nv.nvmlDeviceGetMaxPcieLinkWidth, handle),
             nvlinks=tuple(links), compute_pids=tuple(int(p.pid) for p in procs))
 
 
@@ -120,15 +120,15 @@ def snapshot_to_json(snap: GpuSnapshot) -> Dict[str, Any]:
 def snapshot_from_json(data: Dict[str, Any]) -> GpuSnapshot:
     fields = {f.name for f in dataclasses.fields(GpuFacts)}
     gpus = []
-    for g in data.get("gpus", []):
-        unknown = set(g) - fields
+    for gpu in data.get("gpus", []):
+        unknown = set(gpu) - fields
         if unknown:
-            raise ProbeError(f"fixture GPU {g.get('index')}: unknown fields {sorted(unknown)}")
-        g = dict(g)
-        g["nvlinks"] = tuple(NvLink(**link) for link in g.get("nvlinks", ()))
-        g["throttle_reasons"] = tuple(g.get("throttle_reasons", ()))
-        g["compute_pids"] = tuple(g.get("compute_pids", ()))
-        gpus.append(GpuFacts(**g))
+            raise ProbeError(f"fixture GPU {gpu.get('index')}: unknown fields {sorted(unknown)}")
+        gpu = dict(gpu)
+        gpu["nvlinks"] = tuple(NvLink(**link) for link in gpu.get("nvlinks", ()))
+        gpu["throttle_reasons"] = tuple(gpu.get("throttle_reasons", ()))
+        gpu["compute_pids"] = tuple(gpu.get("compute_pids", ()))
+        gpus.append(GpuFacts(**gpu))
     return GpuSnapshot(str(data.get("driver_version", "")), tuple(gpus))
 
 

@@ -27,9 +27,9 @@ def write_textfile(path: str, host: str, phase: str, results: List[CheckResult],
                    ["check", "phase"], registry=reg)
     seconds = Gauge("slurmtools_health_check_duration_seconds", "Time to gather the check's facts",
                     ["check", "phase"], registry=reg)
-    for r in results:
-        status.labels(r.name, phase).set(int(r.status))
-        seconds.labels(r.name, phase).set(r.duration_s)
+    for result in results:
+        status.labels(result.name, phase).set(int(result.status))
+        seconds.labels(result.name, phase).set(result.duration_s)
     Gauge("slurmtools_health_status", "Worst status of the run", ["phase"], registry=reg).labels(phase).set(
         int(worst(results)))
     Gauge("slurmtools_health_run_duration_seconds", "Wall time of the run", ["phase"], registry=reg).labels(
@@ -51,11 +51,11 @@ def log_syslog(host: str, phase: str, results: List[CheckResult], job_id: Option
         logger.addHandler(handler)
         logger.propagate = False
         logger.setLevel(logging.INFO)
-    for r in results:
-        if r.status is not Status.OK:
-            level = logging.ERROR if r.status is Status.CRITICAL else logging.WARNING
-            logger.log(level, "%s %s %s %s%s", host, phase, r.status.name, r.name,
-                       f" {r.summary}" + (f" job={job_id}" if job_id else ""))
+    for result in results:
+        if result.status is not Status.OK:
+            level = logging.ERROR if result.status is Status.CRITICAL else logging.WARNING
+            logger.log(level, "%s %s %s %s%s", host, phase, result.status.name, result.name,
+                       f" {result.summary}" + (f" job={job_id}" if job_id else ""))
 
 
 def format_text(results: List[CheckResult]) -> str:

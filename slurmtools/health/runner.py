@@ -49,16 +49,16 @@ class _ProbeThread(threading.Thread):
 
 def run_probes(probes: Dict[str, Callable[[], Any]], timeout_s: float, deadline: float) -> Dict[str, ProbeOutcome]:
     threads = {name: _ProbeThread(fn) for name, fn in probes.items()}
-    for t in threads.values():
-        t.start()
+    for thread in threads.values():
+        thread.start()
     out = {}
-    for name, t in threads.items():
-        t.join(max(0.0, min(timeout_s, deadline - time.monotonic())))
-        if t.is_alive():
+    for name, thread in threads.items():
+        thread.join(max(0.0, min(timeout_s, deadline - time.monotonic())))
+        if thread.is_alive():
             out[name] = ProbeOutcome(error=f"timed out after {timeout_s:g} s", timed_out=True,
-                                     duration_s=time.monotonic() - t.t0)
+                                     duration_s=time.monotonic() - thread.t0)
         else:
-            out[name] = t.outcome
+            out[name] = thread.outcome
     return out
 
 
@@ -75,71 +75,71 @@ class Facts:
     gpu_skipped: bool = False
 
 
-def gather_cheap(s: NodeSettings, phase: str, deadline: float) -> Facts:
+def gather_cheap(settings: NodeSettings, phase: str, deadline: float) -> Facts:
     """sysfs, kernel log and psutil: milliseconds; run first (their change decides the cache)."""
     probes: Dict[str, Callable[[], Any]] = {}
-    if registry.enabled(s.checks, phase, "ib"):
-        probes["ib"] = lambda: sysfs.read_ib_ports(Path(s.sysfs_root))
-    kernel_log = s.kernel_log
-    if kernel_log and registry.runs(s.checks.gpu.xid, phase) and s.gpu_probe != "none":
+    if registry.enabled(settings.checks, phase, "ib"):
+        probes["ib"] = lambda: sysfs.read_ib_ports(Path(settings.sysfs_root))
+    kernel_log = settings.kernel_log
+    if kernel_log and registry.runs(settings.checks.gpu.xid, phase) and settings.gpu_probe != "none":
         probes["kernel"] = lambda: kmsg.read_records(Path(kernel_log))
-    if registry.enabled(s.checks, phase, "system"):
-        sc = s.checks.system
+    if registry.enabled(settings.checks, phase, "system"):
+        sc = settings.checks.system
         probes["system"] = lambda: system_probe.gather(sc.disk.paths if sc.disk.enabled else [],
                                                        sc.processes.enabled and bool(sc.processes.required))
     facts = Facts()
-    for name, outcome in run_probes(probes, s.probe_timeout_s, deadline).items():
+    for name, outcome in run_probes(probes, settings.probe_timeout_s, deadline).items():
         setattr(facts, name, outcome)
     return facts
 
 
-def gather_gpu(s: NodeSettings, phase: str, deadline: float, facts: Facts) -> None:
-    if s.gpu_probe == "none" or not registry.enabled(s.checks, phase, "gpu"):
+def gather_gpu(settings: NodeSettings, phase: str, deadline: float, facts: Facts) -> None:
+    if settings.gpu_probe == "none" or not registry.enabled(settings.checks, phase, "gpu"):
         return
     try:
-        probe = make_gpu_probe(s.gpu_probe)
+        probe = make_gpu_probe(settings.gpu_probe)
     except ProbeError as exc:
         facts.gpu = ProbeOutcome(error=str(exc))
         return
-    facts.gpu = run_probes({"gpu": probe.snapshot}, s.probe_timeout_s, deadline)["gpu"]  # type: ignore[union-attr]
+    facts.gpu = run_probes({"gpu": probe.snapshot}, settings.probe_timeout_s, deadline)["gpu"]  # type: ignore[union-attr]
 
 
-def _failed(names: Sequence[str], outcome: ProbeOutcome, s: NodeSettings, what: str) -> List[CheckResult]:
-    status = Status[s.probe_timeout_status] if outcome.timed_out else Status.UNKNOWN
+def _failed(names: Sequence[str], outcome: ProbeOutcome, settings: NodeSettings, what: str) -> List[CheckResult]:
+    status = Status[settings.probe_timeout_status] if outcome.timed_out else Status.UNKNOWN
     return [CheckResult(n, status, f"{what} probe: {outcome.error}", {"probe_error": outcome.error},
                         outcome.duration_s) for n in names]
 
 
-def judge(s: NodeSettings, phase: str, facts: Facts, *, after_kmsg_seq: int,
+def judge(settings: NodeSettings, phase: str, facts: Facts, *, after_kmsg_seq: int,
           previous_ib: Optional[Dict[str, Dict[str, int]]],
           previous_nvlink: Optional[Dict[str, int]]) -> List[CheckResult]:
     results: List[CheckResult] = []
     events: List[XidEvent] = []
     if facts.kernel.error:
-        results += _failed(["gpu.xid"], facts.kernel, s, "kernel log")
+        results += _failed(["gpu.xid"], facts.kernel, settings, "kernel log")
     elif facts.kernel.value is not None:
         events = kmsg.xid_events(facts.kernel.value, after_kmsg_seq)
-    if s.gpu_probe != "none" and not facts.gpu_skipped:
+    if settings.gpu_probe != "none" and not facts.gpu_skipped:
         if facts.gpu.error:
-            results += _failed(registry.enabled(s.checks, phase, "gpu"), facts.gpu, s, "NVML")
+            results += _failed(registry.enabled(settings.checks, phase, "gpu"), facts.gpu, settings, "NVML")
         elif isinstance(facts.gpu.value, GpuSnapshot):
-            gpu = gpu_checks.gpu_results(s.checks, facts.gpu.value, events, phase, previous_nvlink)
+            gpu = gpu_checks.gpu_results(settings.checks, facts.gpu.value, events, phase, previous_nvlink)
             if facts.kernel.error:
                 gpu = [r for r in gpu if r.name != "gpu.xid"]
             results += [_timed(r, facts.gpu.duration_s) for r in gpu]
     if facts.ib.error:
-        results += _failed(registry.enabled(s.checks, phase, "ib"), facts.ib, s, "sysfs")
+        results += _failed(registry.enabled(settings.checks, phase, "ib"), facts.ib, settings, "sysfs")
     elif facts.ib.value is not None:
-        results += ib_checks.ib_results(s.checks, facts.ib.value, phase, previous_ib)
+        results += ib_checks.ib_results(settings.checks, facts.ib.value, phase, previous_ib)
     if facts.system.error:
-        results += _failed(registry.enabled(s.checks, phase, "system"), facts.system, s, "system")
+        results += _failed(registry.enabled(settings.checks, phase, "system"), facts.system, settings, "system")
     elif isinstance(facts.system.value, SystemFacts):
-        results += system_checks.system_results(s.checks, facts.system.value, phase)
+        results += system_checks.system_results(settings.checks, facts.system.value, phase)
     return results
 
 
-def _timed(r: CheckResult, duration_s: float) -> CheckResult:
-    return CheckResult(r.name, r.status, r.summary, r.details, duration_s)
+def _timed(result: CheckResult, duration_s: float) -> CheckResult:
+    return CheckResult(result.name, result.status, result.summary, result.details, duration_s)
 
 
 def ib_ports(facts: Facts) -> List[IbPort]:

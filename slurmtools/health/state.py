@@ -41,11 +41,11 @@ def load(path: Path) -> HealthState:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return HealthState()
-    s = HealthState()
+    loaded = HealthState()
     for key in ("ib_counters", "nvlink_counters", "kmsg_seq", "last_clean_t", "clean_runs", "jobs"):
         if key in data:
-            setattr(s, key, data[key])
-    return s
+            setattr(loaded, key, data[key])
+    return loaded
 
 
 def save(path: Path, state: HealthState) -> None:

@@ -27,8 +27,8 @@ def parse_rate_gbps(text: Optional[str]) -> Optional[float]:
     """'400 Gb/sec (4X NDR)' -> 400.0."""
     if not text:
         return None
-    m = re.match(r"^\s*([\d.]+)\s*Gb/sec", text)
-    return float(m.group(1)) if m else None
+    match = re.match(r"^\s*([\d.]+)\s*Gb/sec", text)
+    return float(match.group(1)) if match else None
 
 
 def read_ib_ports(root: Path = Path("/")) -> List[IbPort]:
@@ -44,10 +44,10 @@ def read_ib_ports(root: Path = Path("/")) -> List[IbPort]:
             counters: Dict[str, int] = {}
             cdir = port / "counters"
             if cdir.is_dir():
-                for c in cdir.iterdir():
-                    value = _read(c)
+                for counter_file in cdir.iterdir():
+                    value = _read(counter_file)
                     if value is not None and value.isdigit():
-                        counters[c.name] = int(value)
+                        counters[counter_file.name] = int(value)
             ports.append(IbPort(hca=hca.name, port=int(port.name), state=_after_colon(_read(port / "state")),
                                 phys_state=_after_colon(_read(port / "phys_state")),
                                 rate_gbps=parse_rate_gbps(_read(port / "rate")),

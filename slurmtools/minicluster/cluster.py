@@ -83,8 +83,8 @@ def install_packages() -> List[str]:
 
 # ---- up ----------------------------------------------------------------------------
 def write_configs(layout: MiniClusterLayout) -> None:
-    for d in (layout.etc_dir, layout.log_dir, layout.run_dir, layout.fake_gpu_dir, layout.ctld_state_dir):
-        d.mkdir(parents=True, exist_ok=True)
+    for directory in (layout.etc_dir, layout.log_dir, layout.run_dir, layout.fake_gpu_dir, layout.ctld_state_dir):
+        directory.mkdir(parents=True, exist_ok=True)
     (layout.etc_dir / "slurm.conf").write_text(layout.render_slurm_conf())
     (layout.etc_dir / "gres.conf").write_text(layout.render_gres_conf())
     # cgroup.conf is read even with proctrack/linuxproc on some builds; keep it explicit and inert.
@@ -95,8 +95,8 @@ def write_configs(layout: MiniClusterLayout) -> None:
     if not layout.health_config.exists():
         layout.health_config.write_text(layout.render_health_config())
         layout.health_config.chmod(0o644)
-    for g in range(layout.gpus_per_node):
-        dev = layout.fake_gpu_dir / f"nvidia{g}"
+    for gpu in range(layout.gpus_per_node):
+        dev = layout.fake_gpu_dir / f"nvidia{gpu}"
         if not dev.exists():
             os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))  # char device, /dev/null's numbers
 

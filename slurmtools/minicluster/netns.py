@@ -24,8 +24,8 @@ def netns_exists(name: str) -> bool:
 
 
 def unreachable_route(layout: MiniClusterLayout) -> str:
-    a, b, _ = layout.subnet_prefix.split(".")
-    return f"{a}.{b}.0.0/16"
+    first_octet, second_octet, _ = layout.subnet_prefix.split(".")
+    return f"{first_octet}.{second_octet}.0.0/16"
 
 
 def net_up(layout: MiniClusterLayout) -> List[str]:

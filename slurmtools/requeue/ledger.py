@@ -27,7 +27,7 @@ _CAUSES = frozenset(cause.value for cause in Cause)
 class AttemptStart:
     KIND: ClassVar[str] = "start"
     attempt_id: str
-    t: float
+    time_s: float
     restart: int = 0
     nodes: str = ""
     resume_step: Optional[int] = None
@@ -37,7 +37,7 @@ class AttemptStart:
 class AttemptEnd:
     KIND: ClassVar[str] = "end"
     attempt_id: str
-    t: float
+    time_s: float
     cause: str                       # a policy.Cause value
     counted: bool = False            # against the restart budget
     action: Optional[str] = None     # a policy.Action value
@@ -140,7 +140,7 @@ def attempts(events: List[Event]) -> List[Attempt]:
     out = []
     for attempt_id, start in starts.items():
         end = ends.get(attempt_id)
-        out.append(Attempt(attempt_id, start.t, end.t if end else None, start.resume_step,
+        out.append(Attempt(attempt_id, start.time_s, end.time_s if end else None, start.resume_step,
                            end.first_step_t if end else None, end.last_step if end else None,
                            end.checkpoint_step if end else None, end.cause if end else None,
                            end.action if end else None, bool(end and end.counted), end.node if end else None))
@@ -192,10 +192,10 @@ def goodput(events: List[Event]) -> Goodput:
     wall_end = max((a.end_s for a in atts if a.end_s is not None), default=atts[-1].start_s)
     wall = max(0.0, wall_end - atts[0].start_s)
     rates = []
-    for a in atts:
-        done = (a.last_step or 0) - (a.resume_step or 0)
-        if a.first_step_s is not None and a.end_s is not None and done > 1:
-            rates.append((a.end_s - a.first_step_s) / (done - 1))
+    for attempt in atts:
+        done = (attempt.last_step or 0) - (attempt.resume_step or 0)
+        if attempt.first_step_s is not None and attempt.end_s is not None and done > 1:
+            rates.append((attempt.end_s - attempt.first_step_s) / (done - 1))
     step_time = statistics.median(rates) if rates else None
     final = max((a.checkpoint_step or 0 for a in atts), default=0)
     final = max(final, max((a.last_step or 0 for a in atts if a.cause == Cause.COMPLETED.value), default=0))
@@ -204,7 +204,7 @@ def goodput(events: List[Event]) -> Goodput:
     latency = [later.start_s - earlier.end_s for earlier, later in zip(atts, atts[1:]) if earlier.end_s is not None]
     first = [a.first_step_s - a.start_s for a in atts if a.first_step_s is not None]
     return Goodput(wall, final * step_time if step_time else 0.0, final, step_time, len(atts),
-                   sum(1 for a in atts if a.counted), sum(1 for a in atts if a.cause == Cause.PREEMPTED.value),
+                   sum(1 for attempt in atts if attempt.counted), sum(1 for attempt in atts if attempt.cause == Cause.PREEMPTED.value),
                    lost, latency, first)
 
 

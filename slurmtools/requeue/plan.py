@@ -36,21 +36,21 @@ def plan(*, checkpoint_cost_s: float, nodes: int, node_mtbf_h: float, restart_co
         raise ValueError("nodes must be >= 1")
     if node_mtbf_h <= 0:
         raise ValueError("node MTBF must be > 0 hours")
-    m = node_mtbf_h * 3600.0 / nodes
-    c = checkpoint_cost_s
-    young = math.sqrt(2 * c * m)
-    daly = young * (1 + math.sqrt(c / (2 * m)) / 3 + c / (18 * m)) - c if c < 2 * m else m
-    daly = max(daly, c)
-    table = [(t, predicted_goodput(t, c, m, restart_cost_s)) for t in (300.0, 900.0, 1800.0, 3600.0, 3 * 3600.0)]
-    return Plan(c, restart_cost_s, m, young, daly, predicted_goodput(daly, c, m, restart_cost_s), table)
+    mtbf_s = node_mtbf_h * 3600.0 / nodes
+    cost_s = checkpoint_cost_s
+    young = math.sqrt(2 * cost_s * mtbf_s)
+    daly = young * (1 + math.sqrt(cost_s / (2 * mtbf_s)) / 3 + cost_s / (18 * mtbf_s)) - cost_s if cost_s < 2 * mtbf_s else mtbf_s
+    daly = max(daly, cost_s)
+    table = [(t, predicted_goodput(t, cost_s, mtbf_s, restart_cost_s)) for t in (300.0, 900.0, 1800.0, 3600.0, 3 * 3600.0)]
+    return Plan(cost_s, restart_cost_s, mtbf_s, young, daly, predicted_goodput(daly, cost_s, mtbf_s, restart_cost_s), table)
 
 
-def format_plan(p: Plan) -> str:
+def format_plan(result: Plan) -> str:
     lines = [
-        f"job MTBF: {p.job_mtbf_s / 3600:.2f} h",
-        f"checkpoint every: {p.daly_interval_s / 60:.1f} min (Daly; Young: {p.young_interval_s / 60:.1f} min)",
-        f"predicted goodput: {p.goodput:.1%} (checkpoint {p.checkpoint_cost_s:g} s, restart {p.restart_cost_s:g} s)",
+        f"job MTBF: {result.job_mtbf_s / 3600:.2f} h",
+        f"checkpoint every: {result.daly_interval_s / 60:.1f} min (Daly; Young: {result.young_interval_s / 60:.1f} min)",
+        f"predicted goodput: {result.goodput:.1%} (checkpoint {result.checkpoint_cost_s:g} s, restart {result.restart_cost_s:g} s)",
         "other intervals:",
     ]
-    lines += [f"  every {t / 60:5.0f} min -> {g:.1%}" for t, g in p.table]
+    lines += [f"  every {t / 60:5.0f} min -> {g:.1%}" for t, g in result.table]
     return "\n".join(lines)

@@ -150,7 +150,7 @@ def _close_dangling_attempt(control: Path, events: List[ledger.Event],
     down = sorted(node for node, state in states.items() if state in DOWN_STATES)
     cause = policy.Cause.NODE_FAILURE if down else policy.Cause.CRASH
     end = ledger.AttemptEnd(
-        attempt_id=last.attempt_id, t=max((beat.time_s for beat in beats), default=last.t),
+        attempt_id=last.attempt_id, time_s=max((beat.time_s for beat in beats), default=last.time_s),
         cause=cause.value, counted=True, action=policy.Action.REQUEUE.value,
         detail="supervisor was killed before recording the end", node=down[0] if down else None,
         last_step=max((beat.step for beat in beats), default=None),
@@ -259,7 +259,7 @@ def _decide(config: SupervisorConfig, attempt: Attempt, evidence: policy.Evidenc
                           reason=verdict.reason + "; not under Slurm, cannot requeue")
     last_step = max((beat.step for beat in beats), default=None)
     ledger.append(config.control_dir, ledger.AttemptEnd(
-        attempt_id=attempt.attempt_id, t=time.time(), cause=diag.cause.value, counted=verdict.counted,
+        attempt_id=attempt.attempt_id, time_s=time.time(), cause=diag.cause.value, counted=verdict.counted,
         action=verdict.action.value, detail=diag.detail, reason=verdict.reason, node=diag.node,
         exit_code=exit_code, last_step=last_step, first_step_t=watchdog.first_progress(beats),
         checkpoint_step=checkpoint_step))

@@ -38,12 +38,12 @@ class Stall:
 
 def read_heartbeats(control_dir: Path) -> List[Beat]:
     beats: List[Beat] = []
-    d = control_dir / HEARTBEAT_DIR
-    if not d.is_dir():
+    heartbeat_dir = control_dir / HEARTBEAT_DIR
+    if not heartbeat_dir.is_dir():
         return beats
-    for f in d.glob("*.json"):
+    for path in heartbeat_dir.glob("*.json"):
         try:
-            data = json.loads(f.read_text())
+            data = json.loads(path.read_text())
             first = data.get("first_progress_t")
             beats.append(Beat(int(data["rank"]), str(data.get("host", "")), int(data["step"]), float(data["time"]),
                               float(first) if first is not None else None))
@@ -56,13 +56,13 @@ def judge(beats: List[Beat], now_s: float, timeout_s: float, expected_ranks: Opt
     """A stall when no rank has beaten for timeout_s; the laggard when one rank is behind the rest."""
     if timeout_s <= 0 or not beats:
         return None
-    newest = max(b.time_s for b in beats)
+    newest = max(beat.time_s for beat in beats)
     idle = now_s - newest
     if idle < timeout_s:
         return None
     steps: Dict[int, List[Beat]] = {}
-    for b in beats:
-        steps.setdefault(b.step, []).append(b)
+    for beat in beats:
+        steps.setdefault(beat.step, []).append(beat)
     low = min(steps)
     laggards = steps[low]
     if len(steps) > 1 and len(laggards) == 1:

@@ -98,8 +98,8 @@ def test_goodput_by_job_id_needs_the_spec(tmp_path):
     spec.write_text(f"name: x\ncommand: [t.py]\ncheckpoint_dir: {tmp_path}/ck\n")
     ctl = tmp_path / "ck" / ".slurmtools" / "123"
     ctl.mkdir(parents=True)
-    (ctl / "ledger.jsonl").write_text('{"event": "start", "attempt_id": "123.0", "t": 0}\n'
-                                      '{"event": "end", "attempt_id": "123.0", "t": 10, "cause": "completed", '
+    (ctl / "ledger.jsonl").write_text('{"event": "start", "attempt_id": "123.0", "time_s": 0}\n'
+                                      '{"event": "end", "attempt_id": "123.0", "time_s": 10, "cause": "completed", '
                                       '"last_step": 5, "checkpoint_step": 5, "first_step_t": 6}\n')
     out = cli("goodput", "123", "--spec", str(spec))
     assert out.returncode == 0 and "final step: 5" in out.stdout and "effective training time ratio: 50.0%" in out.stdout  # 5 steps x 1 s of 10 s

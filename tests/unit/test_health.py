@@ -313,3 +313,35 @@ def test_example_config_in_etc_is_valid():
     text = (Path(__file__).resolve().parents[2] / "etc" / "health.yaml").read_text()
     c = parse_config(text, "etc/health.yaml")
     assert c.for_host("gpu001").checks.gpu.count.expected == 8
+
+
+def test_status_severity_order_is_explicit():
+    """Nagios numbers are not a severity: UNKNOWN (3) ranks above OK and below WARN, and only
+    CRITICAL drains."""
+    from slurmtools.health.model import SEVERITY, CheckResult, Status, worst
+
+    assert SEVERITY == (Status.OK, Status.UNKNOWN, Status.WARN, Status.CRITICAL)
+    assert [int(s) for s in (Status.OK, Status.WARN, Status.CRITICAL, Status.UNKNOWN)] == [0, 1, 2, 3]
+    assert Status.OK.severity < Status.UNKNOWN.severity < Status.WARN.severity < Status.CRITICAL.severity
+
+    def of(*statuses: Status) -> Status:
+        return worst([CheckResult(f"c{i}", s, "") for i, s in enumerate(statuses)])
+
+    assert of(Status.OK, Status.UNKNOWN) is Status.UNKNOWN
+    assert of(Status.UNKNOWN, Status.WARN) is Status.WARN
+    assert of(Status.UNKNOWN, Status.CRITICAL, Status.WARN) is Status.CRITICAL
+    assert of() is Status.OK
+
+
+def test_registry_names_every_check_once_and_filters_by_phase():
+    from slurmtools.health import registry
+    from slurmtools.health.config import Checks, GpuChecks, GpuProcesses, SystemChecks, SysDisk
+
+    assert registry.names() == ["gpu.count", "gpu.ecc", "gpu.memory", "gpu.xid", "gpu.thermal", "gpu.pcie",
+                                "gpu.nvlink", "gpu.processes", "ib.ports", "ib.counters", "system.memory",
+                                "system.disk", "system.mounts", "system.processes"]
+    checks = Checks(gpu=GpuChecks(processes=GpuProcesses(phases=["epilog"])),
+                    system=SystemChecks(disk=SysDisk(enabled=False)))
+    assert "gpu.processes" not in registry.enabled(checks, "prolog", "gpu")
+    assert "gpu.processes" in registry.enabled(checks, "epilog", "gpu")
+    assert registry.enabled(checks, "periodic", "system") == ["system.memory", "system.mounts", "system.processes"]

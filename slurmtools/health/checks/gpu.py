@@ -12,50 +12,50 @@ def _ok(name: str, summary: str, **details: Any) -> CheckResult:
     return CheckResult(name, Status.OK, summary, details)
 
 
-def check_count(p: config.GpuCount, snap: GpuSnapshot) -> CheckResult:
-    n = len(snap.gpus)
-    if p.expected is not None and n < p.expected:
-        return CheckResult("gpu.count", Status.CRITICAL, f"gpus={n} expected={p.expected}",
-                           {"found": n, "expected": p.expected})
-    return _ok("gpu.count", f"gpus={n}", found=n)
+def check_count(params: config.GpuCount, snap: GpuSnapshot) -> CheckResult:
+    count = len(snap.gpus)
+    if params.expected is not None and count < params.expected:
+        return CheckResult("gpu.count", Status.CRITICAL, f"gpus={count} expected={params.expected}",
+                           {"found": count, "expected": params.expected})
+    return _ok("gpu.count", f"gpus={count}", found=count)
 
 
-def check_ecc(p: config.GpuEcc, snap: GpuSnapshot) -> CheckResult:
+def check_ecc(params: config.GpuEcc, snap: GpuSnapshot) -> CheckResult:
     bad = [(g.index, g.ecc_uncorrected_volatile) for g in snap.gpus if (g.ecc_uncorrected_volatile or 0) > 0]
     if bad:
-        idx, n = bad[0]
-        return CheckResult("gpu.ecc", Status.CRITICAL, f"gpu={idx} uncorrected={n}" + (f" (+{len(bad) - 1} gpus)"
+        idx, count = bad[0]
+        return CheckResult("gpu.ecc", Status.CRITICAL, f"gpu={idx} uncorrected={count}" + (f" (+{len(bad) - 1} gpus)"
                            if len(bad) > 1 else ""), {"uncorrected": dict(bad)})
     warn = [(g.index, g.ecc_corrected_volatile) for g in snap.gpus
-            if (g.ecc_corrected_volatile or 0) > p.corrected_warn]
+            if (g.ecc_corrected_volatile or 0) > params.corrected_warn]
     if warn:
-        return CheckResult("gpu.ecc", Status.WARN, f"gpu={warn[0][0]} corrected={warn[0][1]} > {p.corrected_warn}",
+        return CheckResult("gpu.ecc", Status.WARN, f"gpu={warn[0][0]} corrected={warn[0][1]} > {params.corrected_warn}",
                            {"corrected": dict(warn)})
     return _ok("gpu.ecc", "no uncorrected ECC errors")
 
 
-def check_memory(p: config.GpuMemory, snap: GpuSnapshot) -> CheckResult:
-    for g in snap.gpus:
-        if g.remapped_rows_failure:
-            return CheckResult("gpu.memory", Status.CRITICAL, f"gpu={g.index} row_remap=failed", {"gpu": g.index})
-        if g.remapped_rows_pending:
-            return CheckResult("gpu.memory", Status.CRITICAL, f"gpu={g.index} row_remap=pending (reset needed)",
-                               {"gpu": g.index})
-        if g.retired_pages_pending:
-            return CheckResult("gpu.memory", Status.CRITICAL, f"gpu={g.index} retired_pages=pending (reset needed)",
-                               {"gpu": g.index})
+def check_memory(params: config.GpuMemory, snap: GpuSnapshot) -> CheckResult:
+    for gpu in snap.gpus:
+        if gpu.remapped_rows_failure:
+            return CheckResult("gpu.memory", Status.CRITICAL, f"gpu={gpu.index} row_remap=failed", {"gpu": gpu.index})
+        if gpu.remapped_rows_pending:
+            return CheckResult("gpu.memory", Status.CRITICAL, f"gpu={gpu.index} row_remap=pending (reset needed)",
+                               {"gpu": gpu.index})
+        if gpu.retired_pages_pending:
+            return CheckResult("gpu.memory", Status.CRITICAL, f"gpu={gpu.index} retired_pages=pending (reset needed)",
+                               {"gpu": gpu.index})
     return _ok("gpu.memory", "no pending retirement or remap")
 
 
-def check_xid(p: config.GpuXid, snap: GpuSnapshot, events: Sequence[XidEvent]) -> CheckResult:
+def check_xid(params: config.GpuXid, snap: GpuSnapshot, events: Sequence[XidEvent]) -> CheckResult:
     by_bus = {_bus(g.pci_bus_id): g.index for g in snap.gpus}
-    fatal = [e for e in events if e.code in p.fatal]
+    fatal = [e for e in events if e.code in params.fatal]
     if fatal:
-        e = fatal[0]
-        gpu = by_bus.get(_bus(e.pci_bus_id))
-        return CheckResult("gpu.xid", Status.CRITICAL, f"xid={e.code}" + (f" gpu={gpu}" if gpu is not None else "")
-                           + f" pci={e.pci_bus_id}", {"events": [_event(x, by_bus) for x in fatal]})
-    monitored = [e for e in events if e.code in p.monitor or e.code not in p.fatal]
+        event = fatal[0]
+        gpu = by_bus.get(_bus(event.pci_bus_id))
+        return CheckResult("gpu.xid", Status.CRITICAL, f"xid={event.code}" + (f" gpu={gpu}" if gpu is not None else "")
+                           + f" pci={event.pci_bus_id}", {"events": [_event(x, by_bus) for x in fatal]})
+    monitored = [e for e in events if e.code in params.monitor or e.code not in params.fatal]
     if monitored:
         codes = sorted({e.code for e in monitored})
         return CheckResult("gpu.xid", Status.WARN, f"xid={','.join(map(str, codes))}",
@@ -76,31 +76,31 @@ def _event(event: XidEvent, by_bus: Dict[str, int]) -> Dict[str, Any]:
             "message": event.message[:200]}
 
 
-def check_thermal(p: config.GpuThermal, snap: GpuSnapshot) -> CheckResult:
-    for g in snap.gpus:
-        crit = [r for r in g.throttle_reasons if r in p.critical_reasons]
+def check_thermal(params: config.GpuThermal, snap: GpuSnapshot) -> CheckResult:
+    for gpu in snap.gpus:
+        crit = [r for r in gpu.throttle_reasons if r in params.critical_reasons]
         if crit:
-            return CheckResult("gpu.thermal", Status.CRITICAL, f"gpu={g.index} throttle={','.join(crit)}",
-                               {"gpu": g.index, "reasons": list(g.throttle_reasons), "temperature_c": g.temperature_c})
-    for g in snap.gpus:
-        warn = [r for r in g.throttle_reasons if r in p.warn_reasons]
-        hot = g.temperature_c is not None and g.temperature_c >= p.temperature_warn_c
+            return CheckResult("gpu.thermal", Status.CRITICAL, f"gpu={gpu.index} throttle={','.join(crit)}",
+                               {"gpu": gpu.index, "reasons": list(gpu.throttle_reasons), "temperature_c": gpu.temperature_c})
+    for gpu in snap.gpus:
+        warn = [r for r in gpu.throttle_reasons if r in params.warn_reasons]
+        hot = gpu.temperature_c is not None and gpu.temperature_c >= params.temperature_warn_c
         if warn or hot:
-            what = f"throttle={','.join(warn)}" if warn else f"temp={g.temperature_c}C"
-            return CheckResult("gpu.thermal", Status.WARN, f"gpu={g.index} {what}",
-                               {"gpu": g.index, "reasons": list(g.throttle_reasons), "temperature_c": g.temperature_c})
+            what = f"throttle={','.join(warn)}" if warn else f"temp={gpu.temperature_c}C"
+            return CheckResult("gpu.thermal", Status.WARN, f"gpu={gpu.index} {what}",
+                               {"gpu": gpu.index, "reasons": list(gpu.throttle_reasons), "temperature_c": gpu.temperature_c})
     return _ok("gpu.thermal", "no thermal or hardware slowdown")
 
 
-def check_pcie(p: config.GpuPcie, snap: GpuSnapshot) -> CheckResult:
-    for g in snap.gpus:
-        if p.expected_width is not None and g.pcie_width_current is not None and g.pcie_width_current < p.expected_width:
-            return CheckResult("gpu.pcie", Status.CRITICAL, f"gpu={g.index} width=x{g.pcie_width_current} "
-                               f"expected=x{p.expected_width}", {"gpu": g.index})
-        if p.expected_gen is not None and g.pcie_gen_max is not None and g.pcie_gen_max < p.expected_gen:
-            return CheckResult("gpu.pcie", Status.CRITICAL, f"gpu={g.index} gen={g.pcie_gen_max} "
-                               f"expected={p.expected_gen}", {"gpu": g.index})
-    return _ok("gpu.pcie", "links at expected width/generation" if (p.expected_width or p.expected_gen)
+def check_pcie(params: config.GpuPcie, snap: GpuSnapshot) -> CheckResult:
+    for gpu in snap.gpus:
+        if params.expected_width is not None and gpu.pcie_width_current is not None and gpu.pcie_width_current < params.expected_width:
+            return CheckResult("gpu.pcie", Status.CRITICAL, f"gpu={gpu.index} width=x{gpu.pcie_width_current} "
+                               f"expected=x{params.expected_width}", {"gpu": gpu.index})
+        if params.expected_gen is not None and gpu.pcie_gen_max is not None and gpu.pcie_gen_max < params.expected_gen:
+            return CheckResult("gpu.pcie", Status.CRITICAL, f"gpu={gpu.index} gen={gpu.pcie_gen_max} "
+                               f"expected={params.expected_gen}", {"gpu": gpu.index})
+    return _ok("gpu.pcie", "links at expected width/generation" if (params.expected_width or params.expected_gen)
                else "no expectation configured")
 
 
@@ -110,26 +110,26 @@ def nvlink_counters(snap: GpuSnapshot) -> Dict[str, int]:
             for g in snap.gpus for link in g.nvlinks}
 
 
-def check_nvlink(p: config.GpuNvlink, snap: GpuSnapshot, previous: Optional[Dict[str, int]]) -> CheckResult:
-    for g in snap.gpus:
-        if not g.nvlinks:
+def check_nvlink(params: config.GpuNvlink, snap: GpuSnapshot, previous: Optional[Dict[str, int]]) -> CheckResult:
+    for gpu in snap.gpus:
+        if not gpu.nvlinks:
             continue
-        active = sum(1 for link in g.nvlinks if link.active)
-        expected = p.expected_active if p.expected_active is not None else len(g.nvlinks)
+        active = sum(1 for link in gpu.nvlinks if link.active)
+        expected = params.expected_active if params.expected_active is not None else len(gpu.nvlinks)
         if active < expected:
-            down = [link.link for link in g.nvlinks if not link.active]
-            return CheckResult("gpu.nvlink", Status.CRITICAL, f"gpu={g.index} active={active}/{expected} "
-                               f"down={','.join(map(str, down))}", {"gpu": g.index, "inactive": down})
+            down = [link.link for link in gpu.nvlinks if not link.active]
+            return CheckResult("gpu.nvlink", Status.CRITICAL, f"gpu={gpu.index} active={active}/{expected} "
+                               f"down={','.join(map(str, down))}", {"gpu": gpu.index, "inactive": down})
     if previous:
         now = nvlink_counters(snap)
-        grown = {k: v - previous.get(k, v) for k, v in now.items() if v - previous.get(k, v) > p.errors_warn}
+        grown = {k: v - previous.get(k, v) for k, v in now.items() if v - previous.get(k, v) > params.errors_warn}
         if grown:
-            k = max(grown, key=lambda x: grown[x])
-            return CheckResult("gpu.nvlink", Status.WARN, f"gpu/link={k} errors+{grown[k]}", {"increase": grown})
+            worst_link = max(grown, key=lambda x: grown[x])
+            return CheckResult("gpu.nvlink", Status.WARN, f"gpu/link={worst_link} errors+{grown[worst_link]}", {"increase": grown})
     return _ok("gpu.nvlink", "links active")
 
 
-def check_processes(p: config.GpuProcesses, snap: GpuSnapshot, phase: str) -> CheckResult:
+def check_processes(params: config.GpuProcesses, snap: GpuSnapshot, phase: str) -> CheckResult:
     busy = {g.index: list(g.compute_pids) for g in snap.gpus if g.compute_pids}
     if busy:
         idx = min(busy)
