@@ -132,17 +132,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    import json
+    from slurmtools import jobs, slurm
 
-    from slurmtools import slurm
-
-    info = slurm.job_state(_job_id(args.job_id))
-    if args.json:
-        print(json.dumps({"job_id": info.job_id, "state": info.state, "reason": info.reason, "nodes": info.nodes,
-                          "exit_code": info.exit_code, "restarts": info.restarts}, sort_keys=True))
-    else:
-        print(f"{info.job_id} {info.state} nodes={info.nodes or '-'} reason={info.reason or '-'} "
-              f"restarts={info.restarts} exit={info.exit_code or '-'}")
+    print(jobs.format_status(slurm.job_state(_job_id(args.job_id)), as_json=args.json))
     return 0
 
 
@@ -309,15 +301,9 @@ def cmd_health_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_health_record_gpu(args: argparse.Namespace) -> int:
-    import json
+    from slurmtools.health.gpu_probe import record_this_node
 
-    from slurmtools.health.gpu_probe import NvmlProbe, ProbeError, snapshot_to_json
-
-    try:
-        snap = NvmlProbe().snapshot()
-    except ProbeError as exc:
-        raise SlurmToolsError(f"cannot record GPUs: {exc}") from None
-    text = json.dumps(dict(snapshot_to_json(snap), source="recorded by slurmtools health record-gpu"), indent=1)
+    text = record_this_node()
     if args.out:
         Path(args.out).write_text(text + "\n")
     else:

@@ -130,3 +130,11 @@ def ledger_location(target: str, spec_path: Optional[str]) -> Path:
 
     spec = load_spec(spec_path)
     return control_dir_for(spec.checkpoint_dir, spec.output_dir, target)
+
+
+def format_status(info: slurm.JobInfo, *, as_json: bool) -> str:
+    if as_json:
+        return json.dumps({"job_id": info.job_id, "state": info.state, "reason": info.reason, "nodes": info.nodes,
+                           "exit_code": info.exit_code, "restarts": info.restarts}, sort_keys=True)
+    return (f"{info.job_id} {info.state} nodes={info.nodes or '-'} reason={info.reason or '-'} "
+            f"restarts={info.restarts} exit={info.exit_code or '-'}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import signal
 import threading
 from types import FrameType
-from typing import Dict, Iterable, List, Optional, Union
+from typing import Dict, Iterable, List, Optional
 
 WARNING_SIGNALS = frozenset({signal.SIGUSR1, signal.SIGUSR2})
 

@@ -161,3 +161,15 @@ def make_gpu_probe(spec: str) -> Optional[GpuProbe]:
     if spec.startswith("fixture:"):
         return FixtureProbe(spec[len("fixture:"):])
     raise ProbeError(f"unknown gpu_probe {spec!r}")
+
+
+def record_this_node() -> str:
+    """This node's NVML readings in the fixture format (`slurmtools health record-gpu`)."""
+    import json
+
+    from slurmtools.errors import SlurmToolsError
+    try:
+        snap = NvmlProbe().snapshot()
+    except ProbeError as exc:
+        raise SlurmToolsError(f"cannot record GPUs: {exc}") from None
+    return json.dumps(dict(snapshot_to_json(snap), source="recorded by slurmtools health record-gpu"), indent=1)

@@ -162,22 +162,22 @@ def start_munged() -> Optional[int]:
 
 
 # ---- Slurm daemons ---------------------------------------------------------
-def start_slurmdbd(layout: MiniClusterLayout) -> Optional[int]:
-    pidfile = layout.run_dir / "slurmdbd.pid"
+def _start_listener(layout: MiniClusterLayout, daemon: str, host: str, port: int) -> Optional[int]:
+    """Start a self-daemonizing Slurm daemon unless its pid file names a live one; wait for its port."""
+    pidfile = layout.run_dir / f"{daemon}.pid"
     if pid_alive(read_pidfile(pidfile)):
         return None
-    run(["slurmdbd"], env=daemon_env(layout))
-    wait_for(lambda: port_open("127.0.0.1", 6819), 30, "slurmdbd (port 6819)")
+    run([daemon], env=daemon_env(layout))
+    wait_for(lambda: port_open(host, port), 30, f"{daemon} (port {port})")
     return read_pidfile(pidfile)
+
+
+def start_slurmdbd(layout: MiniClusterLayout) -> Optional[int]:
+    return _start_listener(layout, "slurmdbd", "127.0.0.1", 6819)
 
 
 def start_slurmctld(layout: MiniClusterLayout) -> Optional[int]:
-    pidfile = layout.run_dir / "slurmctld.pid"
-    if pid_alive(read_pidfile(pidfile)):
-        return None
-    run(["slurmctld"], env=daemon_env(layout))
-    wait_for(lambda: port_open(layout.controller_addr, 6817), 30, "slurmctld (port 6817)")
-    return read_pidfile(pidfile)
+    return _start_listener(layout, "slurmctld", layout.controller_addr, 6817)
 
 
 def start_slurmd(layout: MiniClusterLayout, node: str) -> Optional[int]:
