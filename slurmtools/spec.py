@@ -16,6 +16,13 @@ from slurmtools.schema import attach_line, build, check_limits, doc, err, load_y
 from slurmtools.schema import field_docs as _field_docs
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MIN_MEM_GB = 0.1
+# env names the job's own machinery sets or reads (Slurm's, the rendezvous, the ranks, ours) and
+# names that change how bash runs the generated script: a spec's `env` may not set them
+RESERVED_ENV_PREFIXES = ("SLURM_", "SLURMD_", "SLURMTOOLS_", "SBATCH_", "SRUN_", "BASH_")
+RESERVED_ENV_NAMES = frozenset({"MASTER_ADDR", "MASTER_PORT", "JOB_HOSTS", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+                                "LOCAL_WORLD_SIZE", "IFS", "PATH", "ENV", "SHELLOPTS", "BASHOPTS", "PS4",
+                                "CDPATH", "GLOBIGNORE", "POSIXLY_CORRECT"})
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP")
 
 
@@ -90,8 +97,8 @@ class JobSpec:
                         "with RANK/LOCAL_RANK/WORLD_SIZE from SLURM_*.", "torchrun", choices=("torchrun", "srun"))
     python: str = doc("Python interpreter that runs torchrun / the script on the nodes.", "python3")
     cpus_per_task: Optional[int] = doc("CPUs per Slurm task (sbatch --cpus-per-task).", None, min=1, max=4096)
-    mem_gb: Optional[float] = doc("Memory per node in GB (sbatch --mem); 0 means all of it.", None,
-                                  min=0.0, max=1e6)
+    mem_gb: Optional[float] = doc("Memory per node in GB (sbatch --mem); 0 means all of it, else at least "
+                                  f"{MIN_MEM_GB} GB.", None, min=0.0, max=1e6)
     time_limit_min: Optional[int] = doc("Wall-clock limit in minutes (sbatch --time).", None, min=1,
                                         max=525600)
     partition: Optional[str] = doc("Slurm partition.", None)
@@ -131,6 +138,9 @@ def cross_checks(spec: JobSpec) -> None:
     for index, arg in enumerate(spec.command):
         if "\x00" in arg:
             raise err(f"argument {index} contains a NUL byte", ("command",))
+    if spec.command and spec.command[0].startswith("-") and spec.command[0] != "-m":
+        raise err(f"must start with the program, not an option: {spec.command[0]!r} would be read as a "
+                  f"{'torchrun' if spec.launcher == 'torchrun' else 'program'} option", ("command",))
     if spec.command and spec.launcher == "torchrun" and not (spec.command[0].endswith(".py") or spec.command[0] == "-m"):
         raise err(f"with launcher torchrun the command starts with a .py script or -m module, "
                    f"got {spec.command[0]!r}", ("command",))
@@ -139,6 +149,13 @@ def cross_checks(spec: JobSpec) -> None:
             raise err(f"{name!r} is not a valid environment variable name", ("env",))
         if "\x00" in value:
             raise err(f"{name}: value contains a NUL byte", ("env",))
+        if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
+            raise err(f"{name} is set by Slurm or slurmtools (or changes how the script runs); "
+                      f"reserved: {', '.join(sorted(RESERVED_ENV_NAMES))} and {', '.join(RESERVED_ENV_PREFIXES)}*",
+                      ("env",))
+    if spec.mem_gb is not None and 0 < spec.mem_gb < MIN_MEM_GB:
+        raise err(f"must be 0 (all of the node's memory) or at least {MIN_MEM_GB} GB, got {spec.mem_gb:g}",
+                  ("mem_gb",))
     if spec.network.preset == "infiniband" and not spec.network.ib_hca:
         raise err("the infiniband preset needs network.ib_hca (e.g. mlx5)", ("network", "ib_hca"))
     if spec.nodelist:
