@@ -15,9 +15,10 @@ import logging
 import os
 import re
 import shutil
+import stat
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from slurmtools.errors import CheckpointError
@@ -26,6 +27,8 @@ from slurmtools.fsutil import fsync_path, write_json_atomic
 MANIFEST = "MANIFEST.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _HASH_CHUNK = 1 << 20
+MAX_MANIFEST_BYTES = 16 << 20
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 log = logging.getLogger(__name__)
 
 
@@ -36,34 +39,87 @@ class Checkpoint:
     manifest: Dict[str, Any]
 
 
+def _open_regular(path: Path) -> int:
+    """An fd for path only if it is a regular file: never follows a symlink, never blocks on a
+    FIFO or device (a hostile manifest may name /dev/zero, a FIFO, or `../outside`)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path.name} is not a regular file")
+    return fd
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(_HASH_CHUNK), b""):
+    with os.fdopen(_open_regular(path), "rb") as handle:
+        for chunk in iter(lambda: handle.read(_HASH_CHUNK), b""):
             digest.update(chunk)
     return digest.hexdigest()
 
 
-def verify_dir(path: Path, *, checksums: bool = True) -> Tuple[bool, str, Dict[str, Any]]:
-    """(ok, why-not, manifest) for one checkpoint directory."""
-    mpath = path / MANIFEST
+def _read_manifest(path: Path) -> Dict[str, Any]:
+    with os.fdopen(_open_regular(path), "rb") as handle:
+        raw = handle.read(MAX_MANIFEST_BYTES + 1)
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ValueError(f"larger than {MAX_MANIFEST_BYTES} bytes")
+    manifest = json.loads(raw)
+    if not isinstance(manifest, dict):
+        raise ValueError("not a JSON object")
+    return manifest
+
+
+def _member_problem(step_dir: Path, rel: Any, info: Any) -> Optional[str]:
+    """Why one manifest entry is not a sealed file of this checkpoint, or None."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel or len(rel) > 1024:
+        return f"bad file name {str(rel)[:60]!r}"
+    parts = PurePosixPath(rel).parts
+    if rel.startswith("/") or ".." in parts or rel == MANIFEST or not parts:
+        return f"file name outside the checkpoint: {rel[:60]!r}"
+    if not isinstance(info, dict) or not isinstance(info.get("sha256"), str) or not _SHA256.match(info["sha256"]):
+        return f"bad entry for {rel[:60]!r}"
+    size = info.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        return f"bad size for {rel[:60]!r}"
+    parent = step_dir
+    for part in parts[:-1]:                        # no symlinked directory on the way
+        parent = parent / part
+        if parent.is_symlink() or not parent.is_dir():
+            return f"missing file {rel}"
+    return None
+
+
+def verify_dir(path: Path, *, checksums: bool = True, step: Optional[int] = None) -> Tuple[bool, str, Dict[str, Any]]:
+    """(ok, why-not, manifest) for one checkpoint directory. Any malformed manifest makes the
+    checkpoint invalid (never an exception); only regular files inside the directory are read."""
     try:
-        manifest = json.loads(mpath.read_text())
-        files = manifest["files"]
+        manifest = _read_manifest(path / MANIFEST)
     except FileNotFoundError:
         return False, "no manifest", {}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
         return False, f"unreadable manifest ({exc})", {}
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return False, "manifest lists no files", manifest
+    if step is not None and manifest.get("step") != step:
+        return False, f"manifest is for step {str(manifest.get('step'))[:20]}, not {step}", manifest
     for rel, info in files.items():
+        problem = _member_problem(path, rel, info)
+        if problem:
+            return False, problem, manifest
         member = path / rel
         try:
-            size = member.stat().st_size
+            member_stat = os.lstat(member)
         except OSError:
             return False, f"missing file {rel}", manifest
-        if size != info["size"]:
-            return False, f"size mismatch in {rel} ({size} != {info['size']})", manifest
-        if checksums and sha256_file(member) != info["sha256"]:
-            return False, f"checksum mismatch in {rel}", manifest
+        if not stat.S_ISREG(member_stat.st_mode):
+            return False, f"{rel} is not a regular file", manifest
+        if member_stat.st_size != info["size"]:
+            return False, f"size mismatch in {rel} ({member_stat.st_size} != {info['size']})", manifest
+        try:
+            if checksums and sha256_file(member) != info["sha256"]:
+                return False, f"checksum mismatch in {rel}", manifest
+        except OSError as exc:
+            return False, f"cannot read {rel} ({exc})", manifest
     return True, "", manifest
 
 
@@ -123,7 +179,7 @@ class CheckpointManager:
         """Single-process save: writer(directory) writes the files; the rest is atomic."""
         existing = self.final_dir(step)
         if existing.exists():
-            ok, why, manifest = verify_dir(existing)
+            ok, why, manifest = verify_dir(existing, step=step)
             if ok:
                 return Checkpoint(step, existing, manifest)
             self.quarantine(existing, why)
@@ -138,14 +194,14 @@ class CheckpointManager:
         out = []
         for path in self.root.iterdir():
             match = _STEP_DIR.match(path.name)
-            if match and path.is_dir():
+            if match and not path.is_symlink() and path.is_dir():
                 out.append((int(match.group(1)), path))
         return sorted(out, reverse=True)
 
     def latest(self, *, checksums: bool = True) -> Optional[Checkpoint]:
         """Newest checkpoint whose manifest verifies; older ones are the fallback."""
         for step, path in self.step_dirs():
-            ok, why, manifest = verify_dir(path, checksums=checksums)
+            ok, why, manifest = verify_dir(path, checksums=checksums, step=step)
             if ok:
                 return Checkpoint(step, path, manifest)
             log.warning("skipping checkpoint %s: %s", path, why)
@@ -154,7 +210,7 @@ class CheckpointManager:
     def complete(self, *, checksums: bool = False) -> List[Checkpoint]:
         out = []
         for step, path in self.step_dirs():
-            ok, _, manifest = verify_dir(path, checksums=checksums)
+            ok, _, manifest = verify_dir(path, checksums=checksums, step=step)
             if ok:
                 out.append(Checkpoint(step, path, manifest))
         return out

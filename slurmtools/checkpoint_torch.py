@@ -40,7 +40,7 @@ def _complete_or_quarantine(manager: CheckpointManager, step: int) -> bool:
     final = manager.final_dir(step)
     if not final.exists():
         return False
-    ok, why, _ = verify_dir(final)
+    ok, why, _ = verify_dir(final, step=step)
     if not ok:
         manager.quarantine(final, why)
     return ok

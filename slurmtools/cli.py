@@ -102,7 +102,7 @@ def _slurmtools_cmd() -> List[str]:
 
 
 def _job_id(text: str) -> int:
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()) or len(text) > 12:
         raise UsageError(f"not a job id: {text!r}")
     return int(text)
 
@@ -211,7 +211,7 @@ def _positive(kind: Callable[[str], Number]) -> Callable[[str], Number]:
     """argparse type: a finite number >= 0 (NaN, infinity and huge values are refused)."""
     def parse(text: str) -> Number:
         if not text.isascii() or len(text) > 32:
-            raise argparse.ArgumentTypeError(f"not a number: {text[:40]!r}")
+            raise argparse.ArgumentTypeError(f"not a number (or too long to be one): {text[:40]!r}")
         try:
             value = kind(text)
         except ValueError:
@@ -274,7 +274,7 @@ def cmd_health_run(args: argparse.Namespace) -> int:
 
     from slurmtools.health import config, gate, report
 
-    host = args.node or config.this_host()
+    host = config.check_node_name(args.node) if args.node else config.this_host()
     settings = config.load_config(args.config).for_host(host)   # ConfigError: exit 2, never a drain
     outcome = gate.run_guarded(settings, args.phase, host, job_id=os.environ.get("SLURM_JOB_ID") or None,
                                allow_drain=not args.no_drain)
@@ -293,7 +293,7 @@ def cmd_health_check_config(args: argparse.Namespace) -> int:
     from slurmtools.health import config
 
     health_config = config.load_config(args.config)
-    hosts = [args.node] if args.node else [config.this_host()]
+    hosts = [config.check_node_name(args.node)] if args.node else [config.this_host()]
     for host in hosts:
         health_config.for_host(host)
     print(f"{health_config.path or '(no config file: defaults)'}: OK for {', '.join(hosts)}")

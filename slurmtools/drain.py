@@ -27,15 +27,21 @@ class DrainReason:
     job: Optional[str] = None
 
     def render(self) -> str:
-        """One line, no quotes or control characters, bounded length."""
-        detail = " ".join(_SAFE.sub("_", w) for w in self.detail.split())
-        text = f"{PREFIX} {self.status} {_SAFE.sub('_', self.check)}"
-        if detail:
-            text += f" {detail}"
-        suffix = f" job={self.job}" if self.job else ""
-        if len(text) + len(suffix) > MAX_REASON_CHARS:
-            text = text[:MAX_REASON_CHARS - len(suffix) - 3] + "..."
-        return text + suffix
+        """One printable line of at most MAX_REASON_CHARS; every part is sanitized, and truncation
+        cuts the detail (then the job id), never the prefix, status and check that make it ours."""
+        head = f"{PREFIX} {_safe(self.status)[:16]} {_safe(self.check)[:48]}"
+        job = _safe(self.job)[:24] if self.job else ""
+        suffix = f" job={job}" if job else ""
+        detail = " ".join(_safe(word) for word in self.detail.split())
+        room = MAX_REASON_CHARS - len(head) - len(suffix)
+        if detail and room > 4:
+            head += " " + (detail if len(detail) < room else detail[:room - 4] + "...")
+        return head + suffix
+
+
+def _safe(text: str) -> str:
+    """Only characters that are harmless in scontrol's argv, sinfo output and our own parser."""
+    return _SAFE.sub("_", text) if text.isascii() else _SAFE.sub("_", text.encode("ascii", "replace").decode())
 
 
 def is_ours(reason: str) -> bool:

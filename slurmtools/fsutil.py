@@ -23,8 +23,12 @@ def write_json_atomic(path: Path, data: Mapping[str, Any], *, durable: bool = Tr
     the machine (checkpoint manifests, health state); heartbeats that are rewritten every
     second only need the atomicity."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as handle:
-        json.dump(data, handle, indent=1 if durable else None, sort_keys=True, allow_nan=False)
+    text = json.dumps(data, indent=1 if durable else None, sort_keys=True, allow_nan=False)
+    # never follow a link planted at the temp name, never write into a file we did not create
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
         if durable:
             handle.flush()
             os.fsync(handle.fileno())

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import copy
 import os
+import re
+import stat
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from slurmtools.errors import ConfigError, SpecError
 from slurmtools.xid import FATAL_XIDS, MONITOR_XIDS
-from slurmtools.schema import attach_line, build, check_hostlist, check_limits, doc, err, load_yaml_with_lines
+from slurmtools.schema import (MAX_YAML_BYTES, attach_line, build, check_hostlist, check_limits, doc, err,
+                               load_yaml_with_lines)
 
 PHASES = ("prolog", "epilog", "periodic")
 DEFAULT_PATH = Path("/etc/slurmtools/health.yaml")
@@ -243,14 +246,36 @@ def find_config_path(explicit: Optional[str] = None) -> Optional[Path]:
     return DEFAULT_PATH if DEFAULT_PATH.exists() else None
 
 
-def check_ownership(path: Path) -> None:
-    st = path.stat()
-    if os.geteuid() == 0:
-        if st.st_uid != 0:
-            raise ConfigError(f"refused: owned by uid {st.st_uid}, not root (this file decides which nodes drain)",
-                              file=str(path))
-        if st.st_mode & 0o022:
-            raise ConfigError(f"refused: group/world writable (mode {oct(st.st_mode & 0o777)})", file=str(path))
+def _refuse_untrusted(info: os.stat_result, what: str, path: Path) -> None:
+    if info.st_uid != 0:
+        raise ConfigError(f"refused: {what} owned by uid {info.st_uid}, not root (this file decides which "
+                          "nodes drain)", file=str(path))
+    if info.st_mode & 0o022:
+        raise ConfigError(f"refused: {what} group/world writable (mode {oct(info.st_mode & 0o777)})", file=str(path))
+
+
+def read_trusted(path: Path) -> str:
+    """The config's text, read from one open file: as root that file (fstat of the open fd, so it
+    cannot be swapped between the check and the read) and its directory must be root-owned and
+    not group/world writable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ConfigError("no such file", file=str(path)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError("not a regular file", file=str(path))
+        if os.geteuid() == 0:
+            _refuse_untrusted(info, "the file is", path)
+            _refuse_untrusted(os.stat(os.path.dirname(os.path.realpath(path))), "its directory is", path)
+        raw = handle.read(MAX_YAML_BYTES + 1)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read: not UTF-8 text ({exc.reason} at byte {exc.start})", file=str(path)) from None
 
 
 def parse_config(text: str, file: str) -> HealthConfig:
@@ -293,15 +318,19 @@ def load_config(explicit: Optional[str] = None) -> HealthConfig:
     path = find_config_path(explicit)
     if path is None:
         return HealthConfig(None, {}, ())
-    try:
-        check_ownership(path)
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError("no such file", file=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read: {exc}", file=str(path)) from None
-    return parse_config(text, str(path))
+    return parse_config(read_trusted(path), str(path))
+
+
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def check_node_name(name: str) -> str:
+    """A Slurm node name (letters, digits, `-`, `_`, `.`; no path, no hostlist); it names a
+    state directory, so anything else is refused."""
+    if not name.isascii() or not _NODE_NAME.match(name) or ".." in name:
+        raise ConfigError(f"not a node name: {name[:64]!r}")
+    return name
 
 
 def this_host() -> str:
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return check_node_name(os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0])

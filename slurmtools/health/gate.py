@@ -62,14 +62,20 @@ def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional
     t0 = time.monotonic()
     now_s = time.time()
     deadline = t0 + settings.deadline_s
+    state.check_state_dir(Path(settings.state_dir))       # ConfigError: fail open, before any read
     spath = state.state_file(Path(settings.state_dir), host)
-    st = state.load(spath)
+    st, state_problem = state.load(spath)
+    facts = runner.gather_cheap(settings, phase, deadline)
+    newest_seq = max((seq for seq, _ in facts.kernel.value), default=-1) if facts.kernel.value else None
+    if newest_seq is not None and st.kmsg_seq > newest_seq:
+        st.kmsg_seq = -1     # the kernel log restarted (a reboot): every record in it is new
     baseline = st.baseline_for(job_id) if phase == "epilog" else None
     prev_ib = baseline["ib_counters"] if baseline else st.ib_counters
     prev_nvlink = baseline["nvlink_counters"] if baseline else st.nvlink_counters
     after_seq = int(baseline["kmsg_seq"]) if baseline else st.kmsg_seq
+    if newest_seq is not None and after_seq > newest_seq:
+        after_seq = -1
 
-    facts = runner.gather_cheap(settings, phase, deadline)
     cached = _cache_hit(settings, phase, st, facts, now_s)
     if cached:
         facts.gpu_skipped = True
@@ -79,6 +85,9 @@ def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional
                            previous_nvlink=prev_nvlink or None)
     if baseline:
         results = [_attributed(r, job_id) for r in results]
+    if state_problem:
+        results.append(CheckResult("slurmtools.state", Status.WARN,
+                                   f"previous state discarded ({state_problem}); counters start fresh"))
     overall = worst(results)
 
     drained_reason = None

@@ -181,7 +181,14 @@ class Goodput:
         return self.productive_s / self.wall_s if self.wall_s > 0 else 0.0
 
     def to_json(self) -> Dict[str, Any]:
-        return {"ratio": self.ratio, **dataclasses.asdict(self)}
+        """Valid JSON: a value that is not a finite number becomes null."""
+        def finite(value: Any) -> Any:
+            if isinstance(value, float) and not math.isfinite(value):
+                return None
+            if isinstance(value, list):
+                return [finite(item) for item in value]
+            return value
+        return {key: finite(value) for key, value in {"ratio": self.ratio, **dataclasses.asdict(self)}.items()}
 
 
 def goodput(events: List[Event]) -> Goodput:

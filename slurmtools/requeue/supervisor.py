@@ -11,7 +11,9 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -22,7 +24,8 @@ from typing import IO, Deque, Dict, List, Mapping, Optional, Sequence
 
 from slurmtools import drain, slurm
 from slurmtools.checkpoint import Checkpoint, CheckpointManager
-from slurmtools.errors import SlurmCommandError
+from slurmtools.errors import SlurmCommandError, UsageError
+from slurmtools.fsutil import write_json_atomic
 from slurmtools.requeue import ledger, policy, watchdog
 from slurmtools.runtime import (ATTEMPT_ID_ENV, COMPLETE_FILE, CONTROL_DIR_ENV, HEARTBEAT_DIR, REQUEST_FILE,
                                 STOPPED_FILE, attempt_of)
@@ -86,15 +89,42 @@ class _Pump(threading.Thread):
                 pass
 
 
+def _ensure_control_dir(control_dir: Path) -> None:
+    try:
+        control_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UsageError(f"control dir {control_dir}: exists and is not a directory") from None
+    except OSError as exc:
+        raise UsageError(f"control dir {control_dir}: {exc.strerror}") from None
+
+
+def _remove(path: Path) -> None:
+    """Whatever is at path (a marker, or a directory or FIFO someone put in its place)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def _prepare_control_dir(control_dir: Path) -> None:
     """Markers and heartbeats belong to one attempt: clear the previous attempt's."""
-    control_dir.mkdir(parents=True, exist_ok=True)
+    _ensure_control_dir(control_dir)
     for name in (REQUEST_FILE, STOPPED_FILE, COMPLETE_FILE):
-        (control_dir / name).unlink(missing_ok=True)
+        _remove(control_dir / name)
     heartbeats = control_dir / HEARTBEAT_DIR
+    if heartbeats.is_symlink() or (heartbeats.exists() and not heartbeats.is_dir()):
+        _remove(heartbeats)
     heartbeats.mkdir(exist_ok=True)
     for path in heartbeats.iterdir():
-        path.unlink(missing_ok=True)
+        _remove(path)
+
+
+def _marker(path: Path) -> bool:
+    """A marker counts only as a regular file (a directory named `complete` is no completion)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _stop_child(child: "subprocess.Popen[bytes]", timeout_s: float) -> None:
@@ -176,7 +206,7 @@ def _begin(config: SupervisorConfig, attempt: Attempt, manager: Optional[Checkpo
            ) -> "tuple[List[ledger.Event], Optional[Checkpoint]]":
     """Close a dangling attempt, clear the control dir, record and announce this attempt's start."""
     control = config.control_dir
-    control.mkdir(parents=True, exist_ok=True)
+    _ensure_control_dir(control)
     events = ledger.read(control)
     resume = manager.latest() if manager else None
     dangling = _close_dangling_attempt(control, events, resume.step if resume else None)
@@ -197,11 +227,15 @@ def _watch(config: SupervisorConfig, attempt: Attempt, child: "subprocess.Popen[
     requeue = config.requeue
     requested_at: Optional[float] = None
     watch = Watch()
+    invalid_seen = 0
     while child.poll() is None:
         now = time.time()
         if flags.any() and requested_at is None:
             requested_at = now
-            (control / REQUEST_FILE).write_text(json.dumps({"signals": flags.names(), "t": now}))
+            try:
+                write_json_atomic(control / REQUEST_FILE, {"signals": flags.names(), "t": now}, durable=False)
+            except OSError as exc:
+                emit("control_error", attempt.attempt_id, error=f"cannot write {REQUEST_FILE}: {exc}")
             emit("checkpoint_requested", attempt.attempt_id, signals=flags.names())
         if requested_at is not None and now - requested_at > requeue.checkpoint_grace_s:
             emit("grace_expired", attempt.attempt_id, grace_s=requeue.checkpoint_grace_s)
@@ -209,7 +243,10 @@ def _watch(config: SupervisorConfig, attempt: Attempt, child: "subprocess.Popen[
             watch.killed_by_us = True
             break
         if requeue.hang_timeout_s > 0 and requested_at is None:
-            beats = watchdog.read_heartbeats(control)
+            beats, invalid = watchdog.scan_heartbeats(control, now)
+            if invalid > invalid_seen:
+                invalid_seen = invalid
+                emit("invalid_heartbeats", attempt.attempt_id, count=invalid)
             stall = watchdog.judge(beats, now, requeue.hang_timeout_s)
             if stall is None and not beats and now - start_t > requeue.hang_timeout_s + STARTUP_ALLOWANCE_S:
                 stall = watchdog.Stall(now - start_t, None, None, 0)
@@ -232,8 +269,8 @@ def _evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: S
     last_step = max((beat.step for beat in beats), default=None)
     evidence = policy.Evidence(
         exit_code=None if watch.killed_by_us else watch.exit_code,
-        complete_marker=(control / COMPLETE_FILE).exists(),
-        stopped_for_requeue=(control / STOPPED_FILE).exists(),
+        complete_marker=_marker(control / COMPLETE_FILE),
+        stopped_for_requeue=_marker(control / STOPPED_FILE),
         warning_received=flags.any(),
         cancelled=flags.seen(signal.SIGTERM) and _ended_for_good(attempt.job_id, attempt.restart),
         hang_detected=watch.stall is not None,
@@ -293,7 +330,11 @@ def run(config: SupervisorConfig, argv: Sequence[str], environ: Optional[Mapping
     pumps = [_Pump(child.stdout, sys.stdout, tail), _Pump(child.stderr, sys.stderr, tail)]
     for pump in pumps:
         pump.start()
-    watch = _watch(config, attempt, child, flags, start_t)
+    try:
+        watch = _watch(config, attempt, child, flags, start_t)
+    finally:   # whatever happened above, the step (in its own session) does not outlive us
+        if child.poll() is None:
+            _stop_child(child, config.stop_timeout_s)
     for pump in pumps:
         pump.join(timeout=5)
     evidence, beats = _evidence(config, attempt, watch, flags, tail, resume)

@@ -7,9 +7,13 @@ stall is pure (`judge`); reading the files is `read_heartbeats`.
 from __future__ import annotations
 
 import json
+import math
+import os
+import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from slurmtools.runtime import HEARTBEAT_DIR
 
@@ -36,20 +40,85 @@ class Stall:
     step: int
 
 
-def read_heartbeats(control_dir: Path) -> List[Beat]:
-    beats: List[Beat] = []
+MAX_HEARTBEAT_BYTES = 64 * 1024
+# a heartbeat from the future hides a hang for as long as it is "new": allow only clock skew
+FUTURE_TOLERANCE_S = 300.0
+MAX_RANK = 1 << 20
+MAX_STEP = 1 << 53
+
+
+def parse_heartbeat(data: Any, now_s: float) -> Optional[Beat]:
+    """One rank's heartbeat, or None when it is not a well-formed, plausible one."""
+    if not isinstance(data, dict):
+        return None
+    rank: Any = data.get("rank")
+    step: Any = data.get("step")
+    time_s: Any = data.get("time")
+    first: Any = data.get("first_progress_t")
+    host: Any = data.get("host", "")
+    if not (_is_int(rank) and 0 <= rank < MAX_RANK and _is_int(step) and 0 <= step < MAX_STEP):
+        return None
+    if not _is_time(time_s, now_s) or not (first is None or _is_time(first, now_s)) or not isinstance(host, str):
+        return None
+    return Beat(rank, host[:256], step, float(time_s), float(first) if first is not None else None)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_time(value: Any, now_s: float) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and 0 < value <= now_s + FUTURE_TOLERANCE_S)
+
+
+def _read_small_regular(path: Path) -> Optional[bytes]:
+    """The bytes of a small regular file; None for anything else (directory, FIFO, symlink, huge)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = os.read(fd, MAX_HEARTBEAT_BYTES + 1)
+        return raw if len(raw) <= MAX_HEARTBEAT_BYTES else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def scan_heartbeats(control_dir: Path, now_s: Optional[float] = None) -> Tuple[List[Beat], int]:
+    """(valid heartbeats by rank, number of invalid entries). An invalid one is no evidence:
+    never fatal, never a hang, never a hidden hang."""
+    now = time.time() if now_s is None else now_s
     heartbeat_dir = control_dir / HEARTBEAT_DIR
-    if not heartbeat_dir.is_dir():
-        return beats
-    for path in heartbeat_dir.glob("*.json"):
-        try:
-            data = json.loads(path.read_text())
-            first = data.get("first_progress_t")
-            beats.append(Beat(int(data["rank"]), str(data.get("host", "")), int(data["step"]), float(data["time"]),
-                              float(first) if first is not None else None))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # a half-written or foreign file is no evidence
-    return sorted(beats, key=lambda b: b.rank)
+    beats: Dict[int, Beat] = {}
+    invalid = 0
+    try:
+        entries = sorted(heartbeat_dir.iterdir()) if heartbeat_dir.is_dir() and not heartbeat_dir.is_symlink() else []
+    except OSError:
+        entries = []
+    for path in entries:
+        if not path.name.endswith(".json"):
+            continue
+        raw = _read_small_regular(path)
+        beat = None
+        if raw is not None:
+            try:
+                beat = parse_heartbeat(json.loads(raw), now)
+            except (ValueError, RecursionError):
+                beat = None
+        if beat is None or beat.rank in beats:
+            invalid += 1
+            continue
+        beats[beat.rank] = beat
+    return [beats[rank] for rank in sorted(beats)], invalid
+
+
+def read_heartbeats(control_dir: Path) -> List[Beat]:
+    return scan_heartbeats(control_dir)[0]
 
 
 def judge(beats: List[Beat], now_s: float, timeout_s: float, expected_ranks: Optional[int] = None) -> Optional[Stall]:
