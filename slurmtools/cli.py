@@ -290,12 +290,16 @@ def cmd_health_run(args: argparse.Namespace) -> int:
 
 
 def cmd_health_check_config(args: argparse.Namespace) -> int:
-    from slurmtools.health import config
+    from slurmtools.health import config, gate, registry
 
     health_config = config.load_config(args.config)
     hosts = [config.check_node_name(args.node)] if args.node else [config.this_host()]
     for host in hosts:
-        health_config.for_host(host)
+        settings = health_config.for_host(host)
+        gate.check_settings(settings)      # what the prolog would refuse, refused here too
+        for phase in config.PHASES:
+            enabled = [name for group in registry.GROUPS for name in registry.enabled(settings.checks, phase, group)]
+            print(f"{host} {phase}: {', '.join(enabled) or '(no checks)'}")
     print(f"{health_config.path or '(no config file: defaults)'}: OK for {', '.join(hosts)}")
     return 0
 

@@ -248,10 +248,10 @@ def find_config_path(explicit: Optional[str] = None) -> Optional[Path]:
 
 def _refuse_untrusted(info: os.stat_result, what: str, path: Path) -> None:
     if info.st_uid != 0:
-        raise ConfigError(f"refused: {what} owned by uid {info.st_uid}, not root (this file decides which "
-                          "nodes drain)", file=str(path))
+        raise ConfigError(f"refused: owned by uid {info.st_uid}, not root ({what}; it decides which nodes drain)",
+                          file=str(path))
     if info.st_mode & 0o022:
-        raise ConfigError(f"refused: {what} group/world writable (mode {oct(info.st_mode & 0o777)})", file=str(path))
+        raise ConfigError(f"refused: group/world writable ({what}, mode {oct(info.st_mode & 0o777)})", file=str(path))
 
 
 def read_trusted(path: Path) -> str:
@@ -269,8 +269,8 @@ def read_trusted(path: Path) -> str:
         if not stat.S_ISREG(info.st_mode):
             raise ConfigError("not a regular file", file=str(path))
         if os.geteuid() == 0:
-            _refuse_untrusted(info, "the file is", path)
-            _refuse_untrusted(os.stat(os.path.dirname(os.path.realpath(path))), "its directory is", path)
+            _refuse_untrusted(info, "the file", path)
+            _refuse_untrusted(os.stat(os.path.dirname(os.path.realpath(path))), "its directory", path)
         raw = handle.read(MAX_YAML_BYTES + 1)
     try:
         return raw.decode("utf-8")

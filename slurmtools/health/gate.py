@@ -16,10 +16,11 @@ from typing import Any, Dict, List, Optional
 
 from slurmtools import drain as drains
 from slurmtools import slurm
-from slurmtools.errors import SlurmCommandError, SlurmToolsError
+from slurmtools.errors import ConfigError, SlurmCommandError, SlurmToolsError
 from slurmtools.fsutil import write_json_atomic
 from slurmtools.health import report, runner, state
 from slurmtools.health.config import NodeSettings
+from slurmtools.health.gpu_probe import FixtureProbe, ProbeError, make_gpu_probe
 from slurmtools.health.model import CheckResult, Status, worst
 
 EXIT_HEALTHY = 0
@@ -58,11 +59,24 @@ def _cache_hit(settings: NodeSettings, phase: str, st: state.HealthState, facts:
     return True
 
 
+def check_settings(settings: NodeSettings) -> None:
+    """What a run needs from its settings beyond their syntax, checked before anything is read:
+    the same ConfigError for `health check-config` and the prolog (which fails open on it)."""
+    state.check_state_dir(Path(settings.state_dir))
+    if settings.gpu_probe.startswith("fixture:"):
+        probe = make_gpu_probe(settings.gpu_probe)
+        if isinstance(probe, FixtureProbe):
+            try:
+                probe.check()
+            except ProbeError as exc:
+                raise ConfigError(f"gpu_probe: {exc}") from None
+
+
 def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional[str], allow_drain: bool = True) -> Outcome:
     t0 = time.monotonic()
     now_s = time.time()
     deadline = t0 + settings.deadline_s
-    state.check_state_dir(Path(settings.state_dir))       # ConfigError: fail open, before any read
+    check_settings(settings)                              # ConfigError: fail open, before any read
     spath = state.state_file(Path(settings.state_dir), host)
     st, state_problem = state.load(spath)
     facts = runner.gather_cheap(settings, phase, deadline)

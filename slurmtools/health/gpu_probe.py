@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple, TypeVar
 
+from slurmtools.errors import SlurmToolsError
 from slurmtools.health.model import GpuFacts, GpuSnapshot, NvLink
 
 BUILTIN_FIXTURES = Path(__file__).parent / "fixtures"
@@ -142,14 +143,32 @@ class FixtureProbe:
             path = BUILTIN_FIXTURES / f"{ref}.json"
         self.path = path
 
+    def check(self) -> None:
+        """As root a fixture decides what a node reports: it must be root-owned and not
+        group/world writable, like the config that names it."""
+        from slurmtools.health.config import read_trusted
+        if not self.path.exists():
+            return                # the probe reports it (UNKNOWN): a missing file is no sick node
+        try:
+            read_trusted(self.path)
+        except SlurmToolsError as exc:
+            raise ProbeError(f"GPU fixture: {exc}") from None
+
     def snapshot(self) -> GpuSnapshot:
+        self.check()
         try:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError) as exc:
             raise ProbeError(f"cannot read GPU fixture {self.path}: {exc}") from None
-        if data.get("hang_s"):
-            time.sleep(float(data["hang_s"]))
-        return snapshot_from_json(data)
+        if not isinstance(data, dict):
+            raise ProbeError(f"GPU fixture {self.path}: not a JSON object")
+        hang_s = data.get("hang_s")
+        if isinstance(hang_s, (int, float)) and not isinstance(hang_s, bool) and 0 < hang_s < 3600:
+            time.sleep(float(hang_s))
+        try:
+            return snapshot_from_json(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProbeError(f"GPU fixture {self.path}: malformed ({type(exc).__name__}: {exc})") from None
 
 
 def make_gpu_probe(spec: str) -> Optional[GpuProbe]:
@@ -165,9 +184,6 @@ def make_gpu_probe(spec: str) -> Optional[GpuProbe]:
 
 def record_this_node() -> str:
     """This node's NVML readings in the fixture format (`slurmtools health record-gpu`)."""
-    import json
-
-    from slurmtools.errors import SlurmToolsError
     try:
         snap = NvmlProbe().snapshot()
     except ProbeError as exc:
