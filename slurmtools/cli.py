@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, List, Optional, TypeVar
 
-from slurmtools.errors import SlurmToolsError, UsageError
+from slurmtools.errors import SlurmToolsError, UsageError, one_line
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 Number = TypeVar("Number", int, float)
@@ -384,7 +384,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except SlurmToolsError as exc:
-        print(f"slurmtools: error: {exc}", file=sys.stderr)
+        print(f"slurmtools: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("slurmtools: interrupted", file=sys.stderr)

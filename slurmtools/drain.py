@@ -30,7 +30,7 @@ class DrainReason:
         """One printable line of at most MAX_REASON_CHARS; every part is sanitized, and truncation
         cuts the detail (then the job id), never the prefix, status and check that make it ours."""
         head = f"{PREFIX} {_safe(self.status)[:16]} {_safe(self.check)[:48]}"
-        job = _safe(self.job)[:24] if self.job else ""
+        job = re.sub(r"[^0-9_+.]", "", self.job)[:24] if self.job else ""     # job ids: 123, 123_4, 123+1
         suffix = f" job={job}" if job else ""
         detail = " ".join(_safe(word) for word in self.detail.split())
         room = MAX_REASON_CHARS - len(head) - len(suffix)

@@ -9,6 +9,11 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 
+def one_line(text: str) -> str:
+    """Control characters (a newline in a file name, say) escaped: an error message stays one line."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
 class SlurmToolsError(Exception):
     """Root of every error slurmtools raises on purpose."""
 

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 from slurmtools import drain as drains
 from slurmtools import slurm
-from slurmtools.errors import ConfigError, SlurmCommandError, SlurmToolsError
+from slurmtools.errors import ConfigError, SlurmCommandError, SlurmToolsError, one_line
 from slurmtools.fsutil import write_json_atomic
 from slurmtools.health import report, runner, state
 from slurmtools.health.config import NodeSettings
@@ -203,7 +203,7 @@ def run_guarded(settings: NodeSettings, phase: str, host: str, *, job_id: Option
     except SlurmToolsError:
         raise
     except Exception as exc:  # our own bug: never a traceback, never a drain (unless configured)
-        what = f"{type(exc).__name__}: {exc}"
+        what = one_line(f"{type(exc).__name__}: {exc}")
         closed = internal_error_outcome(settings, phase, host, job_id, what)
         if closed is None:
             print(f"slurmtools: error: health run failed ({what}); failing open", file=sys.stderr)

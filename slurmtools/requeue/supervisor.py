@@ -335,8 +335,10 @@ def run(config: SupervisorConfig, argv: Sequence[str], environ: Optional[Mapping
     finally:   # whatever happened above, the step (in its own session) does not outlive us
         if child.poll() is None:
             _stop_child(child, config.stop_timeout_s)
-    for pump in pumps:
-        pump.join(timeout=5)
+        for pump in pumps:
+            pump.join(timeout=5)
+        child.stdout.close()
+        child.stderr.close()
     evidence, beats = _evidence(config, attempt, watch, flags, tail, resume)
     diag, verdict, checkpoint_step = _decide(config, attempt, evidence, beats, events, manager, watch.exit_code)
     if verdict.action is policy.Action.COMPLETE:
