@@ -27,55 +27,55 @@ class _Parser(argparse.ArgumentParser):
 
 
 # ---- minicluster -------------------------------------------------------------------
-def _minicluster_layout(args: argparse.Namespace) -> Any:
-    from slurmtools.minicluster.cluster import default_controller_host, layout_from_record
-    from slurmtools.minicluster.layout import MiniClusterLayout
-
-    state_dir = Path(args.state_dir)
-    if getattr(args, "action", "") != "up":
-        return layout_from_record(state_dir)
-    try:
-        return MiniClusterLayout(state_dir=state_dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                                 controller_host=default_controller_host(),
-                                 prolog_dir=Path(args.prolog_dir).resolve(), epilog_dir=Path(args.epilog_dir).resolve())
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
-
-
 def cmd_minicluster(args: argparse.Namespace) -> int:
     from slurmtools import slurm
     from slurmtools.minicluster import cluster
 
-    layout = _minicluster_layout(args)
-    if args.action == "up":
-        nodes = cluster.up(layout, install=not args.no_install, wait_s=args.wait_s)
-        print(cluster.format_table(nodes))
+    name = args.name
+    state_dir = Path(args.state_dir) if args.state_dir else None
+    if args.action == "list":
+        print(cluster.format_list())
         return 0
+    if args.action == "up":
+        layout = cluster.layout_for_up(name, state_dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                                       prolog_dir=Path(args.prolog_dir), epilog_dir=Path(args.epilog_dir))
+        print(cluster.format_table(cluster.up(layout, install=not args.no_install, wait_s=args.wait_s)))
+        return 0
+    layout = cluster.find_layout(name, state_dir)
     if args.action == "down":
         cluster.down(layout, purge=args.purge)
-        print("mini-cluster is down" + (" and its state removed" if args.purge else ""))
-        return 0
-    if args.action == "status":
-        print(cluster.format_table(slurm.nodes()))
-        return 0
-    node = args.node
-    try:
-        layout.node_index(node)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
-    actions = {"kill": cluster.kill_node, "partition": cluster.partition_node,
-               "heal": cluster.heal_node, "restart": cluster.restart_node}
-    actions[args.action](layout, node)
-    print(f"{args.action}: {node}")
+        print(f"mini-cluster {name} is down" + (" and its state removed" if args.purge else ""))
+    elif args.action == "status":
+        with slurm.using_conf(layout.slurm_conf):
+            print(cluster.format_table(slurm.nodes()))
+    elif args.action == "restart-controller":
+        cluster.restart_controller(layout)
+        print(f"restart-controller: {name}")
+    else:
+        if args.node not in layout.node_names:
+            raise UsageError(f"unknown node {args.node!r}; cluster {name} has {layout.nodelist}")
+        actions = {"kill": cluster.kill_node, "partition": cluster.partition_node,
+                   "heal": cluster.heal_node, "restart": cluster.restart_node}
+        actions[args.action](layout, args.node)
+        print(f"{args.action}: {args.node}")
     return 0
 
 
+def _cluster_name(text: str) -> str:
+    from slurmtools.minicluster.layout import NAME_PATTERN
+    if not NAME_PATTERN.match(text):
+        raise argparse.ArgumentTypeError(f"not a cluster name (1-8 lower-case letters or digits): {text[:20]!r}")
+    return text
+
+
 def _add_minicluster(sub: Any) -> None:
-    from slurmtools.minicluster.layout import DEFAULT_STATE_DIR
+    from slurmtools.minicluster.layout import BASE_DIR, NAME_ENV, default_name
 
     parser = sub.add_parser("minicluster", help="a real multi-node Slurm on this machine (root, Debian)")
-    parser.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR),
-                   help="where all config, logs and state live (env SLURMTOOLS_MINICLUSTER_DIR)")
+    parser.add_argument("--name", type=_cluster_name, default=default_name(),
+                        help=f"which cluster (default: ${NAME_ENV}, else mini); each has its own everything")
+    parser.add_argument("--state-dir", help=f"where its config, logs and state live (default {BASE_DIR}/NAME; "
+                                            "base from $SLURMTOOLS_MINICLUSTER_DIR)")
     acts = parser.add_subparsers(dest="action", required=True, parser_class=_Parser)
     up = acts.add_parser("up", help="install (if missing) and start the cluster; wait until nodes are idle")
     up.add_argument("--nodes", type=int, default=3)
@@ -87,6 +87,8 @@ def _add_minicluster(sub: Any) -> None:
     down = acts.add_parser("down", help="stop everything `up` started and undo its system changes")
     down.add_argument("--purge", action="store_true", help="also delete the state directory")
     acts.add_parser("status", help="node table")
+    acts.add_parser("list", help="the named clusters on this machine")
+    acts.add_parser("restart-controller", help="stop and start slurmctld (clients ride through)")
     for name, what in (("kill", "kill the node: its slurmd and every process in its namespace"),
                        ("partition", "take the node's link down"), ("heal", "bring the node's link back up"),
                        ("restart", "restart the node's slurmd")):

@@ -60,35 +60,38 @@ def progress_from_log(text: str) -> Optional[str]:
     return None
 
 
-def wait_for_job(job_id: int, *, out: TextIO = sys.stdout, poll_s: float = 1.0) -> slurm.JobInfo:
-    """Print state changes and a live progress line until the job reaches a final state."""
+def wait_for_job(job_id: int, *, out: TextIO = sys.stdout, poll_s: float = 0.5,
+                 max_poll_s: float = 5.0) -> slurm.JobInfo:
+    """Print state changes and a live progress line until the job reaches a final state.
+
+    One `scontrol -o show job` per poll (this job only), every poll_s at first, backing off to
+    max_poll_s while nothing changes; a controller that restarts meanwhile is ridden through
+    (slurm.py retries transient errors, and a poll that still fails is simply the next one)."""
     last_state = ""
     last_progress = ""
-    stdout_path: Optional[Path] = None
+    delay_s = poll_s
     while True:
         try:
             info = slurm.job_state(job_id)
         except SlurmCommandError:
-            time.sleep(poll_s)
+            time.sleep(max_poll_s)
             continue
         state = f"{info.state}" + (f" ({info.reason})" if info.reason not in ("", "None") else "") + \
             (f" restarts={info.restarts}" if info.restarts else "")
+        changed = False
         if state != last_state:
             print(f"job {job_id}: {state}" + (f" on {info.nodes}" if info.nodes else ""), file=out, flush=True)
-            last_state = state
-        if stdout_path is None:
-            try:
-                stdout_path = log_paths(job_id)[0]
-            except (UsageError, SlurmCommandError):
-                stdout_path = None
+            last_state, changed = state, True
+        stdout_path = Path(info.raw["StdOut"]) if info.raw.get("StdOut") else None
         if stdout_path is not None and stdout_path.is_file():
             progress = progress_from_log(_tail_text(stdout_path))
             if progress and progress != last_progress:
                 print(f"job {job_id}: {progress}", file=out, flush=True)
-                last_progress = progress
+                last_progress, changed = progress, True
         if info.finished:
             return info
-        time.sleep(poll_s)
+        delay_s = poll_s if changed else min(max_poll_s, delay_s * 1.5)
+        time.sleep(delay_s)
 
 
 def _tail_text(path: Path, max_bytes: int = 65536) -> str:

@@ -6,12 +6,17 @@ records come from `scontrol -o show` (one line, key=value) or `sinfo/squeue/sacc
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
+import os
 import re
 import signal
 import subprocess
+import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from slurmtools.errors import SlurmCommandError
 
@@ -23,18 +28,57 @@ TERMINAL_STATES = frozenset({
 })
 
 
+# A controller that restarts or is briefly overloaded answers with these; the command is
+# retried with backoff (about 25 s in all) instead of failing the caller.
+TRANSIENT_ERRORS = re.compile(r"Socket timed out|Unable to contact slurm controller|Connection refused|"
+                              r"Zero Bytes were transmitted|Resource temporarily unavailable|"
+                              r"Slurm backup controller in standby")
+# the ones that mean the request never reached slurmctld: safe to retry even for sbatch
+NOT_DELIVERED = re.compile(r"Unable to contact slurm controller|Connection refused")
+RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 8.0)
+_CONF: "contextvars.ContextVar[Optional[str]]" = contextvars.ContextVar("slurm_conf", default=None)
+
+
+@contextlib.contextmanager
+def using_conf(path: Union[str, Path]) -> Iterator[None]:
+    """Every Slurm command inside the block talks to the cluster of this slurm.conf (SLURM_CONF),
+    whatever /etc/slurm or the environment say: the mini-cluster's tools address one named cluster."""
+    token = _CONF.set(str(path))
+    try:
+        yield
+    finally:
+        _CONF.reset(token)
+
+
 def _ignore_sigterm() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def run_slurm(argv: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, input_text: Optional[str] = None,
-              env: Optional[Mapping[str, str]] = None, survive_sigterm: bool = False) -> str:
-    """Run one Slurm command and return its stdout; never through a shell.
+              env: Optional[Mapping[str, str]] = None, survive_sigterm: bool = False,
+              retry: Optional[re.Pattern[str]] = TRANSIENT_ERRORS) -> str:
+    """Run one Slurm command and return its stdout; never through a shell. Transient controller
+    errors (retry) are retried with backoff; anything else fails at once.
 
     survive_sigterm: the command ignores SIGTERM (an ignored signal survives exec). A job that
     requeues itself is sent SIGTERM at once, its own scontrol children included; the commands
     that must still finish (update, release) take milliseconds, well inside KillWait.
     """
+    for delay_s in (*RETRY_DELAYS_S, None):
+        try:
+            return _run_once(argv, timeout_s, input_text, env, survive_sigterm)
+        except SlurmCommandError as exc:
+            if delay_s is None or retry is None or exc.timed_out or not retry.search(exc.stderr):
+                raise
+            time.sleep(delay_s)
+    raise AssertionError("unreachable")
+
+
+def _run_once(argv: Sequence[str], timeout_s: float, input_text: Optional[str], env: Optional[Mapping[str, str]],
+              survive_sigterm: bool) -> str:
+    conf = _CONF.get()
+    if conf is not None:
+        env = dict(os.environ if env is None else env, SLURM_CONF=conf)
     try:
         proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, input=input_text,
                               env=dict(env) if env is not None else None,
@@ -142,22 +186,14 @@ def _first_state(value: Any) -> str:
     return str(value or "UNKNOWN")
 
 
-def _wait_status(raw: Any) -> str:
-    """squeue's exit_code is a wait(2) status; render it as sacct does: `code:signal`."""
-    if not isinstance(raw, int):
-        return ""
-    return f"{(raw >> 8) & 0xff}:{raw & 0x7f}"
-
-
-def parse_squeue_json(text: str, job_id: int) -> Optional[JobInfo]:
-    data = json.loads(text)
-    for job in data.get("jobs", []):
-        if int(job.get("job_id", -1)) == job_id:
-            return JobInfo(job_id=job_id, state=_first_state(job.get("job_state")).upper(),
-                           reason=str(job.get("state_reason", "")), nodes=str(job.get("nodes", "")),
-                           exit_code=_wait_status(job.get("exit_code")),
-                           restarts=int(job.get("restart_cnt", 0) or 0), raw=job)
-    return None
+def parse_job_record(record: Mapping[str, str], job_id: int) -> JobInfo:
+    """One `scontrol -o show job` record (a few hundred bytes, this job only) as a JobInfo."""
+    state = record.get("JobState", "UNKNOWN").split("+")[0].upper() or "UNKNOWN"
+    nodes = record.get("NodeList", "")
+    restarts = record.get("Restarts", "0")
+    return JobInfo(job_id=job_id, state=state, reason=record.get("Reason", ""),
+                   nodes="" if nodes in ("(null)", "None") else nodes, exit_code=record.get("ExitCode", ""),
+                   restarts=int(restarts) if restarts.isdigit() else 0, raw=dict(record))
 
 
 def parse_sacct_json(text: str, job_id: int) -> Optional[JobInfo]:
@@ -180,14 +216,16 @@ def parse_sacct_json(text: str, job_id: int) -> Optional[JobInfo]:
 # ---- commands (effects) --------------------------------------------------------
 def ping(timeout_s: float = 10.0) -> bool:
     try:
-        return "UP" in run_slurm(["scontrol", "ping"], timeout_s=timeout_s)
+        return "UP" in run_slurm(["scontrol", "ping"], timeout_s=timeout_s, retry=None)
     except SlurmCommandError:
         return False
 
 
 def submit(script_text: str, extra_args: Sequence[str] = (), timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
     """Submit a batch script given as text (on stdin); returns the job id."""
-    out = run_slurm(["sbatch", "--parsable", *extra_args], input_text=script_text, timeout_s=timeout_s)
+    # retried only when the request surely never arrived: a retry after a timeout could submit twice
+    out = run_slurm(["sbatch", "--parsable", *extra_args], input_text=script_text, timeout_s=timeout_s,
+                    retry=NOT_DELIVERED)
     return parse_job_id(out)
 
 
@@ -219,13 +257,12 @@ def job_end_time(job_id: int) -> Optional[float]:
 
 
 def job_state(job_id: int) -> JobInfo:
-    """Live state from squeue; finished jobs squeue has dropped come from sacct (slurmdbd).
-
-    Slurm 22.05's `squeue --json` ignores -j and lists every job, so the parser filters.
-    """
-    info = parse_squeue_json(run_slurm(["squeue", "--json", "-j", str(job_id)]), job_id)
-    if info is not None:
-        return info
+    """Live state of one job from `scontrol -o show job` (this job's one line: Slurm 22.05's
+    `squeue --json` ignores -j and returns every job on the cluster, ~6 KB each); a job slurmctld
+    has forgotten (MinJobAge) comes from sacct (slurmdbd)."""
+    record = show_job(job_id)
+    if record is not None:
+        return parse_job_record(record, job_id)
     acct = parse_sacct_json(run_slurm(["sacct", "--json", "-j", str(job_id)]), job_id)
     if acct is None:
         raise SlurmCommandError(["sacct", "-j", str(job_id)], 0, f"job {job_id} is unknown to squeue and sacct")

@@ -11,6 +11,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_STATE_DIR = Path(os.environ.get("SLURMTOOLS_TEST_CLUSTER_DIR", "/var/tmp/slurmtools-test-cluster"))
+# The suite's own named cluster: a user's (the demo's `mini`, say) is never touched.
+TEST_CLUSTER_NAME = os.environ.get("SLURMTOOLS_TEST_CLUSTER_NAME", "test")
 
 
 def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.5):
@@ -27,16 +29,20 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, inter
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator["object"]:
-    """A 3-node mini-cluster with 4 fake GPUs per node; torn down (and checked) at the end."""
+    """A 3-node mini-cluster with 4 fake GPUs per node, named for the suite and addressed by
+    SLURM_CONF (inherited by every Slurm command, submitit and the jobs); torn down (and
+    checked) at the end. /etc/hosts and /etc/slurm are never changed."""
     from slurmtools.minicluster import cluster as mc
-    from slurmtools.minicluster.layout import MiniClusterLayout
 
     if os.geteuid() != 0:
         pytest.fail("cluster tests need root (run the README's test command as root)")
-    layout = MiniClusterLayout(state_dir=TEST_STATE_DIR, nodes=3, gpus_per_node=4,
-                               controller_host=mc.default_controller_host(),
-                               prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
-    mc.down(layout, purge=True)  # a previous session killed mid-way leaves nothing behind
+    hosts_before = Path("/etc/hosts").read_text()
+    etc_slurm_before = os.path.realpath(mc.ETC_SLURM_CONF)
+    mc.down(mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR), purge=True)  # a killed session leaves nothing
+    layout = mc.layout_for_up(TEST_CLUSTER_NAME, TEST_STATE_DIR, nodes=3, gpus_per_node=4,
+                              prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
+    previous_conf = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(layout.slurm_conf)
     try:
         mc.up(layout, install=True, wait_s=90)
         yield layout
@@ -44,14 +50,20 @@ def cluster() -> Iterator["object"]:
         record = mc.load_record(layout)
         started = dict(record.get("pids", {}))
         mc.down(layout, purge=True)
+        if previous_conf is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = previous_conf
         from slurmtools.minicluster import daemons, netns
         alive = {name: pid for name, pid in started.items() if daemons.pid_alive(pid)}
         leftovers = [ns for ns in (layout.netns(n) for n in layout.node_names) if netns.netns_exists(ns)]
-        hosts = "slurmtools-minicluster" in Path("/etc/hosts").read_text()
-        if alive or leftovers or hosts or netns.link_exists(layout.bridge):
-            print(f"mini-cluster teardown left: processes={alive} netns={leftovers} hosts_block={hosts}",
+        changed = [path for path, ok in (("/etc/hosts", Path("/etc/hosts").read_text() == hosts_before),
+                                         (str(mc.ETC_SLURM_CONF), os.path.realpath(mc.ETC_SLURM_CONF) == etc_slurm_before))
+                   if not ok]
+        if alive or leftovers or changed or netns.link_exists(layout.bridge) or layout.registry_file.exists():
+            print(f"mini-cluster teardown left: processes={alive} netns={leftovers} changed={changed}",
                   file=sys.stderr)
-            raise AssertionError("mini-cluster teardown left processes, namespaces or hosts entries behind")
+            raise AssertionError("mini-cluster teardown left processes, namespaces or system changes behind")
 
 
 @pytest.fixture

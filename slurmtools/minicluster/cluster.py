@@ -1,7 +1,9 @@
-"""`minicluster up | down | status | kill | partition | heal | restart`.
+"""`minicluster up | down | status | list | kill | partition | heal | restart | restart-controller`.
 
 `up` writes a record (record.json) after every step of what it started or changed, so a
-failed `up` is cleaned by `down`, and `down` stops exactly those processes (by pid).
+failed `up` is cleaned by `down`, and `down` stops exactly those processes (by pid). Each
+named cluster registers itself under /run (name, state dir, slot); `up` refuses, before it
+changes anything, a name, bridge, subnet, namespace or port that something else holds.
 """
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from slurmtools import slurm
-from slurmtools.errors import MiniClusterError, SlurmCommandError
+from slurmtools.errors import MiniClusterError, SlurmCommandError, UsageError
+from slurmtools.fsutil import write_json_atomic
 from slurmtools.minicluster import daemons, netns
-from slurmtools.minicluster.layout import REQUIRED_PACKAGES, MiniClusterLayout
+from slurmtools.minicluster.layout import (DEFAULT_NAME, MAX_SLOTS, REGISTRY_DIR, REQUIRED_PACKAGES,
+                                           MiniClusterLayout)
 
 ETC_SLURM_CONF = Path("/etc/slurm/slurm.conf")
 
@@ -30,25 +34,124 @@ def load_record(layout: MiniClusterLayout) -> Dict[str, Any]:
         record: Dict[str, Any] = json.loads(layout.record_file.read_text())
         return record
     except (OSError, ValueError):
-        return {"pids": {}, "etc_slurm": None, "hosts": False}
+        return {"pids": {}, "etc_slurm": None, "net": False}
 
 
 def save_record(layout: MiniClusterLayout, record: Dict[str, Any]) -> None:
-    layout.state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = layout.record_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-    os.replace(tmp, layout.record_file)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(layout.record_file, record)
 
 
-def layout_from_record(state_dir: Path) -> MiniClusterLayout:
+def layout_from_record(state_dir: Path, name: str = DEFAULT_NAME) -> MiniClusterLayout:
     """Rebuild the layout `up` used, so `down`/`kill` need no repeated flags."""
     try:
         saved = json.loads((state_dir / "record.json").read_text())["layout"]
-    except (OSError, ValueError, KeyError):
-        return MiniClusterLayout(state_dir=state_dir)
-    return MiniClusterLayout(state_dir=state_dir, nodes=saved["nodes"], gpus_per_node=saved["gpus_per_node"],
-                             controller_host=saved["controller_host"], prolog_dir=Path(saved["prolog_dir"]),
-                             epilog_dir=Path(saved["epilog_dir"]))
+        return MiniClusterLayout(name=saved.get("name", name), slot=int(saved.get("slot", 0)), state_dir=state_dir,
+                                 nodes=saved["nodes"], gpus_per_node=saved["gpus_per_node"],
+                                 controller_host=saved["controller_host"], prolog_dir=Path(saved["prolog_dir"]),
+                                 epilog_dir=Path(saved["epilog_dir"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return MiniClusterLayout(name=name, state_dir=state_dir)
+
+
+# ---- the registry of named clusters ---------------------------------------------------
+def registered() -> List[Dict[str, Any]]:
+    """Every cluster `up` registered on this machine: name, state_dir, slot."""
+    out = []
+    for path in sorted(REGISTRY_DIR.glob("*.json")) if REGISTRY_DIR.is_dir() else []:
+        try:
+            entry = json.loads(path.read_text())
+            out.append({"name": str(entry["name"]), "state_dir": str(entry["state_dir"]), "slot": int(entry["slot"])})
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def find_layout(name: str, state_dir: Optional[Path] = None) -> MiniClusterLayout:
+    """The layout of a named cluster: its explicit state dir, else the one it registered, else the default."""
+    if state_dir is None:
+        entry = next((e for e in registered() if e["name"] == name), None)
+        state_dir = Path(entry["state_dir"]) if entry else MiniClusterLayout(name=name).root
+    return layout_from_record(state_dir, name)
+
+
+def layout_for_up(name: str, state_dir: Optional[Path], *, nodes: int, gpus_per_node: int, prolog_dir: Path,
+                  epilog_dir: Path) -> MiniClusterLayout:
+    try:
+        return MiniClusterLayout(name=name, slot=allocate_slot(name, state_dir), state_dir=state_dir, nodes=nodes,
+                                 gpus_per_node=gpus_per_node, controller_host=default_controller_host(),
+                                 prolog_dir=prolog_dir.resolve(), epilog_dir=epilog_dir.resolve())
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def allocate_slot(name: str, state_dir: Optional[Path]) -> int:
+    """The slot this cluster had (its record), else the lowest one no other registered cluster uses."""
+    previous = find_layout(name, state_dir)
+    if previous.record_file.exists():
+        return previous.slot
+    taken = {entry["slot"] for entry in registered() if entry["name"] != name}
+    free = [slot for slot in range(MAX_SLOTS) if slot not in taken]
+    if not free:
+        raise MiniClusterError(f"all {MAX_SLOTS} mini-cluster slots are taken on this machine")
+    return free[0]
+
+
+def _register(layout: MiniClusterLayout) -> None:
+    REGISTRY_DIR.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(layout.registry_file, {"name": layout.name, "state_dir": str(layout.root), "slot": layout.slot},
+                      durable=False)
+
+
+def _unregister(layout: MiniClusterLayout) -> None:
+    try:
+        entry = json.loads(layout.registry_file.read_text())
+    except (OSError, ValueError):
+        return
+    if entry.get("state_dir") == str(layout.root):
+        layout.registry_file.unlink(missing_ok=True)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def held_by_others(layout: MiniClusterLayout, record: Dict[str, Any]) -> Optional[str]:
+    """What this cluster needs that something else holds (None: all free or already ours)."""
+    pids = record.get("pids", {})
+    for entry in registered():
+        if entry["name"] == layout.name and entry["state_dir"] != str(layout.root):
+            return f"the name {layout.name!r} belongs to the cluster in {entry['state_dir']}"
+        if entry["name"] != layout.name and entry["slot"] == layout.slot:
+            return f"slot {layout.slot} belongs to cluster {entry['name']!r}"
+    if not record.get("net"):
+        if netns.link_exists(layout.bridge):
+            return (f"network interface {layout.bridge} exists and is not this cluster's "
+                    f"(a leftover? `slurmtools minicluster down --name {layout.name}`)")
+        if netns.subnet_in_use(layout):
+            return f"subnet {layout.subnet} is already routed on this machine"
+        taken = [layout.netns(node) for node in layout.node_names if netns.netns_exists(layout.netns(node))]
+        if taken:
+            return f"network namespace {taken[0]} exists and is not this cluster's"
+    for daemon, host, port in (("slurmctld", "0.0.0.0", layout.slurmctld_port),
+                               ("slurmdbd", "127.0.0.1", layout.slurmdbd_port),
+                               ("mariadbd", "127.0.0.1", layout.db_port)):
+        if not daemons.pid_alive(pids.get(daemon)) and not _port_free(host, port):
+            return f"port {port} ({daemon}) is in use by another program"
+    if layout.name == DEFAULT_NAME and not _etc_slurm_is(layout) and (
+            ETC_SLURM_CONF.exists() or ETC_SLURM_CONF.is_symlink()):
+        return f"{ETC_SLURM_CONF} belongs to another Slurm (the default cluster links it only when it is free)"
+    return None
+
+
+def _etc_slurm_is(layout: MiniClusterLayout) -> bool:
+    return ETC_SLURM_CONF.is_symlink() and Path(os.readlink(ETC_SLURM_CONF)) == layout.slurm_conf
 
 
 # ---- preconditions -----------------------------------------------------------------
@@ -87,6 +190,8 @@ def write_configs(layout: MiniClusterLayout) -> None:
         directory.mkdir(parents=True, exist_ok=True)
     (layout.etc_dir / "slurm.conf").write_text(layout.render_slurm_conf())
     (layout.etc_dir / "gres.conf").write_text(layout.render_gres_conf())
+    layout.hosts_file.write_text(layout.render_hosts())
+    layout.hosts_file.chmod(0o644)
     # cgroup.conf is read even with proctrack/linuxproc on some builds; keep it explicit and inert.
     (layout.etc_dir / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
     dbd = layout.etc_dir / "slurmdbd.conf"
@@ -102,16 +207,12 @@ def write_configs(layout: MiniClusterLayout) -> None:
 
 
 def link_etc_slurm(layout: MiniClusterLayout, record: Dict[str, Any]) -> None:
-    """Point /etc/slurm/slurm.conf at ours so plain `sbatch` works; back up an admin's file first."""
-    if ETC_SLURM_CONF.is_symlink() and Path(os.readlink(ETC_SLURM_CONF)) == layout.slurm_conf:
+    """The default-named cluster points a free /etc/slurm/slurm.conf at its own, so a plain
+    `sbatch` works; any other cluster is addressed by SLURM_CONF and never touches /etc/slurm."""
+    if layout.name != DEFAULT_NAME or _etc_slurm_is(layout) or ETC_SLURM_CONF.exists() or ETC_SLURM_CONF.is_symlink():
         return
     ETC_SLURM_CONF.parent.mkdir(parents=True, exist_ok=True)
-    backup = None
-    if ETC_SLURM_CONF.exists() or ETC_SLURM_CONF.is_symlink():
-        backup = layout.state_dir / "backup" / "slurm.conf"
-        backup.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(ETC_SLURM_CONF), backup)
-    record["etc_slurm"] = {"backup": str(backup) if backup else None}
+    record["etc_slurm"] = {"linked": True}
     save_record(layout, record)
     ETC_SLURM_CONF.symlink_to(layout.slurm_conf)
 
@@ -121,20 +222,23 @@ def up(layout: MiniClusterLayout, *, install: bool = True, wait_s: float = 60.0)
     if install:
         install_packages()
     record = load_record(layout)
-    record["layout"] = {"nodes": layout.nodes, "gpus_per_node": layout.gpus_per_node,
-                        "controller_host": layout.controller_host, "prolog_dir": str(layout.prolog_dir),
-                        "epilog_dir": str(layout.epilog_dir)}
+    conflict = held_by_others(layout, record)
+    if conflict:
+        raise MiniClusterError(f"cluster {layout.name!r} not started: {conflict}")
+    record["layout"] = {"name": layout.name, "slot": layout.slot, "nodes": layout.nodes,
+                        "gpus_per_node": layout.gpus_per_node, "controller_host": layout.controller_host,
+                        "prolog_dir": str(layout.prolog_dir), "epilog_dir": str(layout.epilog_dir)}
     save_record(layout, record)
+    _register(layout)
     write_configs(layout)
     link_etc_slurm(layout, record)
-    record["hosts"] = True
+    record["net"] = True
     save_record(layout, record)
-    netns.hosts_add(layout)
     netns.net_up(layout)
     pids = record.setdefault("pids", {})
     steps: List[Tuple[str, Callable[[], Optional[int]]]] = [
         ("mariadbd", lambda: daemons.start_mariadb(layout)),
-        ("munged", daemons.start_munged),
+        ("munged", lambda: daemons.start_munged(layout)),
         ("slurmdbd", lambda: daemons.start_slurmdbd(layout)),
         ("slurmctld", lambda: daemons.start_slurmctld(layout))]
     steps += [(f"slurmd-{node}", functools.partial(daemons.start_slurmd, layout, node)) for node in layout.node_names]
@@ -143,8 +247,9 @@ def up(layout: MiniClusterLayout, *, install: bool = True, wait_s: float = 60.0)
         if pid:
             pids[name] = pid
             save_record(layout, record)
-    resume_our_stale_states(layout)
-    return wait_until_idle(layout, wait_s)
+    with slurm.using_conf(layout.slurm_conf):
+        resume_our_stale_states(layout)
+        return wait_until_idle(layout, wait_s)
 
 
 def resume_our_stale_states(layout: MiniClusterLayout) -> None:
@@ -201,27 +306,18 @@ def down(layout: MiniClusterLayout, *, purge: bool = False) -> None:
     for node in layout.node_names:
         kill_namespace(layout, node)
     daemons.stop_pid(pids.get("mariadbd") or daemons.read_pidfile(layout.run_dir / "mysqld" / "mysqld.pid"), 60)
-    if pids.get("munged"):
-        daemons.stop_pid(pids["munged"])
+    daemons.stop_pid(pids.get("munged") or daemons.read_pidfile(layout.munge_dir / "munged.pid"))
     netns.net_down(layout)
-    netns.hosts_remove()
-    restore_etc_slurm(layout, record)
-    record["pids"] = {}
-    record["hosts"] = False
-    record["etc_slurm"] = None
-    if layout.state_dir.exists():
-        save_record(layout, record)
-    if purge and layout.state_dir.exists():
-        shutil.rmtree(layout.state_dir)
-
-
-def restore_etc_slurm(layout: MiniClusterLayout, record: Dict[str, Any]) -> None:
-    if ETC_SLURM_CONF.is_symlink() and Path(os.readlink(ETC_SLURM_CONF)) == layout.slurm_conf:
+    if _etc_slurm_is(layout):
         ETC_SLURM_CONF.unlink()
-    info = record.get("etc_slurm") or {}
-    backup = info.get("backup")
-    if backup and Path(backup).exists() and not ETC_SLURM_CONF.exists():
-        shutil.move(backup, ETC_SLURM_CONF)
+    _unregister(layout)
+    record["pids"] = {}
+    record["net"] = False
+    record["etc_slurm"] = None
+    if layout.root.exists():
+        save_record(layout, record)
+    if purge and layout.root.exists():
+        shutil.rmtree(layout.root)
 
 
 # ---- faults --------------------------------------------------------------------------
@@ -252,6 +348,18 @@ def heal_node(layout: MiniClusterLayout, node: str) -> None:
     netns.set_link(layout, node, up=True)
 
 
+def restart_controller(layout: MiniClusterLayout) -> None:
+    """Stop slurmctld and start it again (state is saved): clients see "Unable to contact slurm
+    controller" in between, the transient error slurm.py rides through."""
+    require_root()
+    daemons.stop_pid(daemons.read_pidfile(layout.run_dir / "slurmctld.pid"))
+    pid = daemons.start_slurmctld(layout)
+    record = load_record(layout)
+    if pid:
+        record.setdefault("pids", {})["slurmctld"] = pid
+        save_record(layout, record)
+
+
 def restart_node(layout: MiniClusterLayout, node: str) -> None:
     """Restart the node's slurmd (brings a killed node back; ReturnToService=2 makes it idle)."""
     require_root()
@@ -269,6 +377,18 @@ def format_table(nodes: List[slurm.NodeInfo]) -> str:
     rows += [(n.name, n.display_state, n.gres, n.reason or "-") for n in nodes]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}" for r in rows)
+
+
+def format_list() -> str:
+    """NAME SLOT SUBNET NODES STATE STATE_DIR for every registered cluster."""
+    rows = [("NAME", "SLOT", "SUBNET", "NODES", "STATE", "STATE_DIR")]
+    for entry in registered():
+        layout = layout_from_record(Path(entry["state_dir"]), entry["name"])
+        alive = daemons.pid_alive(daemons.read_pidfile(layout.run_dir / "slurmctld.pid"))
+        rows.append((layout.name, str(layout.slot), layout.subnet, layout.nodelist, "up" if alive else "stopped",
+                     str(layout.root)))
+    widths = [max(len(row[col]) for row in rows) for col in range(5)]
+    return "\n".join("  ".join(f"{row[col]:<{widths[col]}}" for col in range(5)) + "  " + row[5] for row in rows)
 
 
 def default_controller_host() -> str:

@@ -15,9 +15,6 @@ from slurmtools.errors import MiniClusterError
 from slurmtools.minicluster.layout import MiniClusterLayout
 from slurmtools.minicluster.sysrun import run
 
-MUNGE_PIDFILE = Path("/run/munge/munged.pid")
-
-
 def pid_alive(pid: Optional[int]) -> bool:
     if not pid:
         return False
@@ -105,9 +102,9 @@ def untraversable_parent(path: Path) -> Optional[Path]:
 
 def start_mariadb(layout: MiniClusterLayout) -> Optional[int]:
     """Our own MariaDB data dir and port (127.0.0.1 only): never touches a system database."""
-    blocked = untraversable_parent(layout.state_dir)
+    blocked = untraversable_parent(layout.root)
     if blocked is not None:
-        raise MiniClusterError(f"MariaDB runs as user mysql and cannot reach {layout.state_dir}: {blocked} is not "
+        raise MiniClusterError(f"MariaDB runs as user mysql and cannot reach {layout.root}: {blocked} is not "
                                "world-traversable; choose a --state-dir under /var/lib or /var/tmp")
     sock_dir = layout.run_dir / "mysqld"
     sock_dir.mkdir(parents=True, exist_ok=True)
@@ -120,9 +117,12 @@ def start_mariadb(layout: MiniClusterLayout) -> Optional[int]:
         shutil.chown(layout.db_dir, "mysql", "mysql")
         run(["mariadb-install-db", "--user=mysql", f"--datadir={layout.db_dir}",
              "--auth-root-authentication-method=socket", "--skip-test-db"], timeout_s=180)
-    # start-stop-daemon (dpkg) detaches it properly: own session, no parent waiting on it.
+    # start-stop-daemon (dpkg) detaches it properly: own session, no parent waiting on it. It is
+    # matched by this cluster's pid file only: another MariaDB (the machine's own, another
+    # cluster's) is never taken for this one.
+    pidfile.unlink(missing_ok=True)
     run(["start-stop-daemon", "--start", "--background", "--output", str(layout.log_dir / "mariadb.out"),
-         "--exec", "/usr/sbin/mariadbd", "--",
+         "--pidfile", str(pidfile), "--exec", "/usr/sbin/mariadbd", "--",
          "--no-defaults", "--user=mysql", f"--datadir={layout.db_dir}",
          f"--socket={sock_dir}/mysqld.sock", f"--pid-file={pidfile}", "--bind-address=127.0.0.1",
          f"--port={layout.db_port}", f"--log-error={layout.log_dir}/mariadb.err",
@@ -138,27 +138,34 @@ def start_mariadb(layout: MiniClusterLayout) -> Optional[int]:
 
 
 # ---- munge -----------------------------------------------------------------
-def munge_works() -> bool:
+def munge_works(socket_path: Path) -> bool:
     if not shutil.which("munge"):
         return False
-    proc = subprocess.run(["munge", "-n"], capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(["munge", "-n", f"--socket={socket_path}"], capture_output=True, timeout=10,
+                          stdin=subprocess.DEVNULL)
     return proc.returncode == 0
 
 
-def start_munged() -> Optional[int]:
-    """Reuse a running munged (an admin's); otherwise start one and return its pid."""
-    if munge_works():
+def start_munged(layout: MiniClusterLayout) -> Optional[int]:
+    """This cluster's own munged: its own key, socket, pid and log (the machine's munged, if any,
+    is never used or touched). munged runs as user munge and insists on owning its files."""
+    pidfile = layout.munge_dir / "munged.pid"
+    if pid_alive(read_pidfile(pidfile)) and munge_works(layout.munge_socket):
         return None
-    key = Path("/etc/munge/munge.key")
+    layout.munge_dir.mkdir(parents=True, exist_ok=True)
+    shutil.chown(layout.munge_dir, "munge", "munge")
+    layout.munge_dir.chmod(0o700)
+    key = layout.munge_dir / "munge.key"
     if not key.exists() or key.stat().st_size == 0:
         key.write_bytes(os.urandom(1024))
-        shutil.chown(key, "munge", "munge")
-        key.chmod(0o400)
-    Path("/run/munge").mkdir(parents=True, exist_ok=True)
-    shutil.chown("/run/munge", "munge", "munge")
-    run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"])
-    wait_for(munge_works, 15, "munged")
-    return read_pidfile(MUNGE_PIDFILE)
+    shutil.chown(key, "munge", "munge")
+    key.chmod(0o400)
+    pidfile.unlink(missing_ok=True)
+    run(["runuser", "-u", "munge", "--", "/usr/sbin/munged", f"--socket={layout.munge_socket}",
+         f"--key-file={key}", f"--pid-file={pidfile}", f"--log-file={layout.munge_dir / 'munged.log'}",
+         f"--seed-file={layout.munge_dir / 'munged.seed'}"])
+    wait_for(lambda: munge_works(layout.munge_socket), 15, f"munged (see {layout.munge_dir}/munged.log)")
+    return read_pidfile(pidfile)
 
 
 # ---- Slurm daemons ---------------------------------------------------------
@@ -173,25 +180,28 @@ def _start_listener(layout: MiniClusterLayout, daemon: str, host: str, port: int
 
 
 def start_slurmdbd(layout: MiniClusterLayout) -> Optional[int]:
-    return _start_listener(layout, "slurmdbd", "127.0.0.1", 6819)
+    return _start_listener(layout, "slurmdbd", "127.0.0.1", layout.slurmdbd_port)
 
 
 def start_slurmctld(layout: MiniClusterLayout) -> Optional[int]:
-    return _start_listener(layout, "slurmctld", layout.controller_addr, 6817)
+    return _start_listener(layout, "slurmctld", layout.controller_addr, layout.slurmctld_port)
 
 
 def start_slurmd(layout: MiniClusterLayout, node: str) -> Optional[int]:
-    """slurmd in the node's network namespace and a fresh UTS namespace (hostname = node name).
+    """slurmd in the node's network namespace, a fresh UTS namespace (hostname = node name) and
+    a private mount namespace whose /etc/hosts is the cluster's own (jobs inherit all three).
 
     nsenter, not `ip netns exec`: the latter remounts /sys and slurmd 22.05 then fails to
-    find /sys/fs/cgroup (`error: No filesystem mounted on /sys/fs/cgroup`).
+    find /sys/fs/cgroup (`error: No filesystem mounted on /sys/fs/cgroup`). `unshare --mount`
+    copies the mount table, /sys/fs/cgroup included, and only /etc/hosts is bound over.
     """
     pidfile = layout.slurmd_pidfile(node)
     if pid_alive(read_pidfile(pidfile)):
         return None
     layout.slurmd_spool_dir(node).mkdir(parents=True, exist_ok=True)
     pidfile.unlink(missing_ok=True)
-    run(["nsenter", f"--net=/run/netns/{layout.netns(node)}", "unshare", "--uts", "sh", "-c",
-         f"hostname {node} && exec slurmd -N {node}"], env=daemon_env(layout))
+    run(["nsenter", f"--net=/run/netns/{layout.netns(node)}", "unshare", "--uts", "--mount", "--propagation",
+         "private", "sh", "-c", 'mount --bind "$1" /etc/hosts && hostname "$2" && exec slurmd -N "$2"', "sh",
+         str(layout.hosts_file), node], env=daemon_env(layout))
     wait_for(lambda: pid_alive(read_pidfile(pidfile)), 15, f"slurmd on {node}")
     return read_pidfile(pidfile)

@@ -5,13 +5,20 @@ Nothing here touches the system, so every setting is unit-tested as text.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
-DEFAULT_STATE_DIR = Path(os.environ.get("SLURMTOOLS_MINICLUSTER_DIR", "/var/lib/slurmtools/minicluster"))
-HOSTS_BEGIN = "# BEGIN slurmtools-minicluster"
-HOSTS_END = "# END slurmtools-minicluster"
+# Named clusters, like kind's: each name has its own state dir, slot (subnet, ports), bridge,
+# namespaces, munged and MariaDB, so several run side by side and never touch each other.
+DEFAULT_NAME = "mini"
+NAME_ENV = "SLURMTOOLS_MINICLUSTER_NAME"
+BASE_DIR = Path(os.environ.get("SLURMTOOLS_MINICLUSTER_DIR", "/var/lib/slurmtools/minicluster"))
+# live clusters on this machine (tmpfs: gone after a reboot, like the clusters themselves)
+REGISTRY_DIR = Path("/run/slurmtools/minicluster")
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,7}$")
+MAX_SLOTS = 100
 MAX_NODES = 32
 
 # Debian 12 packages the cluster needs (--no-install-recommends is enough: 28 packages, the
@@ -20,11 +27,21 @@ REQUIRED_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "slurmdbd",
                      "mariadb-server", "iproute2", "util-linux")
 
 
+def default_name() -> str:
+    return os.environ.get(NAME_ENV) or DEFAULT_NAME
+
+
 @dataclass(frozen=True)
 class MiniClusterLayout:
-    """Everything that names a piece of the mini-cluster; derived values are properties."""
+    """Everything that names a piece of the mini-cluster; derived values are properties.
 
-    state_dir: Path = DEFAULT_STATE_DIR
+    `slot` (0..99) numbers the cluster among those on the machine: subnet 10.77.<slot>.0/24 and
+    ports 16817 + 10*slot (slurmctld), +1 (slurmd), +2 (slurmdbd), 13307 + 10*slot (MariaDB),
+    all below Linux's ephemeral range."""
+
+    name: str = DEFAULT_NAME
+    slot: int = 0
+    state_dir: Optional[Path] = None          # default BASE_DIR/<name>
     nodes: int = 3
     gpus_per_node: int = 4
     cpus_per_node: int = 4
@@ -32,20 +49,61 @@ class MiniClusterLayout:
     controller_host: str = "localhost"
     prolog_dir: Path = Path("prolog.d")
     epilog_dir: Path = Path("epilog.d")
-    subnet_prefix: str = "10.77.0"
-    bridge: str = "st-br0"
-    db_port: int = 3307
-    cluster_name: str = "mini"
     partition: str = "gpu"
     extra_env: Dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not NAME_PATTERN.match(self.name):
+            raise ValueError(f"cluster name must be 1-8 lower-case letters or digits, starting with a letter; "
+                             f"got {self.name!r}")
+        if not 0 <= self.slot < MAX_SLOTS:
+            raise ValueError(f"slot must be between 0 and {MAX_SLOTS - 1}, got {self.slot}")
+        if self.state_dir is None:
+            object.__setattr__(self, "state_dir", BASE_DIR / self.name)
         if not 1 <= self.nodes <= MAX_NODES:
             raise ValueError(f"nodes must be between 1 and {MAX_NODES}, got {self.nodes}")
         if not 0 <= self.gpus_per_node <= 16:
             raise ValueError(f"gpus_per_node must be between 0 and 16, got {self.gpus_per_node}")
 
-    # ---- names and addresses -------------------------------------------------
+    @property
+    def root(self) -> Path:
+        """The state dir (always set after __post_init__)."""
+        assert self.state_dir is not None
+        return self.state_dir
+
+    # ---- names, addresses, ports -----------------------------------------------
+    @property
+    def cluster_name(self) -> str:
+        return self.name
+
+    @property
+    def subnet_prefix(self) -> str:
+        return f"10.77.{self.slot}"
+
+    @property
+    def subnet(self) -> str:
+        return f"{self.subnet_prefix}.0/24"
+
+    @property
+    def bridge(self) -> str:
+        return f"st-{self.name}"
+
+    @property
+    def slurmctld_port(self) -> int:
+        return 16817 + 10 * self.slot
+
+    @property
+    def slurmd_port(self) -> int:
+        return 16818 + 10 * self.slot
+
+    @property
+    def slurmdbd_port(self) -> int:
+        return 16819 + 10 * self.slot
+
+    @property
+    def db_port(self) -> int:
+        return 13307 + 10 * self.slot
+
     @property
     def node_names(self) -> List[str]:
         return [f"node{i}" for i in range(1, self.nodes + 1)]
@@ -69,16 +127,16 @@ class MiniClusterLayout:
     def netns(self, node: str) -> str:
         """Network namespace name; prefixed so it never collides with an admin's own."""
         self.node_index(node)
-        return f"slurmtools-{node}"
+        return f"slurmtools-{self.name}-{node}"
 
     def veth(self, node: str) -> str:
         """Host-side veth name (kernel limit: 15 characters)."""
-        return f"st-veth{self.node_index(node)}"
+        return f"st{self.slot}v{self.node_index(node)}"
 
     # ---- paths ---------------------------------------------------------------
     @property
     def etc_dir(self) -> Path:
-        return self.state_dir / "etc"
+        return self.root / "etc"
 
     @property
     def slurm_conf(self) -> Path:
@@ -86,34 +144,52 @@ class MiniClusterLayout:
 
     @property
     def log_dir(self) -> Path:
-        return self.state_dir / "log"
+        return self.root / "log"
 
     @property
     def run_dir(self) -> Path:
-        return self.state_dir / "run"
+        return self.root / "run"
 
     @property
     def fake_gpu_dir(self) -> Path:
-        return self.state_dir / "fakegpu"
+        return self.root / "fakegpu"
 
     @property
     def db_dir(self) -> Path:
-        return self.state_dir / "mysql"
+        return self.root / "mysql"
 
     @property
     def ctld_state_dir(self) -> Path:
-        return self.state_dir / "slurmctld"
+        return self.root / "slurmctld"
 
     def slurmd_spool_dir(self, node: str) -> Path:
-        return self.state_dir / "slurmd" / node
+        return self.root / "slurmd" / node
 
     def slurmd_pidfile(self, node: str) -> Path:
         return self.run_dir / f"slurmd-{node}.pid"
 
     @property
+    def munge_dir(self) -> Path:
+        """munged's own socket, key, pid, log and seed (owned by user munge)."""
+        return self.root / "munge"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.munge_dir / "munge.socket"
+
+    @property
+    def hosts_file(self) -> Path:
+        """The nodes' /etc/hosts, bind-mounted in each node's own mount namespace."""
+        return self.etc_dir / "hosts"
+
+    @property
+    def registry_file(self) -> Path:
+        return REGISTRY_DIR / f"{self.name}.json"
+
+    @property
     def record_file(self) -> Path:
         """What `up` started or changed, so `down` undoes exactly that."""
-        return self.state_dir / "record.json"
+        return self.root / "record.json"
 
     # ---- config text ---------------------------------------------------------
     def render_slurm_conf(self) -> str:
@@ -130,11 +206,11 @@ class MiniClusterLayout:
             "AuthType=auth/munge",
             "CredType=cred/munge",
             "# requeue delay = cred_expire + 1 s (default 120 s); takes effect only on daemon restart",
-            "AuthInfo=cred_expire=10",
-            "SlurmctldPort=6817",
-            "SlurmdPort=6818",
+            f"AuthInfo=cred_expire=10,socket={self.munge_socket}",
+            f"SlurmctldPort={self.slurmctld_port}",
+            f"SlurmdPort={self.slurmd_port}",
             f"StateSaveLocation={self.ctld_state_dir}",
-            f"SlurmdSpoolDir={self.state_dir}/slurmd/%n",
+            f"SlurmdSpoolDir={self.root}/slurmd/%n",
             f"SlurmctldPidFile={self.run_dir}/slurmctld.pid",
             f"SlurmdPidFile={self.run_dir}/slurmd-%n.pid",
             f"SlurmctldLogFile={self.log_dir}/slurmctld.log",
@@ -163,8 +239,8 @@ class MiniClusterLayout:
             f"Epilog={self.epilog_dir}/*",
             "PrologFlags=Alloc",
             "AccountingStorageType=accounting_storage/slurmdbd",
-            "AccountingStorageHost=localhost",
-            "AccountingStoragePort=6819",
+            "AccountingStorageHost=127.0.0.1",
+            f"AccountingStoragePort={self.slurmdbd_port}",
             "AccountingStorageTRES=gres/gpu",
             f"NodeName={self.nodelist} NodeAddr={addrs} CPUs={self.cpus_per_node} Sockets=1 "
             f"CoresPerSocket={self.cpus_per_node} ThreadsPerCore=1 RealMemory={self.mem_per_node_mb}"
@@ -184,8 +260,10 @@ class MiniClusterLayout:
     def render_slurmdbd_conf(self, db_password: str) -> str:
         return "\n".join([
             "AuthType=auth/munge",
+            f"AuthInfo=socket={self.munge_socket}",
             "DbdHost=localhost",
-            "DbdPort=6819",
+            "DbdAddr=127.0.0.1",
+            f"DbdPort={self.slurmdbd_port}",
             "SlurmUser=root",
             f"PidFile={self.run_dir}/slurmdbd.pid",
             f"LogFile={self.log_dir}/slurmdbd.log",
@@ -211,7 +289,7 @@ class MiniClusterLayout:
             "defaults:",
             '  gpu_probe: "fixture:minicluster-4gpu"' if self.gpus_per_node else "  gpu_probe: none",
             "  kernel_log: null",
-            f"  state_dir: {self.state_dir}/health",
+            f"  state_dir: {self.root}/health",
             "  probe_timeout_s: 3",
             "  deadline_s: 5",
             "  syslog: false",
@@ -220,32 +298,11 @@ class MiniClusterLayout:
             "    system: {memory: {min_available_gb: 0.5}, disk: {paths: [/tmp], min_free_gb: 0.5}}",
         ]) + "\n"
 
-    def render_hosts_block(self) -> str:
-        lines = [HOSTS_BEGIN]
-        lines += [f"{self.node_addr(n)} {n}" for n in self.node_names]
-        lines.append(HOSTS_END)
+    def render_hosts(self) -> str:
+        """The nodes' /etc/hosts: node names resolve inside jobs (torchrun rendezvous on `node1`)
+        without any edit of the machine's /etc/hosts, and two clusters may both have a node1."""
+        lines = ["# Written by `slurmtools minicluster up`: /etc/hosts inside this cluster's nodes.",
+                 "127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback",
+                 f"{self.controller_addr} {self.controller_host}"]
+        lines += [f"{self.node_addr(node)} {node}" for node in self.node_names]
         return "\n".join(lines) + "\n"
-
-
-def strip_hosts_block(hosts_text: str) -> str:
-    """Remove our delimited block from /etc/hosts text, leaving every other line as it was."""
-    out: List[str] = []
-    inside = False
-    for line in hosts_text.splitlines(keepends=True):
-        if line.strip() == HOSTS_BEGIN:
-            inside = True
-            continue
-        if inside and line.strip() == HOSTS_END:
-            inside = False
-            continue
-        if not inside:
-            out.append(line)
-    return "".join(out)
-
-
-def with_hosts_block(hosts_text: str, block: str) -> str:
-    """/etc/hosts text with exactly one copy of our block at the end."""
-    base = strip_hosts_block(hosts_text)
-    if base and not base.endswith("\n"):
-        base += "\n"
-    return base + block

@@ -1,18 +1,20 @@
-"""Bridge, network namespaces and the /etc/hosts block: the mini-cluster's network.
+"""Bridge and network namespaces: the mini-cluster's network.
 
 All addresses are on a private bridge that exists only on this machine, plus an
-`unreachable` route for the whole /16 so nothing can leak to a default gateway.
+`unreachable` route for the cluster's /24 (behind the bridge's own route, by metric) so
+nothing can leak to a default gateway if the bridge disappears. Node names resolve through
+the cluster's own hosts file, bound over /etc/hosts in the nodes' mount namespaces: the
+machine's /etc/hosts is never edited.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import List
 
-from slurmtools.minicluster.layout import MiniClusterLayout, strip_hosts_block, with_hosts_block
+from slurmtools.minicluster.layout import MiniClusterLayout
 from slurmtools.minicluster.sysrun import run
 
-HOSTS_FILE = Path("/etc/hosts")
+GUARD_METRIC = "4242"
 
 
 def link_exists(name: str) -> bool:
@@ -23,9 +25,14 @@ def netns_exists(name: str) -> bool:
     return Path("/run/netns", name).exists()
 
 
-def unreachable_route(layout: MiniClusterLayout) -> str:
-    first_octet, second_octet, _ = layout.subnet_prefix.split(".")
-    return f"{first_octet}.{second_octet}.0.0/16"
+def guard_route(layout: MiniClusterLayout) -> List[str]:
+    return ["unreachable", layout.subnet, "metric", GUARD_METRIC]
+
+
+def subnet_in_use(layout: MiniClusterLayout) -> bool:
+    """Any route for the cluster's subnet other than its own guard (another bridge or network)."""
+    out = run(["ip", "-o", "route", "show", "to", "exact", layout.subnet], check=False).stdout
+    return any("unreachable" not in line or GUARD_METRIC not in line for line in out.splitlines() if line.strip())
 
 
 def net_up(layout: MiniClusterLayout) -> List[str]:
@@ -35,7 +42,7 @@ def net_up(layout: MiniClusterLayout) -> List[str]:
         run(["ip", "link", "add", layout.bridge, "type", "bridge"])
         run(["ip", "addr", "add", f"{layout.controller_addr}/24", "dev", layout.bridge])
         run(["ip", "link", "set", layout.bridge, "up"])
-        run(["ip", "route", "add", "unreachable", unreachable_route(layout)], check=False)
+        run(["ip", "route", "replace", *guard_route(layout)], check=False)
         created.append(f"bridge:{layout.bridge}")
     for node in layout.node_names:
         ns, veth = layout.netns(node), layout.veth(node)
@@ -63,7 +70,7 @@ def net_down(layout: MiniClusterLayout) -> None:
             run(["ip", "link", "del", layout.veth(node)], check=False)
     if link_exists(layout.bridge):
         run(["ip", "link", "del", layout.bridge], check=False)
-    run(["ip", "route", "del", "unreachable", unreachable_route(layout)], check=False)
+    run(["ip", "route", "del", *guard_route(layout)], check=False)
 
 
 def set_link(layout: MiniClusterLayout, node: str, up: bool) -> None:
@@ -76,35 +83,3 @@ def namespace_pids(layout: MiniClusterLayout, node: str) -> List[int]:
         return []
     out = run(["ip", "netns", "pids", layout.netns(node)], check=False).stdout
     return [int(p) for p in out.split() if p.isdigit()]
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.slurmtools.tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
-def hosts_add(layout: MiniClusterLayout, hosts_file: Path = HOSTS_FILE) -> None:
-    """Node names must resolve inside jobs (torchrun rendezvous on `node1`)."""
-    text = hosts_file.read_text() if hosts_file.exists() else ""
-    new = with_hosts_block(text, layout.render_hosts_block())
-    if new != text:
-        _write_hosts(hosts_file, new)
-
-
-def hosts_remove(hosts_file: Path = HOSTS_FILE) -> None:
-    if not hosts_file.exists():
-        return
-    text = hosts_file.read_text()
-    new = strip_hosts_block(text)
-    if new != text:
-        _write_hosts(hosts_file, new)
-
-
-def _write_hosts(hosts_file: Path, text: str) -> None:
-    # /etc/hosts is often a bind mount in containers: rename fails there, so write in place.
-    try:
-        _write_atomic(hosts_file, text)
-    except OSError:
-        hosts_file.write_text(text)

@@ -1,12 +1,10 @@
-"""A failed `up` is cleaned by `down`. Runs before the session cluster exists (module name order);
-skipped if a cluster is already running, since both would use the same names and ports."""
+"""A failed `up` is cleaned by `down`. A cluster of its own name: it cannot touch any other."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from slurmtools import slurm
 from slurmtools.errors import MiniClusterError
 from slurmtools.minicluster import cluster as mc
 from slurmtools.minicluster import daemons, netns
@@ -18,28 +16,27 @@ pytestmark = pytest.mark.cluster
 
 def test_unreachable_state_dir_is_refused_in_one_line(tmp_path):
     """pytest's tmp dirs are 0700: MariaDB (user mysql) could not enter them."""
-    layout = MiniClusterLayout(state_dir=tmp_path / "mc", controller_host="x")
+    layout = MiniClusterLayout(name="unreach", state_dir=tmp_path / "mc", controller_host="x")
     (tmp_path / "mc" / "run").mkdir(parents=True)
     with pytest.raises(MiniClusterError, match="is not world-traversable; choose a --state-dir"):
         daemons.start_mariadb(layout)
 
 
 def test_failed_up_is_cleaned_by_down():
-    if slurm.ping(timeout_s=3):
-        pytest.skip("a Slurm controller is already running here")
-    layout = MiniClusterLayout(state_dir=Path("/var/tmp/slurmtools-failed-up-test"), nodes=2, controller_host=mc.default_controller_host(),
-                               prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
+    hosts_before = Path("/etc/hosts").read_text()
+    layout = mc.layout_for_up("failup", Path("/var/tmp/slurmtools-failed-up-test"), nodes=2, gpus_per_node=4,
+                              prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
     try:
         with pytest.raises(MiniClusterError, match="nodes not ready after 0 s"):
             mc.up(layout, install=True, wait_s=0)      # every daemon starts; the wait fails at once
         started = mc.load_record(layout)["pids"]
-        assert {"mariadbd", "slurmdbd", "slurmctld", "slurmd-node1", "slurmd-node2"} <= set(started)
+        assert {"mariadbd", "munged", "slurmdbd", "slurmctld", "slurmd-node1", "slurmd-node2"} <= set(started)
         assert all(daemons.pid_alive(pid) for pid in started.values())
     finally:
         mc.down(layout, purge=True)
     assert not [name for name, pid in started.items() if daemons.pid_alive(pid)]
     assert not any(netns.netns_exists(layout.netns(n)) for n in layout.node_names)
     assert not netns.link_exists(layout.bridge)
-    assert "slurmtools-minicluster" not in Path("/etc/hosts").read_text()
-    assert not mc.ETC_SLURM_CONF.is_symlink()
-    assert not layout.state_dir.exists()
+    assert Path("/etc/hosts").read_text() == hosts_before
+    assert not (mc.ETC_SLURM_CONF.is_symlink() and str(mc.ETC_SLURM_CONF.resolve()).startswith(str(layout.root)))
+    assert not layout.root.exists() and not layout.registry_file.exists()

@@ -105,3 +105,62 @@ def test_partition_and_heal_change_link_state(cluster):
     wait_for(lambda: Path(f"/sys/class/net/{cluster.veth('node3')}/operstate").read_text().strip() == "up",
              10, "link up")
     wait_for(lambda: daemons.port_open(cluster.node_addr("node3"), 6818), 10, "node3 reachable again")
+
+
+def _hosts_job(out: Path) -> str:
+    return f"""#!/bin/bash
+#SBATCH -N2 --ntasks-per-node=1 -o {out}
+srun bash -c 'echo "$(hostname) $(getent hosts "$(hostname)" | cut -d" " -f1)"' | sort
+"""
+
+
+def test_a_second_named_cluster_runs_beside_this_one_and_touches_nothing(cluster, shared_tmp: Path):
+    from slurmtools.errors import MiniClusterError
+    from slurmtools.minicluster.layout import MiniClusterLayout
+    from tests.conftest import REPO
+
+    side = mc.layout_for_up("side", Path("/var/tmp/slurmtools-side-cluster"), nodes=2, gpus_per_node=0,
+                            prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
+    other_dir = Path("/var/tmp/slurmtools-side-other")
+    try:
+        mc.up(side, install=False, wait_s=60)
+        assert side.slot != cluster.slot and {side.bridge, side.subnet}.isdisjoint({cluster.bridge, cluster.subnet})
+        with slurm.using_conf(side.slurm_conf):
+            side_job = slurm.submit(_hosts_job(shared_tmp / "side.out"))
+        test_job = slurm.submit(_hosts_job(shared_tmp / "test.out"))
+        with slurm.using_conf(side.slurm_conf):
+            assert wait_for(lambda: finished(side_job), 60, "the side cluster's job").state == "COMPLETED"
+        assert wait_for(lambda: finished(test_job), 60, "the suite cluster's job").state == "COMPLETED"
+        # both clusters have a node1 and a node2; each job resolves its own cluster's addresses
+        assert (shared_tmp / "side.out").read_text().splitlines() == [
+            f"node1 {side.subnet_prefix}.11", f"node2 {side.subnet_prefix}.12"]
+        assert (shared_tmp / "test.out").read_text().splitlines() == [
+            f"node1 {cluster.subnet_prefix}.11", f"node2 {cluster.subnet_prefix}.12"]
+        listing = mc.format_list().splitlines()
+        assert any(line.split()[:2] == ["side", str(side.slot)] and " up " in line for line in listing)
+        assert any(line.split()[:2] == [cluster.name, str(cluster.slot)] for line in listing)
+        # the name is taken: refused in one line before anything is created
+        with pytest.raises(MiniClusterError, match="the name 'side' belongs to the cluster in /var/tmp/slurmtools-side"):
+            mc.up(MiniClusterLayout(name="side", slot=side.slot + 1, state_dir=other_dir, nodes=1), install=False)
+        assert not other_dir.exists()
+    finally:
+        mc.down(side, purge=True)
+    assert not side.registry_file.exists() and not side.root.exists()
+    assert [(n.name, n.state) for n in slurm.nodes()] == [("node1", "idle"), ("node2", "idle"), ("node3", "idle")]
+
+
+def test_up_refuses_a_port_someone_else_holds_and_changes_nothing(cluster):
+    import socket
+
+    from slurmtools.errors import MiniClusterError
+    from tests.conftest import REPO
+
+    layout = mc.layout_for_up("porty", Path("/var/tmp/slurmtools-porty-cluster"), nodes=1, gpus_per_node=0,
+                              prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", layout.db_port))
+        squatter.listen(1)
+        with pytest.raises(MiniClusterError, match=f"port {layout.db_port} \\(mariadbd\\) is in use by another program"):
+            mc.up(layout, install=False, wait_s=30)
+    assert not layout.root.exists() and not layout.registry_file.exists()
+    assert not Path(f"/sys/class/net/{layout.bridge}").exists()

@@ -7,6 +7,7 @@ import pytest
 
 from slurmtools import slurm
 from slurmtools.checkpoint import CheckpointManager
+from slurmtools.minicluster import cluster as mc
 from tests.cluster import training
 
 pytestmark = pytest.mark.cluster
@@ -55,3 +56,32 @@ def test_cli_submit_wait_status_and_logs(cluster, shared_tmp: Path):
     assert '"event": "final"' in logs.stdout
     bad = subprocess.run([sys.executable, "-m", "slurmtools", "status", "abc"], capture_output=True, text=True)
     assert (bad.returncode, bad.stderr.strip()) == (2, "slurmtools: error: not a job id: 'abc'")
+
+
+def test_submit_wait_and_the_supervisor_ride_through_a_controller_restart(cluster, shared_tmp: Path, reference_run):
+    """slurmctld stops and starts again mid-run (`minicluster restart-controller`): `submit --wait`
+    keeps following, the supervisor's Slurm calls retry, and training ends in the reference state."""
+    import subprocess
+    import sys
+
+    training.settle()
+    spec_file = shared_tmp / "job.yaml"
+    spec_file.write_text(
+        f"name: ctld\nnodes: 2\nprocesses_per_node: 2\npython: {sys.executable}\n"
+        f"command: [{training.TRAIN}, --steps, '{training.STEPS}', --checkpoint-every, "
+        f"'{training.CHECKPOINT_EVERY}', --step-sleep-s, '0.5']\n"
+        f"output_dir: {shared_tmp}/logs\ncheckpoint_dir: {shared_tmp}/ckpt\ntime_limit_min: 10\n"
+        "requeue: {hang_timeout_s: 120, backoff_s: 0, warning_lead_s: 60, checkpoint_grace_s: 30}\n")
+    waiter = subprocess.Popen([sys.executable, "-m", "slurmtools", "submit", str(spec_file), "--wait"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert waiter.stdout is not None
+    job = int(waiter.stdout.readline().strip())
+    spec = training.load_spec_file(spec_file)
+    training.wait_step(spec, job, 2)
+    mc.restart_controller(cluster)
+    out, err = waiter.communicate(timeout=240)
+    assert waiter.returncode == 0, err
+    assert f"job {job}: COMPLETED exit=0:0" in err.splitlines()[-1]
+    finals = training.trainer_events(training.events(spec, job), "final")
+    assert finals and finals[-1]["state_sha256"] == reference_run["hash"], training.describe(spec, job)
+    assert [e["action"] for e in training.supervisor_events(training.events(spec, job), "decision")] == ["complete"]

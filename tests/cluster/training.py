@@ -35,6 +35,11 @@ def training_spec(workdir: Path, name: str, *, steps: int = STEPS, extra: Sequen
     return spec_from_dict(_merge(data, over))
 
 
+def load_spec_file(path: Path) -> JobSpec:
+    from slurmtools.spec import load_spec
+    return load_spec(path)
+
+
 def submit(spec: JobSpec) -> int:
     return jobs.submit_spec(spec, slurmtools_cmd=[sys.executable, "-m", "slurmtools"])
 

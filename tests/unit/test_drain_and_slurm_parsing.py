@@ -56,16 +56,6 @@ def test_parse_job_id():
         slurm.parse_job_id("sbatch: error")
 
 
-def test_squeue_json_filters_by_id_and_decodes_wait_status():
-    text = json.dumps({"jobs": [
-        {"job_id": 3, "job_state": "RUNNING", "state_reason": "None", "nodes": "node1", "restart_cnt": 0},
-        {"job_id": 4, "job_state": "FAILED", "state_reason": "NonZeroExitCode", "nodes": "node[1-2]",
-         "restart_cnt": 2, "exit_code": 256}]})
-    info = slurm.parse_squeue_json(text, 4)
-    assert (info.state, info.restarts, info.exit_code, info.finished) == ("FAILED", 2, "1:0", True)
-    assert slurm.parse_squeue_json(text, 99) is None
-
-
 def test_sacct_json_takes_newest_record():
     text = json.dumps({"jobs": [
         {"job_id": 9, "state": {"current": "REQUEUED", "reason": "None"}, "nodes": "node[1-2]",
@@ -95,3 +85,55 @@ def test_survive_sigterm_commands_ignore_sigterm():
     with pytest.raises(slurm.SlurmCommandError) as info:
         slurm.run_slurm(["sh", "-c", "kill -TERM $$; echo survived"])
     assert info.value.returncode == -15
+
+
+JOB_LINE = ("JobId=42 JobName=tiny UserId=root(0) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 "
+            "Restarts=2 BatchFlag=1 ExitCode=0:0 RunTime=00:00:05 NodeList=node[1-2] BatchHost=node1 "
+            "StdOut=/runs/tiny-42.out")
+
+
+def test_parse_job_record_from_one_scontrol_line():
+    info = slurm.parse_job_record(slurm.parse_scontrol_record(JOB_LINE), 42)
+    assert (info.job_id, info.state, info.reason, info.nodes, info.exit_code, info.restarts) == (
+        42, "RUNNING", "None", "node[1-2]", "0:0", 2)
+    pending = slurm.parse_job_record({"JobState": "PENDING", "NodeList": "(null)", "Reason": "BeginTime"}, 7)
+    assert (pending.state, pending.nodes, pending.finished) == ("PENDING", "", False)
+    assert slurm.parse_job_record({"JobState": "CANCELLED+"}, 7).finished
+
+
+def test_transient_controller_errors_are_retried_then_raised(monkeypatch):
+    calls = []
+
+    def flaky(argv, *rest):
+        calls.append(argv)
+        if len(calls) < 3:
+            raise slurm.SlurmCommandError(argv, 1, "squeue: error: Unable to contact slurm controller (connect failure)")
+        return "ok"
+
+    monkeypatch.setattr(slurm, "_run_once", flaky)
+    monkeypatch.setattr(slurm.time, "sleep", lambda s: None)
+    assert slurm.run_slurm(["squeue"]) == "ok" and len(calls) == 3
+    calls.clear()
+
+    def broken(argv, *rest):
+        calls.append(argv)
+        raise slurm.SlurmCommandError(argv, 1, "scontrol: error: Invalid job id specified")
+
+    monkeypatch.setattr(slurm, "_run_once", broken)
+    try:
+        slurm.run_slurm(["scontrol"])
+    except slurm.SlurmCommandError as exc:
+        assert "Invalid job id" in str(exc) and len(calls) == 1       # not transient: no retry
+    else:
+        raise AssertionError("no error")
+
+
+def test_using_conf_points_one_block_of_commands_at_one_cluster(monkeypatch):
+    seen = []
+    monkeypatch.setattr(slurm.subprocess, "run", lambda argv, **kw: seen.append(kw["env"]) or
+                        slurm.subprocess.CompletedProcess(argv, 0, "x", ""))
+    with slurm.using_conf("/var/lib/slurmtools/minicluster/side/etc/slurm.conf"):
+        slurm.run_slurm(["sinfo"])
+    slurm.run_slurm(["sinfo"])
+    assert seen[0]["SLURM_CONF"] == "/var/lib/slurmtools/minicluster/side/etc/slurm.conf"
+    assert seen[1] is None                                         # outside: the environment as it is

@@ -1,10 +1,9 @@
-"""The mini-cluster's config text and hosts-file editing, as pure functions."""
+"""The mini-cluster's config text, names, ports and hosts file, as pure functions."""
 from pathlib import Path
 
 import pytest
 
-from slurmtools.minicluster.layout import (HOSTS_BEGIN, HOSTS_END, MiniClusterLayout, strip_hosts_block,
-                                           with_hosts_block)
+from slurmtools.minicluster.layout import BASE_DIR, MiniClusterLayout
 
 
 def layout(**kw) -> MiniClusterLayout:
@@ -23,7 +22,9 @@ def test_slurm_conf_has_fast_scheduling_and_requeue_settings():
     conf = conf_lines(layout().render_slurm_conf())
     assert conf["SchedulerParameters"] == ("batch_sched_delay=0,sched_min_interval=0,sched_interval=2,"
                                            "bf_interval=1,nohold_on_prolog_fail")
-    assert conf["AuthInfo"] == "cred_expire=10"
+    assert conf["AuthInfo"] == "cred_expire=10,socket=/s/munge/munge.socket"
+    assert (conf["SlurmctldPort"], conf["SlurmdPort"], conf["AccountingStoragePort"]) == ("16817", "16818", "16819")
+    assert conf["ClusterName"] == "mini"
     assert conf["PrologFlags"] == "Alloc"
     assert conf["JobRequeue"] == "1"
     assert conf["Prolog"] == "/r/prolog.d/*"
@@ -57,9 +58,10 @@ def test_gres_conf_uses_character_device_files():
 
 
 def test_slurmdbd_conf_points_at_our_own_database_port():
-    text = layout(db_port=3399).render_slurmdbd_conf("pw")
+    text = layout(slot=9).render_slurmdbd_conf("pw")
     assert "StorageHost=127.0.0.1" in text.splitlines()
-    assert "StoragePort=3399" in text.splitlines()
+    assert "StoragePort=13397" in text.splitlines()
+    assert "DbdPort=16909" in text.splitlines() and "AuthInfo=socket=/s/munge/munge.socket" in text.splitlines()
     assert "StoragePass=pw" in text.splitlines()
 
 
@@ -68,7 +70,7 @@ def test_names_and_addresses():
     assert lay.node_names[-1] == "node12"
     assert lay.nodelist == "node[1-12]"
     assert lay.node_addr("node12") == "10.77.0.22"
-    assert lay.netns("node2") == "slurmtools-node2"
+    assert lay.netns("node2") == "slurmtools-mini-node2"
     assert len(lay.veth("node12")) <= 15
     with pytest.raises(ValueError, match="unknown node 'node13'"):
         lay.node_addr("node13")
@@ -80,16 +82,26 @@ def test_node_count_is_bounded(nodes):
         layout(nodes=nodes)
 
 
-def test_hosts_block_added_once_and_removed_exactly():
-    original = "127.0.0.1 localhost\n127.0.1.1 vm\n"
-    block = layout(nodes=2).render_hosts_block()
-    assert block == f"{HOSTS_BEGIN}\n10.77.0.11 node1\n10.77.0.12 node2\n{HOSTS_END}\n"
-    once = with_hosts_block(original, block)
-    twice = with_hosts_block(once, block)
-    assert once == twice == original + block
-    assert strip_hosts_block(twice) == original
+def test_named_clusters_share_nothing():
+    first, second = MiniClusterLayout(name="mini"), MiniClusterLayout(name="test", slot=1)
+    assert first.root == BASE_DIR / "mini" and second.root == BASE_DIR / "test"
+    for attribute in ("subnet", "bridge", "slurmctld_port", "slurmd_port", "slurmdbd_port", "db_port", "munge_socket",
+                      "slurm_conf", "cluster_name", "registry_file"):
+        assert getattr(first, attribute) != getattr(second, attribute), attribute
+    assert {first.netns("node1"), first.veth("node1")}.isdisjoint({second.netns("node1"), second.veth("node1")})
+    assert second.subnet == "10.77.1.0/24" and second.bridge == "st-test"
+    widest = MiniClusterLayout(name="abcdefgh", slot=99, nodes=32)
+    assert widest.veth("node32") == "st99v32" and len(widest.bridge) <= 15
 
 
-def test_hosts_without_trailing_newline_is_kept_intact():
-    block = layout(nodes=1).render_hosts_block()
-    assert with_hosts_block("127.0.0.1 localhost", block) == "127.0.0.1 localhost\n" + block
+@pytest.mark.parametrize("name", ["", "Mini", "1st", "toolongname", "a-b", "a b", "../x"])
+def test_cluster_names_are_short_and_plain(name):
+    with pytest.raises(ValueError, match="cluster name must be 1-8 lower-case letters or digits"):
+        MiniClusterLayout(name=name)
+
+
+def test_nodes_resolve_through_the_clusters_own_hosts_file():
+    assert layout(nodes=2).render_hosts().splitlines()[1:] == [
+        "127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback", "10.77.0.1 vm",
+        "10.77.0.11 node1", "10.77.0.12 node2"]
+    assert layout().hosts_file == Path("/s/etc/hosts")
