@@ -1,19 +1,20 @@
 #!/usr/bin/env python3
-"""Mini-cluster figures: fresh bring-up, sbatch -> running latency, node kill -> DOWN, requeue -> running.
+"""Mini-cluster figures: fresh bring-up, a second named cluster's bring-up beside the first,
+status-poll cost with 1,000 queued jobs, sbatch -> running latency, node kill -> DOWN, requeue -> running.
 
-Run as root: .venv/bin/python bench/minicluster.py [--samples 10]. Uses its own state dir and
-tears the cluster down at the end. Prints figures; asserts nothing.
+Run as root: .venv/bin/python bench/minicluster.py [--samples 10]. Uses its own named clusters
+(bench, bench2) and tears them down at the end. Prints figures; asserts nothing.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
 
 from slurmtools import slurm
 from slurmtools.minicluster import cluster as mc
-from slurmtools.minicluster.layout import MiniClusterLayout
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -34,17 +35,26 @@ def running(job: int) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--samples", type=int, default=10)
-    ap.add_argument("--state-dir", default="/var/tmp/slurmtools-bench-cluster")
+    ap.add_argument("--queued", type=int, default=1000)
     args = ap.parse_args()
-    layout = MiniClusterLayout(state_dir=Path(args.state_dir), controller_host=mc.default_controller_host(),
-                               prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
-    mc.down(layout, purge=True)
+    for name in ("bench", "bench2"):
+        mc.down(mc.find_layout(name, Path(f"/var/tmp/slurmtools-{name}-cluster")), purge=True)
+    layout = mc.layout_for_up("bench", Path("/var/tmp/slurmtools-bench-cluster"), nodes=3, gpus_per_node=4,
+                              prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
     installed = mc.missing_packages()
     t0 = time.monotonic()
     mc.up(layout, install=True, wait_s=120)
     print(f"fresh bring-up (empty state{', with apt install' if installed else ', packages present'}): "
           f"{time.monotonic() - t0:.2f} s")
+    second = mc.layout_for_up("bench2", Path("/var/tmp/slurmtools-bench2-cluster"), nodes=3, gpus_per_node=4,
+                              prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
+    t0 = time.monotonic()
+    mc.up(second, install=False, wait_s=120)
+    print(f"bring-up of a second named cluster while the first runs: {time.monotonic() - t0:.2f} s")
+    mc.down(second, purge=True)
+    os.environ["SLURM_CONF"] = str(layout.slurm_conf)
     try:
+        poll_cost(args.queued)
         lat = []
         for _ in range(args.samples):
             t0 = time.monotonic()
@@ -81,6 +91,26 @@ def main() -> None:
         slurm.cancel(job)
     finally:
         mc.down(layout, purge=True)
+
+
+def poll_cost(queued: int) -> None:
+    """What one status poll costs with `queued` jobs pending: the old whole-queue JSON against
+    the one-line `scontrol -o show job` slurmtools uses now."""
+    slurm.submit("#!/bin/bash\n#SBATCH -N3 --exclusive -o /dev/null\nsleep 600\n")    # keeps the rest queued
+    for _ in range(queued):
+        slurm.run_slurm(["sbatch", "--parsable", "-N1", "-o", "/dev/null", "--wrap", "true"])
+    target = slurm.submit("#!/bin/bash\n#SBATCH -N1 -o /dev/null\ntrue\n")
+    for what, argv in (("squeue --json -j ID (whole queue on 22.05)", ["squeue", "--json", "-j", str(target)]),
+                       ("scontrol -o show job ID (what status polls use)", ["scontrol", "-o", "show", "job", str(target)])):
+        times, sizes = [], []
+        for _ in range(10):
+            t0 = time.monotonic()
+            sizes.append(len(slurm.run_slurm(argv).encode()))
+            times.append(time.monotonic() - t0)
+        print(f"status poll with {queued} queued jobs, {what}: median {statistics.median(times) * 1000:.0f} ms, "
+              f"{statistics.median(sizes)} bytes")
+    slurm.run_slurm(["scancel", "--user=root"])
+    wait(lambda: not slurm.run_slurm(["squeue", "-h", "-o", "%i"]).strip(), 120, 0.5)
 
 
 if __name__ == "__main__":

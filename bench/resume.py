@@ -28,7 +28,6 @@ sys.path.insert(0, str(REPO))
 from slurmtools import jobs, slurm  # noqa: E402
 from slurmtools.fsutil import json_lines  # noqa: E402
 from slurmtools.minicluster import cluster as mc  # noqa: E402
-from slurmtools.minicluster.layout import MiniClusterLayout  # noqa: E402
 from slurmtools.requeue import ledger  # noqa: E402
 from slurmtools.runtime import control_dir_for  # noqa: E402
 from slurmtools.spec import spec_from_dict  # noqa: E402
@@ -108,10 +107,11 @@ def kill_rank(job: int, rank: str) -> bool:
 
 
 def main() -> None:
-    layout = MiniClusterLayout(state_dir=Path("/var/tmp/slurmtools-bench-resume"), controller_host=mc.default_controller_host(),
-                               prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
-    mc.down(layout, purge=True)
+    mc.down(mc.find_layout("resume", Path("/var/tmp/slurmtools-bench-resume")), purge=True)
+    layout = mc.layout_for_up("resume", Path("/var/tmp/slurmtools-bench-resume"), nodes=3, gpus_per_node=4,
+                              prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
     mc.up(layout, install=True, wait_s=120)
+    os.environ["SLURM_CONF"] = str(layout.slurm_conf)
     work = Path(tempfile.mkdtemp(prefix="slurmtools-bench-"))
     work.chmod(0o755)
     try:
