@@ -38,7 +38,8 @@ def cmd_minicluster(args: argparse.Namespace) -> int:
         return 0
     if args.action == "up":
         layout = cluster.layout_for_up(name, state_dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                                       prolog_dir=Path(args.prolog_dir), epilog_dir=Path(args.epilog_dir))
+                                       prolog_dir=Path(args.prolog_dir), epilog_dir=Path(args.epilog_dir),
+                                       cgroups=not args.no_cgroups)
         print(cluster.format_table(cluster.up(layout, install=not args.no_install, wait_s=args.wait_s)))
         return 0
     layout = cluster.find_layout(name, state_dir)
@@ -83,6 +84,8 @@ def _add_minicluster(sub: Any) -> None:
     up.add_argument("--prolog-dir", default=str(REPO_ROOT / "prolog.d"))
     up.add_argument("--epilog-dir", default=str(REPO_ROOT / "epilog.d"))
     up.add_argument("--no-install", action="store_true", help="do not apt-get install missing packages")
+    up.add_argument("--no-cgroups", action="store_true", help="no job confinement (task/none): only where the "
+                                                                  "machine has no usable cgroup v1 hierarchy")
     up.add_argument("--wait-s", type=float, default=60.0)
     down = acts.add_parser("down", help="stop everything `up` started and undo its system changes")
     down.add_argument("--purge", action="store_true", help="also delete the state directory")

@@ -99,8 +99,9 @@ def executor_parameters(spec: JobSpec) -> Dict[str, Any]:
     }
     if spec.gpus_per_node:
         params["gpus_per_node"] = spec.gpus_per_node
-    if spec.cpus_per_task is not None:
-        params["cpus_per_task"] = spec.cpus_per_task
+    task_cpus = spec.cpus_per_task or 1          # one task per training process here
+    params["cpus_per_task"] = task_cpus
+    params["slurm_srun_args"] += [f"--cpus-per-task={task_cpus}", "--cpu-bind=cores"]   # see sbatch.py
     if spec.mem_gb is not None:
         params["mem_gb"] = spec.mem_gb
     for key in ("partition", "qos", "constraint", "exclude", "nodelist", "account"):

@@ -57,8 +57,7 @@ def directives(spec: JobSpec) -> List[Tuple[str, str]]:
     }
     if spec.gpus_per_node:
         options["gpus-per-node"] = str(spec.gpus_per_node)
-    if spec.cpus_per_task is not None:
-        options["cpus-per-task"] = str(spec.cpus_per_task)
+    options["cpus-per-task"] = str(spec.task_cpus)
     if spec.mem_gb is not None:
         options["mem"] = "0" if spec.mem_gb == 0 else f"{int(round(spec.mem_gb * 1024))}M"  # 0: all of the node
     if spec.time_limit_min is not None:
@@ -99,7 +98,11 @@ def master_port_expr() -> str:
 
 def launch_argv(spec: JobSpec) -> List[str]:
     """The srun command line; shell expansions ($SLURM_*, $MASTER_*) are left for bash."""
-    srun = ["srun", "--kill-on-bad-exit=1", '--nodes="$SLURM_JOB_NUM_NODES"']
+    # --cpus-per-task on the srun line too: Slurm 22.05's srun does not read SLURM_CPUS_PER_TASK
+    # (restored in 23.11), so a step would otherwise get one CPU per task whatever the job asked
+    # and --cpu-bind=cores: each task bound to its own CPUs, whatever the site's default binding
+    srun = ["srun", "--kill-on-bad-exit=1", '--nodes="$SLURM_JOB_NUM_NODES"', f"--cpus-per-task={spec.task_cpus}",
+            "--cpu-bind=cores"]
     if spec.container_image:
         srun.append(f"--container-image={q(spec.container_image)}")
     py = q(spec.python)

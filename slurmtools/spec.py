@@ -96,7 +96,9 @@ class JobSpec:
     launcher: str = doc("`torchrun`: one torchrun per node with c10d rendezvous; `srun`: one task per process "
                         "with RANK/LOCAL_RANK/WORLD_SIZE from SLURM_*.", "torchrun", choices=("torchrun", "srun"))
     python: str = doc("Python interpreter that runs torchrun / the script on the nodes.", "python3")
-    cpus_per_task: Optional[int] = doc("CPUs per Slurm task (sbatch --cpus-per-task).", None, min=1, max=4096)
+    cpus_per_task: Optional[int] = doc("CPUs per Slurm task (--cpus-per-task, on sbatch and srun); default one "
+                                       "per training process: procs_per_node for torchrun's one task per node, "
+                                       "1 for the srun launcher.", None, min=1, max=4096)
     mem_gb: Optional[float] = doc("Memory per node in GB (sbatch --mem); 0 means all of it, else at least "
                                   f"{MIN_MEM_GB} GB.", None, min=0.0, max=1e6)
     time_limit_min: Optional[int] = doc("Wall-clock limit in minutes (sbatch --time).", None, min=1,
@@ -126,6 +128,13 @@ class JobSpec:
         if self.processes_per_node is not None:
             return self.processes_per_node
         return self.gpus_per_node or 1
+
+    @property
+    def task_cpus(self) -> int:
+        """CPUs each Slurm task gets: every training process has at least one to itself."""
+        if self.cpus_per_task is not None:
+            return self.cpus_per_task
+        return self.procs_per_node if self.launcher == "torchrun" else 1
 
     @property
     def world_size(self) -> int:

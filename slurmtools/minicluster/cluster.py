@@ -8,11 +8,11 @@ changes anything, a name, bridge, subnet, namespace or port that something else 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -20,141 +20,48 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from slurmtools import slurm
 from slurmtools.errors import MiniClusterError, SlurmCommandError, UsageError
-from slurmtools.fsutil import write_json_atomic
 from slurmtools.minicluster import daemons, netns
-from slurmtools.minicluster.layout import (DEFAULT_NAME, MAX_SLOTS, REGISTRY_DIR, REQUIRED_PACKAGES,
-                                           MiniClusterLayout)
+from slurmtools.minicluster import record as record_mod
+from slurmtools.minicluster.record import (ETC_SLURM_CONF, allocate_slot, find_layout, held_by_others,
+                                           layout_from_record, load_record, registered, save_record)
 
-ETC_SLURM_CONF = Path("/etc/slurm/slurm.conf")
+__all__ = ["ETC_SLURM_CONF", "find_layout", "load_record", "layout_for_up", "up", "down"]
+from slurmtools.minicluster.layout import DEFAULT_NAME, REQUIRED_PACKAGES, MiniClusterLayout
 
-
-# ---- record ----------------------------------------------------------------------
-def load_record(layout: MiniClusterLayout) -> Dict[str, Any]:
-    try:
-        record: Dict[str, Any] = json.loads(layout.record_file.read_text())
-        return record
-    except (OSError, ValueError):
-        return {"pids": {}, "etc_slurm": None, "net": False}
+FAKE_GPU_MAJOR = 195
+CGROUP_CONTROLLERS = ("cpuset", "memory", "devices", "freezer")
 
 
-def save_record(layout: MiniClusterLayout, record: Dict[str, Any]) -> None:
-    layout.root.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(layout.record_file, record)
-
-
-def layout_from_record(state_dir: Path, name: str = DEFAULT_NAME) -> MiniClusterLayout:
-    """Rebuild the layout `up` used, so `down`/`kill` need no repeated flags."""
-    try:
-        saved = json.loads((state_dir / "record.json").read_text())["layout"]
-        return MiniClusterLayout(name=saved.get("name", name), slot=int(saved.get("slot", 0)), state_dir=state_dir,
-                                 nodes=saved["nodes"], gpus_per_node=saved["gpus_per_node"],
-                                 controller_host=saved["controller_host"], prolog_dir=Path(saved["prolog_dir"]),
-                                 epilog_dir=Path(saved["epilog_dir"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return MiniClusterLayout(name=name, state_dir=state_dir)
-
-
-# ---- the registry of named clusters ---------------------------------------------------
-def registered() -> List[Dict[str, Any]]:
-    """Every cluster `up` registered on this machine: name, state_dir, slot."""
-    out = []
-    for path in sorted(REGISTRY_DIR.glob("*.json")) if REGISTRY_DIR.is_dir() else []:
-        try:
-            entry = json.loads(path.read_text())
-            out.append({"name": str(entry["name"]), "state_dir": str(entry["state_dir"]), "slot": int(entry["slot"])})
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return out
-
-
-def find_layout(name: str, state_dir: Optional[Path] = None) -> MiniClusterLayout:
-    """The layout of a named cluster: its explicit state dir, else the one it registered, else the default."""
-    if state_dir is None:
-        entry = next((e for e in registered() if e["name"] == name), None)
-        state_dir = Path(entry["state_dir"]) if entry else MiniClusterLayout(name=name).root
-    return layout_from_record(state_dir, name)
+# ---- preconditions -----------------------------------------------------------------
+def cgroup_problem() -> Optional[str]:
+    """Why this machine cannot confine jobs with cgroup v1 (None: it can)."""
+    for controller in CGROUP_CONTROLLERS:
+        path = Path("/sys/fs/cgroup") / controller
+        if not (path / "cgroup.procs").exists():
+            return f"no cgroup v1 {controller} hierarchy at {path}"
+        if not os.access(path, os.W_OK):
+            return f"cgroup v1 {controller} hierarchy at {path} is not writable"
+    return None
 
 
 def layout_for_up(name: str, state_dir: Optional[Path], *, nodes: int, gpus_per_node: int, prolog_dir: Path,
-                  epilog_dir: Path) -> MiniClusterLayout:
+                  epilog_dir: Path, cgroups: bool = True) -> MiniClusterLayout:
+    """The layout `up` will use. With cgroups a node has as many CPUs as the machine (they are
+    really bound); without, four (Slurm's config_overrides lets them outnumber the machine's)."""
+    if cgroups:
+        problem = cgroup_problem()
+        if problem:
+            raise MiniClusterError(f"cannot confine jobs with cgroups here: {problem} (`up --no-cgroups` runs "
+                                   "without them, as task/none)")
     try:
         return MiniClusterLayout(name=name, slot=allocate_slot(name, state_dir), state_dir=state_dir, nodes=nodes,
                                  gpus_per_node=gpus_per_node, controller_host=default_controller_host(),
-                                 prolog_dir=prolog_dir.resolve(), epilog_dir=epilog_dir.resolve())
+                                 prolog_dir=prolog_dir.resolve(), epilog_dir=epilog_dir.resolve(), cgroups=cgroups,
+                                 cpus_per_node=(os.cpu_count() or 1) if cgroups else 4)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 
-def allocate_slot(name: str, state_dir: Optional[Path]) -> int:
-    """The slot this cluster had (its record), else the lowest one no other registered cluster uses."""
-    previous = find_layout(name, state_dir)
-    if previous.record_file.exists():
-        return previous.slot
-    taken = {entry["slot"] for entry in registered() if entry["name"] != name}
-    free = [slot for slot in range(MAX_SLOTS) if slot not in taken]
-    if not free:
-        raise MiniClusterError(f"all {MAX_SLOTS} mini-cluster slots are taken on this machine")
-    return free[0]
-
-
-def _register(layout: MiniClusterLayout) -> None:
-    REGISTRY_DIR.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(layout.registry_file, {"name": layout.name, "state_dir": str(layout.root), "slot": layout.slot},
-                      durable=False)
-
-
-def _unregister(layout: MiniClusterLayout) -> None:
-    try:
-        entry = json.loads(layout.registry_file.read_text())
-    except (OSError, ValueError):
-        return
-    if entry.get("state_dir") == str(layout.root):
-        layout.registry_file.unlink(missing_ok=True)
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def held_by_others(layout: MiniClusterLayout, record: Dict[str, Any]) -> Optional[str]:
-    """What this cluster needs that something else holds (None: all free or already ours)."""
-    pids = record.get("pids", {})
-    for entry in registered():
-        if entry["name"] == layout.name and entry["state_dir"] != str(layout.root):
-            return f"the name {layout.name!r} belongs to the cluster in {entry['state_dir']}"
-        if entry["name"] != layout.name and entry["slot"] == layout.slot:
-            return f"slot {layout.slot} belongs to cluster {entry['name']!r}"
-    if not record.get("net"):
-        if netns.link_exists(layout.bridge):
-            return (f"network interface {layout.bridge} exists and is not this cluster's "
-                    f"(a leftover? `slurmtools minicluster down --name {layout.name}`)")
-        if netns.subnet_in_use(layout):
-            return f"subnet {layout.subnet} is already routed on this machine"
-        taken = [layout.netns(node) for node in layout.node_names if netns.netns_exists(layout.netns(node))]
-        if taken:
-            return f"network namespace {taken[0]} exists and is not this cluster's"
-    for daemon, host, port in (("slurmctld", "0.0.0.0", layout.slurmctld_port),
-                               ("slurmdbd", "127.0.0.1", layout.slurmdbd_port),
-                               ("mariadbd", "127.0.0.1", layout.db_port)):
-        if not daemons.pid_alive(pids.get(daemon)) and not _port_free(host, port):
-            return f"port {port} ({daemon}) is in use by another program"
-    if layout.name == DEFAULT_NAME and not _etc_slurm_is(layout) and (
-            ETC_SLURM_CONF.exists() or ETC_SLURM_CONF.is_symlink()):
-        return f"{ETC_SLURM_CONF} belongs to another Slurm (the default cluster links it only when it is free)"
-    return None
-
-
-def _etc_slurm_is(layout: MiniClusterLayout) -> bool:
-    return ETC_SLURM_CONF.is_symlink() and Path(os.readlink(ETC_SLURM_CONF)) == layout.slurm_conf
-
-
-# ---- preconditions -----------------------------------------------------------------
 def require_root() -> None:
     if os.geteuid() != 0:
         raise MiniClusterError("the mini-cluster needs root (namespaces, daemons, /etc/hosts); run it as root")
@@ -192,8 +99,7 @@ def write_configs(layout: MiniClusterLayout) -> None:
     (layout.etc_dir / "gres.conf").write_text(layout.render_gres_conf())
     layout.hosts_file.write_text(layout.render_hosts())
     layout.hosts_file.chmod(0o644)
-    # cgroup.conf is read even with proctrack/linuxproc on some builds; keep it explicit and inert.
-    (layout.etc_dir / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
+    (layout.etc_dir / "cgroup.conf").write_text(layout.render_cgroup_conf())
     dbd = layout.etc_dir / "slurmdbd.conf"
     dbd.write_text(layout.render_slurmdbd_conf(daemons.db_password(layout)))
     dbd.chmod(0o600)
@@ -201,15 +107,20 @@ def write_configs(layout: MiniClusterLayout) -> None:
         layout.health_config.write_text(layout.render_health_config())
         layout.health_config.chmod(0o644)
     for gpu in range(layout.gpus_per_node):
+        # a character device with NVIDIA's numbers (195:N) and no driver behind it: Slurm accepts it
+        # as a GPU file, the devices cgroup confines it per job, and opening it never works
+        # (ENXIO when allowed, EPERM when the job was not given it)
         dev = layout.fake_gpu_dir / f"nvidia{gpu}"
+        if dev.exists() and dev.stat().st_rdev != os.makedev(FAKE_GPU_MAJOR, gpu):
+            dev.unlink()
         if not dev.exists():
-            os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))  # char device, /dev/null's numbers
+            os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(FAKE_GPU_MAJOR, gpu))
 
 
 def link_etc_slurm(layout: MiniClusterLayout, record: Dict[str, Any]) -> None:
     """The default-named cluster points a free /etc/slurm/slurm.conf at its own, so a plain
     `sbatch` works; any other cluster is addressed by SLURM_CONF and never touches /etc/slurm."""
-    if layout.name != DEFAULT_NAME or _etc_slurm_is(layout) or ETC_SLURM_CONF.exists() or ETC_SLURM_CONF.is_symlink():
+    if layout.name != DEFAULT_NAME or record_mod.etc_slurm_is(layout) or ETC_SLURM_CONF.exists() or ETC_SLURM_CONF.is_symlink():
         return
     ETC_SLURM_CONF.parent.mkdir(parents=True, exist_ok=True)
     record["etc_slurm"] = {"linked": True}
@@ -226,10 +137,11 @@ def up(layout: MiniClusterLayout, *, install: bool = True, wait_s: float = 60.0)
     if conflict:
         raise MiniClusterError(f"cluster {layout.name!r} not started: {conflict}")
     record["layout"] = {"name": layout.name, "slot": layout.slot, "nodes": layout.nodes,
+                        "cgroups": layout.cgroups, "cpus_per_node": layout.cpus_per_node,
                         "gpus_per_node": layout.gpus_per_node, "controller_host": layout.controller_host,
                         "prolog_dir": str(layout.prolog_dir), "epilog_dir": str(layout.epilog_dir)}
     save_record(layout, record)
-    _register(layout)
+    record_mod.register(layout)
     write_configs(layout)
     link_etc_slurm(layout, record)
     record["net"] = True
@@ -308,9 +220,9 @@ def down(layout: MiniClusterLayout, *, purge: bool = False) -> None:
     daemons.stop_pid(pids.get("mariadbd") or daemons.read_pidfile(layout.run_dir / "mysqld" / "mysqld.pid"), 60)
     daemons.stop_pid(pids.get("munged") or daemons.read_pidfile(layout.munge_dir / "munged.pid"))
     netns.net_down(layout)
-    if _etc_slurm_is(layout):
+    if record_mod.etc_slurm_is(layout):
         ETC_SLURM_CONF.unlink()
-    _unregister(layout)
+    record_mod.unregister(layout)
     record["pids"] = {}
     record["net"] = False
     record["etc_slurm"] = None

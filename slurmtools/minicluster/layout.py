@@ -49,6 +49,8 @@ class MiniClusterLayout:
     controller_host: str = "localhost"
     prolog_dir: Path = Path("prolog.d")
     epilog_dir: Path = Path("epilog.d")
+    # real per-node cgroups as production runs them (cores, memory, devices); off only on request
+    cgroups: bool = True
     partition: str = "gpu"
     extra_env: Dict[str, str] = field(default_factory=dict)
 
@@ -218,12 +220,10 @@ class MiniClusterLayout:
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
             "MailProg=/bin/true",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
+            *self._confinement_lines(),
             "JobAcctGatherType=jobacct_gather/none",
             "MpiDefault=none",
             "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_CPU",
             "SchedulerType=sched/backfill",
             "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2,"
             "bf_interval=1,nohold_on_prolog_fail",
@@ -248,6 +248,21 @@ class MiniClusterLayout:
             f"PartitionName={self.partition} Nodes={self.nodelist} Default=YES MaxTime=INFINITE State=UP",
         ]
         return "\n".join(lines) + "\n"
+
+    def _confinement_lines(self) -> List[str]:
+        """cgroups: each job is confined to its CPUs (and bound to them), its memory (a step past
+        --mem is OOM-killed) and its GPUs' device files; memory is a consumable resource."""
+        if not self.cgroups:
+            return ["ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SelectTypeParameters=CR_CPU"]
+        return ["ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup,task/affinity",
+                "SelectTypeParameters=CR_CPU_Memory",
+                f"DefMemPerCPU={self.mem_per_node_mb // self.cpus_per_node}"]
+
+    def render_cgroup_conf(self) -> str:
+        if not self.cgroups:
+            return "CgroupPlugin=autodetect\nIgnoreSystemd=yes\n"
+        return ("CgroupPlugin=cgroup/v1\nIgnoreSystemd=yes\nConstrainCores=yes\nConstrainRAMSpace=yes\n"
+                "ConstrainDevices=yes\n")
 
     def render_gres_conf(self) -> str:
         """Fake GPUs must be character devices: file-less or regular-file GRES are dropped in 22.05."""

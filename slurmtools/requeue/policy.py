@@ -87,7 +87,8 @@ _COLLECTIVE = re.compile(
     r"(Watchdog caught collective operation timeout|collective operation timeout|NCCL.*[Tt]imeout|"
     r"ProcessGroupNCCL.*timed out|Timed out waiting \d+ms for (recv|send) operation|"
     r"gloo.*(Connection closed by peer|Connection reset by peer|Timed out)|DistBackendError)")
-_OOM = re.compile(r"(CUDA out of memory|OutOfMemoryError|torch\.OutOfMemoryError|oom-kill|Out Of Memory|"
+_OOM = re.compile(r"(CUDA out of memory|OutOfMemoryError|torch\.OutOfMemoryError|oom-kill|oom_kill|OOM Killed|"
+                  r"Out Of Memory|"
                   r"Killed process \d+ .*out of memory|OUT_OF_MEMORY)", re.IGNORECASE)
 _USER = re.compile(r"\b(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|NameError|"
                    r"unrecognized arguments|No such file or directory: '[^']*\.py')\b")

@@ -166,6 +166,8 @@ def test_notebook_parameters_pin_the_port_and_kill_on_bad_exit():
     params = executor_parameters(spec_from_dict({"name": "nb", "nodes": 2, "gpus_per_node": 8,
                                                  "container_image": "img:1", "time_limit_min": 30}))
     assert params["tasks_per_node"] == 8 and params["timeout_min"] == 30
-    assert params["slurm_srun_args"] == ["--kill-on-bad-exit=1", "--container-image=img:1"]
+    assert params["slurm_srun_args"] == ["--kill-on-bad-exit=1", "--cpus-per-task=1", "--cpu-bind=cores",
+                                         "--container-image=img:1"]
+    assert params["cpus_per_task"] == 1
     assert "export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 12000 ))" in params["slurm_setup"]
     assert params["slurm_signal_delay_s"] == 180 and params["slurm_additional_parameters"] == {"requeue": True}
