@@ -110,7 +110,10 @@ def test_epilog_finding_a_stray_gpu_process_drains_the_node(health_config, share
     job = slurm.submit(f"#!/bin/bash\n#SBATCH -N1 -w node3 -o {shared_tmp}/e.out\ntrue\n")
     wait_for(lambda: slurm.nodes("node3")[0].drained, 60, "node3 drained by its epilog")
     assert slurm.nodes("node3")[0].reason == f"slurmtools: CRITICAL gpu.processes gpu=3 pids=4242 after the job job={job}"
-    assert slurm.job_state(job).state == "COMPLETED"
+    # the drain happens inside the epilog, while the job is still COMPLETING: wait for the end
+    final = wait_for(lambda: (lambda info: info if info.finished else None)(slurm.job_state(job)), 30,
+                     f"job {job} to finish its epilog")
+    assert final.state == "COMPLETED"
 
 
 def test_config_error_fails_open_and_drains_nothing(health_config, shared_tmp):
