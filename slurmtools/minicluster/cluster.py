@@ -48,6 +48,7 @@ def layout_for_up(name: str, state_dir: Optional[Path], *, nodes: int, gpus_per_
                   epilog_dir: Path, cgroups: bool = True) -> MiniClusterLayout:
     """The layout `up` will use. With cgroups a node has as many CPUs as the machine (they are
     really bound); without, four (Slurm's config_overrides lets them outnumber the machine's)."""
+    require_root()
     if cgroups:
         problem = cgroup_problem()
         if problem:
@@ -64,7 +65,7 @@ def layout_for_up(name: str, state_dir: Optional[Path], *, nodes: int, gpus_per_
 
 def require_root() -> None:
     if os.geteuid() != 0:
-        raise MiniClusterError("the mini-cluster needs root (namespaces, daemons, /etc/hosts); run it as root")
+        raise MiniClusterError("the mini-cluster needs root (namespaces, daemons, cgroups); run it as root")
 
 
 def missing_packages() -> List[str]:

@@ -154,7 +154,7 @@ def start_munged(layout: MiniClusterLayout) -> Optional[int]:
         return None
     layout.munge_dir.mkdir(parents=True, exist_ok=True)
     shutil.chown(layout.munge_dir, "munge", "munge")
-    layout.munge_dir.chmod(0o700)
+    layout.munge_dir.chmod(0o755)          # munged: its socket dir must be reachable by every client
     key = layout.munge_dir / "munge.key"
     if not key.exists() or key.stat().st_size == 0:
         key.write_bytes(os.urandom(1024))
