@@ -241,6 +241,8 @@ class MiniClusterLayout:
             "AccountingStorageType=accounting_storage/slurmdbd",
             "AccountingStorageHost=127.0.0.1",
             f"AccountingStoragePort={self.slurmdbd_port}",
+            "# the munge socket of slurmctld's connection to slurmdbd (AuthInfo's is not used for it)",
+            f"AccountingStoragePass={self.munge_socket}",
             "AccountingStorageTRES=gres/gpu",
             f"NodeName={self.nodelist} NodeAddr={addrs} CPUs={self.cpus_per_node} Sockets=1 "
             f"CoresPerSocket={self.cpus_per_node} ThreadsPerCore=1 RealMemory={self.mem_per_node_mb}"
