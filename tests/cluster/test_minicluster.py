@@ -99,12 +99,12 @@ def test_partition_and_heal_change_link_state(cluster):
         state = Path(f"/sys/class/net/{cluster.veth('node3')}/operstate").read_text().strip()
         assert state == "down"
         # node3's slurmd port is unreachable while partitioned
-        assert not daemons.port_open(cluster.node_addr("node3"), 6818)
+        assert not daemons.port_open(cluster.node_addr("node3"), cluster.slurmd_port)
     finally:
         mc.heal_node(cluster, "node3")
     wait_for(lambda: Path(f"/sys/class/net/{cluster.veth('node3')}/operstate").read_text().strip() == "up",
              10, "link up")
-    wait_for(lambda: daemons.port_open(cluster.node_addr("node3"), 6818), 10, "node3 reachable again")
+    wait_for(lambda: daemons.port_open(cluster.node_addr("node3"), cluster.slurmd_port), 10, "node3 reachable again")
 
 
 def _hosts_job(out: Path) -> str:
@@ -158,6 +158,7 @@ def test_up_refuses_a_port_someone_else_holds_and_changes_nothing(cluster):
     layout = mc.layout_for_up("porty", Path("/var/tmp/slurmtools-porty-cluster"), nodes=1, gpus_per_node=0,
                               prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
     with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # past TIME_WAITs, not past a listener
         squatter.bind(("127.0.0.1", layout.db_port))
         squatter.listen(1)
         with pytest.raises(MiniClusterError, match=f"port {layout.db_port} \\(mariadbd\\) is in use by another program"):
