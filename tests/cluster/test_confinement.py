@@ -23,8 +23,10 @@ import json, os, sys
 from slurmtools.runtime import TrainingControl
 rank = int(os.environ.get("RANK", "0"))
 parent = sorted(os.sched_getaffinity(os.getppid())) if sys.argv[1] == "torchrun" else None
-print(json.dumps({"rank": rank, "host": os.uname().nodename, "cpus": sorted(os.sched_getaffinity(0)),
-                  "parent_cpus": parent}), flush=True)
+# one write per line: two unbuffered ranks share the pipe, and print() writes text and newline apart
+sys.stdout.write(json.dumps({"rank": rank, "host": os.uname().nodename, "cpus": sorted(os.sched_getaffinity(0)),
+                             "parent_cpus": parent}) + "\n")
+sys.stdout.flush()
 TrainingControl().mark_complete(0)
 """
 
