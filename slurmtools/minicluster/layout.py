@@ -132,8 +132,9 @@ class MiniClusterLayout:
         return f"slurmtools-{self.name}-{node}"
 
     def veth(self, node: str) -> str:
-        """Host-side veth name (kernel limit: 15 characters)."""
-        return f"st{self.slot}v{self.node_index(node)}"
+        """Host-side veth name (kernel limit: 15 characters). Named after the cluster, never its
+        slot: whatever else goes wrong, one cluster cannot name another's interface."""
+        return f"st{self.name}v{self.node_index(node)}"
 
     # ---- paths ---------------------------------------------------------------
     @property

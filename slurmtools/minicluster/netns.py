@@ -68,9 +68,9 @@ def net_down(layout: MiniClusterLayout) -> None:
             run(["ip", "netns", "del", layout.netns(node)], check=False)
         if link_exists(layout.veth(node)):
             run(["ip", "link", "del", layout.veth(node)], check=False)
-    if link_exists(layout.bridge):
+    if link_exists(layout.bridge):    # the guard route went up with this cluster's bridge, and goes with it
         run(["ip", "link", "del", layout.bridge], check=False)
-    run(["ip", "route", "del", *guard_route(layout)], check=False)
+        run(["ip", "route", "del", *guard_route(layout)], check=False)
 
 
 def set_link(layout: MiniClusterLayout, node: str, up: bool) -> None:

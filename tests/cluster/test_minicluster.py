@@ -165,3 +165,16 @@ def test_up_refuses_a_port_someone_else_holds_and_changes_nothing(cluster):
             mc.up(layout, install=False, wait_s=30)
     assert not layout.root.exists() and not layout.registry_file.exists()
     assert not Path(f"/sys/class/net/{layout.bridge}").exists()
+
+
+def test_down_of_another_name_never_touches_this_cluster(cluster):
+    """A `down` of a cluster that never started (no record: any slot, here this cluster's own)
+    removes nothing of this one: every interface, namespace and route it could name is its own."""
+    from slurmtools.minicluster import netns
+    from slurmtools.minicluster.layout import MiniClusterLayout
+
+    ghost = MiniClusterLayout(name="ghost", slot=cluster.slot, state_dir=Path("/var/tmp/slurmtools-ghost-cluster"))
+    mc.down(ghost, purge=True)
+    assert all(netns.link_exists(cluster.veth(node)) for node in cluster.node_names)
+    assert netns.link_exists(cluster.bridge) and netns.subnet_in_use(cluster)
+    assert [(n.name, n.state) for n in slurm.nodes()] == [("node1", "idle"), ("node2", "idle"), ("node3", "idle")]

@@ -91,7 +91,9 @@ def test_named_clusters_share_nothing():
     assert {first.netns("node1"), first.veth("node1")}.isdisjoint({second.netns("node1"), second.veth("node1")})
     assert second.subnet == "10.77.1.0/24" and second.bridge == "st-test"
     widest = MiniClusterLayout(name="abcdefgh", slot=99, nodes=32)
-    assert widest.veth("node32") == "st99v32" and len(widest.bridge) <= 15
+    assert widest.veth("node32") == "stabcdefghv32" and len(widest.veth("node32")) <= 15 and len(widest.bridge) <= 15
+    # interface names follow the name, not the slot: a layout with a wrong slot cannot touch another's
+    assert MiniClusterLayout(name="test", slot=0).veth("node1") != MiniClusterLayout(name="mini", slot=0).veth("node1")
 
 
 @pytest.mark.parametrize("name", ["", "Mini", "1st", "toolongname", "a-b", "a b", "../x"])
