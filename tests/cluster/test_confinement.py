@@ -25,7 +25,7 @@ rank = int(os.environ.get("RANK", "0"))
 parent = sorted(os.sched_getaffinity(os.getppid())) if sys.argv[1] == "torchrun" else None
 # one write per line: two unbuffered ranks share the pipe, and print() writes text and newline apart
 sys.stdout.write(json.dumps({"rank": rank, "host": os.uname().nodename, "cpus": sorted(os.sched_getaffinity(0)),
-                             "parent_cpus": parent}) + "\n")
+                             "parent_cpus": parent}) + chr(10))
 sys.stdout.flush()
 TrainingControl().mark_complete(0)
 """
