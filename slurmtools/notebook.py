@@ -37,8 +37,8 @@ from typing import Any, Dict, List, Optional, Union
 from slurmtools import sbatch, slurm
 from slurmtools.errors import SlurmCommandError, SpecError, UsageError
 from slurmtools.requeue import ledger
-from slurmtools.runtime import (CHECKPOINT_DIR_ENV, CHECKPOINT_GRACE_ENV, COLLECTIVE_TIMEOUT_ENV, TrainingControl,
-                                attempt_of, control_dir_for)
+from slurmtools.runtime import (ATTEMPT_ID_ENV, CHECKPOINT_DIR_ENV, CHECKPOINT_GRACE_ENV, COLLECTIVE_TIMEOUT_ENV,
+                                LOCAL_JOB_ID, TrainingControl, attempt_of, control_dir_for)
 from slurmtools.spec import JobSpec, load_spec, spec_from_dict
 
 SpecLike = Union[JobSpec, Dict[str, Any], str, Path]
@@ -173,8 +173,8 @@ class CheckpointableTrainer(_Checkpointable):
         os.environ.pop("MASTER_PORT", None)                         # export() refuses to overwrite it
         env = dist_env.export()
         _, restart, attempt_id = attempt_of(os.environ)
-        job_id = os.environ.get("SLURM_JOB_ID", "local")
-        os.environ["SLURMTOOLS_ATTEMPT_ID"] = attempt_id
+        job_id = os.environ.get("SLURM_JOB_ID", LOCAL_JOB_ID)
+        os.environ[ATTEMPT_ID_ENV] = attempt_id
         self.checkpoint_dir = self.checkpoint_dir or os.environ.get(CHECKPOINT_DIR_ENV) or None
         control_dir = control_dir_for(self.checkpoint_dir, "", job_id) if self.checkpoint_dir else None
         backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
