@@ -39,7 +39,7 @@ class SpecError(UsageError):
         if file:
             where = f"{file}:{line}: " if line else f"{file}: "
         keypart = f"{key}: " if key else ""
-        super().__init__(f"{where}{keypart}{message}")
+        super().__init__(one_line(f"{where}{keypart}{message}"))    # a key may hold a newline too
 
 
 class ConfigError(SpecError):

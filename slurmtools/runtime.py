@@ -6,12 +6,16 @@ supervisor, the submitit path and the trainer):
 
   control dir   <checkpoint_dir or output_dir>/.slurmtools/<job id>, on the shared filesystem,
                 kept across requeues; exported to the trainer as SLURMTOOLS_CONTROL_DIR:
-    heartbeat/<rank>.json   each rank's last step and time (the hang watchdog reads them)
+    heartbeat/<rank>.json   each rank's last step and its time (the hang watchdog reads them), and
+                            `alive`, refreshed by a thread even while the rank waits in a
+                            collective (the node-death watch reads it)
     checkpoint-request      present when the supervisor wants a checkpoint now (warning signal)
     stopped-for-requeue     written by rank 0 after it checkpointed on request
     complete                written by rank 0 when training has finished
     ledger.jsonl            the attempts of the job (requeue/ledger.py)
-  attempt id    "<job id>.<restart count>" (SLURMTOOLS_ATTEMPT_ID)
+  attempt id    "<job id>.<restart count>", and "<job id>.<restart count>.<step seq>" for a
+                restart inside the allocation (SLURMTOOLS_ATTEMPT_ID); the attempt's number
+                across the whole job, from 0, in SLURMTOOLS_ATTEMPT_NUMBER
   checkpoints   the spec's checkpoint_dir (SLURMTOOLS_CHECKPOINT_DIR)
 """
 from __future__ import annotations
@@ -19,15 +23,17 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
-from typing import Mapping, Optional, Set, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Set, Tuple, Union
 
 from slurmtools.fsutil import write_json_atomic
 from slurmtools.signals import SignalFlags
 
 CONTROL_DIR_ENV = "SLURMTOOLS_CONTROL_DIR"
 ATTEMPT_ID_ENV = "SLURMTOOLS_ATTEMPT_ID"
+ATTEMPT_NUMBER_ENV = "SLURMTOOLS_ATTEMPT_NUMBER"
 CHECKPOINT_DIR_ENV = "SLURMTOOLS_CHECKPOINT_DIR"
 COLLECTIVE_TIMEOUT_ENV = "SLURMTOOLS_COLLECTIVE_TIMEOUT_S"
 CHECKPOINT_GRACE_ENV = "SLURMTOOLS_CHECKPOINT_GRACE_S"
@@ -60,6 +66,14 @@ def default_control_dir(environ: Mapping[str, str]) -> Path:
     return Path(CONTROL_SUBDIR) / environ.get("SLURM_JOB_ID", LOCAL_JOB_ID)
 
 
+def attempt_number(environ: Mapping[str, str]) -> int:
+    """This attempt's number across the job (restarts in place and requeues), from 0."""
+    text = environ.get(ATTEMPT_NUMBER_ENV, "")
+    if text.isascii() and text.isdigit():
+        return int(text)
+    return attempt_of(environ)[1]
+
+
 def attempt_of(environ: Mapping[str, str]) -> Tuple[Optional[int], int, str]:
     """(job id or None outside Slurm, restart count, attempt id) from Slurm's variables."""
     job_text = environ.get("SLURM_JOB_ID", "")
@@ -84,6 +98,9 @@ class TrainingControl:
         self._first_step: Optional[int] = None
         self._first_progress_t: Optional[float] = None
         self._flags: Optional[SignalFlags] = None
+        self._record: Optional[Dict[str, Any]] = None
+        self._lock = threading.Lock()
+        self._alive_thread: Optional[threading.Thread] = None
         if self.control_dir is not None:
             (self.control_dir / HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
 
@@ -111,10 +128,31 @@ class TrainingControl:
             self._first_step = step
         elif step > self._first_step and self._first_progress_t is None:
             self._first_progress_t = now      # the first step this attempt completed (goodput)
-        write_json_atomic(self.control_dir / HEARTBEAT_DIR / f"{self.rank}.json",
-                          {"rank": self.rank, "host": socket.gethostname(), "step": step, "time": now,
-                           "first_progress_t": self._first_progress_t, "attempt_id": self.attempt_id},
-                          durable=False)
+        record = {"rank": self.rank, "host": socket.gethostname(), "step": step, "time": now,
+                  "first_progress_t": self._first_progress_t, "attempt_id": self.attempt_id}
+        with self._lock:
+            self._record = record
+            self._write(now)
+        if self._alive_thread is None:
+            self._alive_thread = threading.Thread(target=self._keep_alive, name="slurmtools-alive", daemon=True)
+            self._alive_thread.start()
+
+    def _write(self, now: float) -> None:
+        if self.control_dir is None or self._record is None:
+            return
+        try:
+            write_json_atomic(self.control_dir / HEARTBEAT_DIR / f"{self.rank}.json", dict(self._record, alive=now),
+                              durable=False)
+        except OSError:
+            pass    # a full or vanished control dir must not kill training; the watchdog sees silence
+
+    def _keep_alive(self) -> None:
+        """While the process lives, `alive` stays fresh, also while the loop waits in a collective
+        (torch releases the GIL there): silence of every rank on a node means the node is gone."""
+        while True:
+            time.sleep(self.heartbeat_interval_s)
+            with self._lock:
+                self._write(time.time())
 
     def checkpoint_requested(self) -> bool:
         """This rank's view; use `agree()` so every rank acts at the same step."""

@@ -47,7 +47,7 @@ def directives(spec: JobSpec) -> List[Tuple[str, str]]:
             raise SpecError("backslashes are not allowed here: sbatch's #SBATCH parser drops them", key=key)
     options: Dict[str, str] = {
         "job-name": spec.name,
-        "nodes": str(spec.nodes),
+        "nodes": str(spec.allocated_nodes),
         "ntasks-per-node": str(1 if spec.launcher == "torchrun" else spec.procs_per_node),
         "requeue": "",
         "open-mode": "append",
@@ -55,6 +55,10 @@ def directives(spec: JobSpec) -> List[Tuple[str, str]]:
         "output": f"{spec.output_dir.rstrip('/') or '/'}/%x-%j.out",
         "error": f"{spec.output_dir.rstrip('/') or '/'}/%x-%j.err",
     }
+    if spec.recovers_in_place:
+        # a dead node must not end the allocation: the supervisor goes on without it (Slurm
+        # shrinks the job to the nodes left; new steps run there)
+        options["no-kill"] = ""
     if spec.gpus_per_node:
         options["gpus-per-node"] = str(spec.gpus_per_node)
     options["cpus-per-task"] = str(spec.task_cpus)
@@ -96,12 +100,20 @@ def master_port_expr() -> str:
     return f"$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % {RDZV_PORT_SPAN} ))"
 
 
+def train_nodes_expr(spec: JobSpec) -> str:
+    """The training node count in the script: the allocation less the hot spares."""
+    spare = spec.requeue.spare_nodes
+    return f'"$(( SLURM_JOB_NUM_NODES - {spare} ))"' if spare else '"$SLURM_JOB_NUM_NODES"'
+
+
 def launch_argv(spec: JobSpec) -> List[str]:
     """The srun command line; shell expansions ($SLURM_*, $MASTER_*) are left for bash."""
     # --cpus-per-task on the srun line too: Slurm 22.05's srun does not read SLURM_CPUS_PER_TASK
     # (restored in 23.11), so a step would otherwise get one CPU per task whatever the job asked
     # and --cpu-bind=cores: each task bound to its own CPUs, whatever the site's default binding
-    srun = ["srun", "--kill-on-bad-exit=1", '--nodes="$SLURM_JOB_NUM_NODES"', f"--cpus-per-task={spec.task_cpus}",
+    # the node count and list of each step are set by the supervisor (step.step_argv): it trains
+    # on the allocation's healthy nodes less the hot spares
+    srun = ["srun", "--kill-on-bad-exit=1", f'--nodes={train_nodes_expr(spec)}', f"--cpus-per-task={spec.task_cpus}",
             "--cpu-bind=cores"]
     if spec.container_image:
         srun.append(f"--container-image={q(spec.container_image)}")
@@ -111,7 +123,7 @@ def launch_argv(spec: JobSpec) -> List[str]:
         srun.append("--ntasks-per-node=1")
         return srun + [
             py, "-m", "torch.distributed.run",
-            '--nnodes="$SLURM_JOB_NUM_NODES"', f"--nproc-per-node={spec.procs_per_node}",
+            f'--nnodes={train_nodes_expr(spec)}', f"--nproc-per-node={spec.procs_per_node}",
             "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv-id="$SLURM_JOB_ID"',
             f"--signals-to-handle={TORCHRUN_SIGNALS}", *cmd]
     srun.append(f"--ntasks-per-node={spec.procs_per_node}")

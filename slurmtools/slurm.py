@@ -301,6 +301,31 @@ def requeue_excluding(job_id: int, fields: Mapping[str, str], attempts: int = 3)
                     raise
 
 
+def job_steps(job_id: int) -> List[str]:
+    """The job's running parallel steps as `JOB.STEP` (not its batch or extern step)."""
+    out = run_slurm(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i"])
+    return [ln.strip() for ln in out.splitlines() if re.fullmatch(r"\d+\.\d+", ln.strip())]
+
+
+def kill_step(step_id: str) -> None:
+    """SIGKILL a step's tasks on the nodes still reachable (srun alone would wait for a dead node)."""
+    run_slurm(["scancel", "--signal=KILL", step_id])
+
+
+def shrink_job(job_id: int, nodelist: str) -> None:
+    """Give nodes back: the running job keeps only nodelist (its owner may do this). A step that
+    still counts a dead node holds its other nodes until the dead one leaves the job."""
+    update_job(job_id, NodeList=nodelist)
+
+
+def slurmd_endpoint(node: str) -> Tuple[str, int]:
+    """(address, port) of the node's slurmd, to ask whether it answers at all."""
+    record = parse_scontrol_record(run_slurm(["scontrol", "-o", "show", "node", node]).strip())
+    config = run_slurm(["scontrol", "show", "config"])
+    port = re.search(r"^SlurmdPort\s*=\s*(\d+)", config, re.MULTILINE)
+    return record.get("NodeAddr", node), int(port.group(1)) if port else 6818
+
+
 def nodes(names: Optional[str] = None) -> List[NodeInfo]:
     argv = ["scontrol", "-o", "show", "node"] + ([names] if names else [])
     out = run_slurm(argv)

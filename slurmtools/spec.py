@@ -28,7 +28,7 @@ SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP")
 
 @dataclass(frozen=True)
 class RequeueSpec:
-    """How the job survives: warning signal, restart budget, hang detection."""
+    """How the job survives: warning signal, restart budget, hang and node-death detection, hot spares."""
 
     max_restarts: int = doc("Restarts after failures before giving up (warnings/preemptions are free).", 3,
                             min=0, max=1000)
@@ -46,6 +46,17 @@ class RequeueSpec:
                            min=0.0, max=3600.0)
     retry_oom: bool = doc("Requeue after an out-of-memory failure (default: stop, the same configuration "
                           "would run out again).", False)
+    in_allocation: bool = doc("Restart failed steps inside the running allocation (a new srun step, no queue "
+                              "wait) when no new node is needed; off: every failure goes through a requeue.",
+                              True)
+    spare_nodes: int = doc("Hot spares: allocate nodes + spare_nodes and train on `nodes`; a node blamed for a "
+                           "failure is drained and replaced by a spare without a requeue.", 0, min=0, max=1000)
+    min_nodes: int = doc("When no spare is left, go on with fewer nodes down to this many (the checkpoint is "
+                         "resharded on load); 0: never fewer than `nodes`.", 0, min=0, max=100000)
+    node_timeout_s: int = doc("Every rank of one node silent this long while the others are alive (and its "
+                              "slurmd unreachable) counts as that node's death; 0: 4x the median step time, "
+                              "at least 10 s. Watched only when spares or min_nodes allow recovery in place.",
+                              0, min=0, max=86400)
 
     def __post_init__(self) -> None:
         check_limits(self, ())
@@ -137,6 +148,16 @@ class JobSpec:
         return self.procs_per_node if self.launcher == "torchrun" else 1
 
     @property
+    def allocated_nodes(self) -> int:
+        """Nodes asked of Slurm: the training nodes and the hot spares."""
+        return self.nodes + self.requeue.spare_nodes
+
+    @property
+    def recovers_in_place(self) -> bool:
+        """A node can be lost without losing the allocation (sbatch --no-kill): spares, or fewer nodes allowed."""
+        return self.requeue.spare_nodes > 0 or 0 < self.requeue.min_nodes < self.nodes
+
+    @property
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
 
@@ -170,10 +191,15 @@ def cross_checks(spec: JobSpec) -> None:
     if spec.nodelist:
         from ClusterShell.NodeSet import NodeSet
         listed = NodeSet(spec.nodelist)
-        if len(listed) < spec.nodes:
-            raise err(f"lists {len(listed)} node(s) but nodes is {spec.nodes}", ("nodelist",))
+        if len(listed) < spec.allocated_nodes:
+            raise err(f"lists {len(listed)} node(s) but nodes{' + requeue.spare_nodes' if spec.requeue.spare_nodes else ''}"
+                      f" is {spec.allocated_nodes}", ("nodelist",))
         if spec.exclude and len(listed & NodeSet(spec.exclude)):
             raise err(f"{listed & NodeSet(spec.exclude)} is both in nodelist and exclude", ("exclude",))
+    if spec.requeue.min_nodes > spec.nodes:
+        raise err(f"must be at most nodes ({spec.nodes}), got {spec.requeue.min_nodes}", ("requeue", "min_nodes"))
+    if spec.nodes + spec.requeue.spare_nodes > 100000:
+        raise err("nodes + spare_nodes is over 100000", ("requeue", "spare_nodes"))
     if spec.requeue.checkpoint_grace_s >= spec.requeue.warning_lead_s:
         raise err(f"must be shorter than requeue.warning_lead_s ({spec.requeue.warning_lead_s})",
                    ("requeue", "checkpoint_grace_s"))

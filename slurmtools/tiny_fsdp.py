@@ -25,7 +25,7 @@ from torch.distributed.fsdp import fully_shard
 
 from slurmtools import checkpoint_torch
 from slurmtools.checkpoint import CheckpointManager
-from slurmtools.runtime import TrainingControl, agree
+from slurmtools.runtime import TrainingControl, agree, attempt_number
 
 
 @dataclass
@@ -155,8 +155,8 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
             if rank == 0:
                 log({"event": "resumed", "step": start, "path": extra["path"], "world_size": world,
                      "attempt_id": control.attempt_id, "load_s": round(time.monotonic() - t0, 3)})
-    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    faults = cfg.faults_on_attempt in (-1, restart)
+    # faults fire on one attempt of the job (counting restarts in place and requeues) or on all (-1)
+    faults = cfg.faults_on_attempt in (-1, attempt_number(os.environ))
     hang_rank, _, hang_step = cfg.hang_at_step.partition(":") if faults else ("", "", "")
     fail_at = cfg.fail_at_step if faults else -1
     slow_at = cfg.slow_checkpoint_at if faults else -1

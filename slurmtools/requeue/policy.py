@@ -1,19 +1,22 @@
 """Pure failure classification and the decision matrix.
 
-classify(evidence) -> Diagnosis; decide(diagnosis, history, requeue settings) -> Verdict.
+classify(evidence) -> Diagnosis; decide(diagnosis, history, settings, checkpoint, capacity) -> Verdict.
 No I/O, no clock: every row is a table-driven unit test. The matrix (README, section 2):
 completed -> done; warning / preemption / a person's requeue -> requeue, not counted;
-node failure, collective timeout, hang, fatal XID -> requeue excluding the blamed node (and
-drain it when the evidence is strong); user error before progress -> stop; OOM -> stop
-unless allowed; budget spent, same failure N times in a row, no newer checkpoint across K
-restarts -> stop with a summary.
+a failure no node is blamed for (crash after progress, collective timeout, unattributed hang,
+OOM when allowed) -> restart in the allocation (a new step, no queue wait); a blamed node
+(node death, fatal XID, hung rank) -> restart without it on a spare or on fewer nodes when the
+allocation allows, else requeue excluding it (and drain it when the evidence is strong);
+user error before progress -> stop; OOM -> stop unless allowed; budget spent, same failure N
+times in a row, no newer checkpoint across K restarts -> stop with a summary. Restarts in
+place and requeues share that one budget.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Dict, Optional, Pattern, Sequence
+from typing import Dict, FrozenSet, Optional, Pattern, Sequence
 
 from slurmtools.spec import RequeueSpec
 from slurmtools.xid import FATAL_XIDS, XID_LINE, xid_codes
@@ -34,6 +37,7 @@ class Cause(str, Enum):
 
 class Action(str, Enum):
     COMPLETE = "complete"
+    RESTART = "restart"          # a new step in the same allocation
     REQUEUE = "requeue"
     STOP = "stop"
 
@@ -53,6 +57,16 @@ class Evidence:
     log_tail: str = ""                       # last lines of the job step's output
     progressed: bool = True                  # any step finished in this attempt
     node_states: Dict[str, str] = field(default_factory=dict)  # allocation node -> Slurm base state
+    dead_node: Optional[str] = None          # every rank on it silent and its slurmd unreachable
+    dead_detail: str = ""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the running allocation can still do without Slurm's queue."""
+
+    in_allocation: bool = False                     # a new step may be launched here
+    replaceable: FrozenSet[str] = frozenset()       # nodes the job can go on without
 
 
 @dataclass(frozen=True)
@@ -110,6 +124,9 @@ def classify(evidence: Evidence) -> Diagnosis:
     if ev.stopped_for_requeue or (ev.warning_received and not ev.hang_detected and (ev.exit_code == 0 or not down)):
         return Diagnosis(Cause.PREEMPTED, detail="checkpointed on request" if ev.stopped_for_requeue
                          else "warning signal")
+    if ev.dead_node:
+        return Diagnosis(Cause.NODE_FAILURE, node=ev.dead_node, detail=ev.dead_detail or f"node {ev.dead_node} died",
+                         fatal_for_node=True)
     if node_fail or down:
         node = node_fail.group(1).rstrip(":,") if node_fail else down[0]
         return Diagnosis(Cause.NODE_FAILURE, node=node, detail=f"node {node} failed")
@@ -146,7 +163,7 @@ def _blamed_host(text: str, pattern: Pattern[str]) -> Optional[str]:
 
 
 def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: RequeueSpec,
-           checkpoint_step: Optional[int]) -> Verdict:
+           checkpoint_step: Optional[int], capacity: Capacity = Capacity()) -> Verdict:
     """What to do after an attempt ended with diag, given earlier attempts (oldest first)."""
     if diag.cause is Cause.COMPLETED:
         return Verdict(Action.COMPLETE, "training completed")
@@ -177,9 +194,16 @@ def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: RequeueSpe
     backoff = limits.backoff_s * (2 ** (same - 1))
     node = diag.node if diag.cause in (Cause.NODE_FAILURE, Cause.COLLECTIVE_TIMEOUT, Cause.HANG,
                                        Cause.GPU_FATAL) else None
-    drain = node if (diag.fatal_for_node and diag.cause is not Cause.NODE_FAILURE) else None
-    return Verdict(Action.REQUEUE, f"{diag.cause.value} ({diag.detail})", counted=True, exclude_node=node,
-                   drain_node=drain, backoff_s=backoff)
+    # Slurm marks a node it saw fail down itself; a node we found dead first is drained by us
+    drain = node if diag.fatal_for_node else None
+    reason = f"{diag.cause.value} ({diag.detail})"
+    if capacity.in_allocation and limits.in_allocation:
+        if node is None:
+            return Verdict(Action.RESTART, reason, counted=True, backoff_s=backoff)
+        if node in capacity.replaceable:
+            # the suspect node leaves the step: the cause is gone, no backoff
+            return Verdict(Action.RESTART, reason, counted=True, exclude_node=node, drain_node=drain)
+    return Verdict(Action.REQUEUE, reason, counted=True, exclude_node=node, drain_node=drain, backoff_s=backoff)
 
 
 def _no_progress(history: Sequence[AttemptRecord], checkpoint_step: Optional[int], restarts: int) -> bool:

@@ -1,40 +1,39 @@
 """`slurmtools run`: the supervisor the generated sbatch script execs around the srun launch.
 
-One attempt = one run of the batch script. The supervisor starts the step, pumps its output
-(keeping a tail as evidence), turns the warning signal into a checkpoint request, watches the
-heartbeats, and when the step ends asks the pure policy what to do: complete, stop with a
-summary, or requeue (excluding and draining an attributed node). Every decision is a JSON
-line carrying the attempt id, and the ledger remembers attempts across requeues.
+One run of the batch script supervises one or more steps. For each, the supervisor launches
+it on the nodes the topology picks (step.py), pumps its output (keeping a tail as evidence),
+turns the warning signal into a checkpoint request, watches the heartbeats (a hang; a node
+whose ranks fell silent and whose slurmd does not answer), and when the step ends asks the
+pure policy what to do: complete, stop with a summary, restart in this allocation (on a
+spare or fewer nodes when a node is to blame) or requeue (excluding and draining a node).
+Every decision is a JSON line carrying the attempt id; the ledger remembers attempts across
+steps and requeues.
 """
 from __future__ import annotations
 
-import collections
 import json
 import os
-import shutil
 import signal
-import stat
-import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Deque, Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 from slurmtools import drain, slurm
 from slurmtools.checkpoint import Checkpoint, CheckpointManager
-from slurmtools.errors import SlurmCommandError, UsageError
+from slurmtools.errors import SlurmCommandError
 from slurmtools.fsutil import write_json_atomic
-from slurmtools.requeue import ledger, policy, watchdog
-from slurmtools.runtime import (ATTEMPT_ID_ENV, COMPLETE_FILE, CONTROL_DIR_ENV, HEARTBEAT_DIR, REQUEST_FILE,
+from slurmtools.requeue import ledger, nodecheck, policy, step, watchdog
+from slurmtools.requeue.topology import Topology, step_argv, topology_of
+from slurmtools.runtime import (ATTEMPT_ID_ENV, ATTEMPT_NUMBER_ENV, COMPLETE_FILE, CONTROL_DIR_ENV, REQUEST_FILE,
                                 STOPPED_FILE, attempt_of)
 from slurmtools.signals import SignalFlags, signal_number
 from slurmtools.spec import RequeueSpec
 
-TAIL_LINES = 300
 STARTUP_ALLOWANCE_S = 120.0
 DOWN_STATES = ("down", "fail", "failing")
+PROBE_INTERVAL_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -48,12 +47,13 @@ class SupervisorConfig:
 
 @dataclass(frozen=True)
 class Attempt:
-    """Who this run of the batch script is."""
+    """Who this step is."""
 
     job_id: Optional[int]
     restart: int
     attempt_id: str
     nodelist: str
+    seq: int = 0                     # steps before it in this run of the batch script
 
 
 @dataclass
@@ -63,82 +63,22 @@ class Watch:
     exit_code: Optional[int] = None
     killed_by_us: bool = False
     stall: Optional[watchdog.Stall] = None
+    dead_node: Optional[str] = None
+    dead_detail: str = ""
+
+
+@dataclass
+class Run:
+    """This run of the batch script: its allocation and the nodes it lost so far."""
+
+    topology: Topology
+    lost: List[str] = field(default_factory=list)
 
 
 def emit(event: str, attempt_id: str, **fields: object) -> None:
     """One JSON line on stdout (the job's output file) per supervisor event."""
     print(json.dumps({"slurmtools": event, "attempt_id": attempt_id, "t": round(time.time(), 3), **fields},
                      sort_keys=True, default=str), flush=True)
-
-
-class _Pump(threading.Thread):
-    """Copy a child's stream to ours, keeping the last lines as evidence."""
-
-    def __init__(self, src: IO[bytes], dst: IO[str], tail: Deque[str]) -> None:
-        super().__init__(daemon=True)
-        self.src, self.dst, self.tail = src, dst, tail
-
-    def run(self) -> None:
-        for raw in iter(self.src.readline, b""):
-            line = raw.decode(errors="replace")
-            self.tail.append(line)
-            try:
-                self.dst.write(line)
-                self.dst.flush()
-            except (OSError, ValueError):
-                pass
-
-
-def _ensure_control_dir(control_dir: Path) -> None:
-    try:
-        control_dir.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise UsageError(f"control dir {control_dir}: exists and is not a directory") from None
-    except OSError as exc:
-        raise UsageError(f"control dir {control_dir}: {exc.strerror}") from None
-
-
-def _remove(path: Path) -> None:
-    """Whatever is at path (a marker, or a directory or FIFO someone put in its place)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def _prepare_control_dir(control_dir: Path) -> None:
-    """Markers and heartbeats belong to one attempt: clear the previous attempt's."""
-    _ensure_control_dir(control_dir)
-    for name in (REQUEST_FILE, STOPPED_FILE, COMPLETE_FILE):
-        _remove(control_dir / name)
-    heartbeats = control_dir / HEARTBEAT_DIR
-    if heartbeats.is_symlink() or (heartbeats.exists() and not heartbeats.is_dir()):
-        _remove(heartbeats)
-    heartbeats.mkdir(exist_ok=True)
-    for path in heartbeats.iterdir():
-        _remove(path)
-
-
-def _marker(path: Path) -> bool:
-    """A marker counts only as a regular file (a directory named `complete` is no completion)."""
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
-def _stop_child(child: "subprocess.Popen[bytes]", timeout_s: float) -> None:
-    """SIGTERM the step's process group, then SIGKILL: nothing is left running."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(child.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            child.wait(timeout=timeout_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _node_states(nodelist: str) -> Dict[str, str]:
@@ -206,13 +146,13 @@ def _begin(config: SupervisorConfig, attempt: Attempt, manager: Optional[Checkpo
            ) -> "tuple[List[ledger.Event], Optional[Checkpoint]]":
     """Close a dangling attempt, clear the control dir, record and announce this attempt's start."""
     control = config.control_dir
-    _ensure_control_dir(control)
+    step.ensure_control_dir(control)
     events = ledger.read(control)
     resume = manager.latest() if manager else None
     dangling = _close_dangling_attempt(control, events, resume.step if resume else None)
     if dangling:
         events.append(dangling)
-    _prepare_control_dir(control)
+    step.prepare_control_dir(control)
     ledger.append(control, ledger.AttemptStart(attempt.attempt_id, time.time(), attempt.restart, attempt.nodelist,
                                                resume.step if resume else None))
     emit("start", attempt.attempt_id, nodes=attempt.nodelist, resume_step=resume.step if resume else None,
@@ -220,11 +160,47 @@ def _begin(config: SupervisorConfig, attempt: Attempt, manager: Optional[Checkpo
     return events, resume
 
 
-def _watch(config: SupervisorConfig, attempt: Attempt, child: "subprocess.Popen[bytes]", flags: SignalFlags,
-           start_t: float) -> Watch:
-    """Until the step ends: warning -> checkpoint request (and the grace timer), heartbeats -> hang."""
+class _NodeWatch:
+    """Node death in seconds: a node whose ranks are all silent past the node timeout and whose
+    slurmd does not answer. Watched only when the allocation can go on without a node."""
+
+    def __init__(self, config: SupervisorConfig, nodes: Sequence[str], batch_host: Optional[str]) -> None:
+        self.configured_s = config.requeue.node_timeout_s
+        self.candidates = [node for node in nodes if node != batch_host]   # our own node dies with us
+        self.step_times_s: List[float] = []
+        self.last_step: Optional[int] = None
+        self.last_change_t = 0.0
+        self.probed_at: Dict[str, float] = {}
+
+    def observe(self, beats: List[watchdog.Beat], now: float) -> None:
+        """Step durations from how fast the slowest rank's step advances."""
+        if not beats:
+            return
+        low = min(beat.step for beat in beats)
+        if self.last_step is not None and low > self.last_step:
+            self.step_times_s.append((now - self.last_change_t) / (low - self.last_step))
+            self.step_times_s = self.step_times_s[-50:]
+        if self.last_step is None or low != self.last_step:
+            self.last_step, self.last_change_t = low, now
+
+    def dead(self, beats: List[watchdog.Beat], now: float) -> "Optional[tuple[str, float, float]]":
+        timeout = watchdog.node_timeout_s(self.configured_s, self.step_times_s)
+        for host, silent_s in watchdog.silent_nodes(beats, now, timeout):
+            if host not in self.candidates or now - self.probed_at.get(host, 0.0) < PROBE_INTERVAL_S:
+                continue
+            self.probed_at[host] = now
+            if not nodecheck.slurmd_answers(host):
+                return host, silent_s, timeout
+        return None
+
+
+def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flags: SignalFlags,
+           start_t: float, node_watch: Optional[_NodeWatch]) -> Watch:
+    """Until the step ends: warning -> checkpoint request (and the grace timer), heartbeats ->
+    hang, silent node + unreachable slurmd -> node death."""
     control = config.control_dir
     requeue = config.requeue
+    child = launched.child
     requested_at: Optional[float] = None
     watch = Watch()
     invalid_seen = 0
@@ -239,21 +215,35 @@ def _watch(config: SupervisorConfig, attempt: Attempt, child: "subprocess.Popen[
             emit("checkpoint_requested", attempt.attempt_id, signals=flags.names())
         if requested_at is not None and now - requested_at > requeue.checkpoint_grace_s:
             emit("grace_expired", attempt.attempt_id, grace_s=requeue.checkpoint_grace_s)
-            _stop_child(child, config.stop_timeout_s)
+            step.stop(child, config.stop_timeout_s)
             watch.killed_by_us = True
             break
+        beats, invalid = watchdog.scan_heartbeats(control, now, attempt.attempt_id)
+        if invalid > invalid_seen:
+            invalid_seen = invalid
+            emit("invalid_heartbeats", attempt.attempt_id, count=invalid)
+        if node_watch is not None and requested_at is None:
+            node_watch.observe(beats, now)
+            dead = node_watch.dead(beats, now)
+            if dead is not None:
+                node, silent_s, timeout_s = dead
+                watch.dead_node = node
+                watch.dead_detail = (f"node {node}: every rank silent for {silent_s:.1f} s (node timeout "
+                                     f"{timeout_s:.0f} s) and its slurmd does not answer")
+                emit("node_dead", attempt.attempt_id, node=node, silent_s=round(silent_s, 1),
+                     node_timeout_s=round(timeout_s, 1))
+                for error in step.kill_with_dead_node(child, attempt.job_id):
+                    emit("step_kill_failed", attempt.attempt_id, error=error)
+                watch.killed_by_us = True
+                break
         if requeue.hang_timeout_s > 0 and requested_at is None:
-            beats, invalid = watchdog.scan_heartbeats(control, now)
-            if invalid > invalid_seen:
-                invalid_seen = invalid
-                emit("invalid_heartbeats", attempt.attempt_id, count=invalid)
             stall = watchdog.judge(beats, now, requeue.hang_timeout_s)
             if stall is None and not beats and now - start_t > requeue.hang_timeout_s + STARTUP_ALLOWANCE_S:
                 stall = watchdog.Stall(now - start_t, None, None, 0)
             if stall is not None:
                 emit("hang", attempt.attempt_id, idle_s=round(stall.idle_s, 1), rank=stall.rank, host=stall.host,
                      step=stall.step)
-                _stop_child(child, config.stop_timeout_s)
+                step.stop(child, config.stop_timeout_s)
                 watch.killed_by_us = True
                 watch.stall = stall
                 break
@@ -262,35 +252,44 @@ def _watch(config: SupervisorConfig, attempt: Attempt, child: "subprocess.Popen[
     return watch
 
 
-def _evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: SignalFlags, tail: Deque[str],
+def _evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: SignalFlags, tail: str,
               resume: Optional[Checkpoint]) -> "tuple[policy.Evidence, List[watchdog.Beat]]":
     control = config.control_dir
     beats = watchdog.read_heartbeats(control)
     last_step = max((beat.step for beat in beats), default=None)
     evidence = policy.Evidence(
         exit_code=None if watch.killed_by_us else watch.exit_code,
-        complete_marker=_marker(control / COMPLETE_FILE),
-        stopped_for_requeue=_marker(control / STOPPED_FILE),
+        complete_marker=step.marker(control / COMPLETE_FILE),
+        stopped_for_requeue=step.marker(control / STOPPED_FILE),
         warning_received=flags.any(),
         cancelled=flags.seen(signal.SIGTERM) and _ended_for_good(attempt.job_id, attempt.restart),
         hang_detected=watch.stall is not None,
         hang_rank=watch.stall.rank if watch.stall else None,
         hang_node=watch.stall.host if watch.stall else None,
-        log_tail="".join(tail),
+        log_tail=tail,
         progressed=last_step is not None and last_step > (resume.step if resume else 0),
         node_states=_node_states(attempt.nodelist),
+        dead_node=watch.dead_node,
+        dead_detail=watch.dead_detail,
     )
     return evidence, beats
 
 
+def _capacity(attempt: Attempt, run: Run, nodes: Sequence[str], flags: SignalFlags) -> policy.Capacity:
+    """A new step may follow under Slurm while Slurm is not ending this run (no SIGTERM seen)."""
+    if attempt.job_id is None or flags.seen(signal.SIGTERM):
+        return policy.Capacity()
+    return policy.Capacity(True, frozenset(node for node in nodes if run.topology.can_lose(node, run.lost)))
+
+
 def _decide(config: SupervisorConfig, attempt: Attempt, evidence: policy.Evidence, beats: List[watchdog.Beat],
-            events: List[ledger.Event], manager: Optional[CheckpointManager], exit_code: Optional[int]
-            ) -> "tuple[policy.Diagnosis, policy.Verdict, Optional[int]]":
+            events: List[ledger.Event], manager: Optional[CheckpointManager], exit_code: Optional[int],
+            capacity: policy.Capacity) -> "tuple[policy.Diagnosis, policy.Verdict, Optional[int]]":
     """Classify, decide, and record the attempt's end in the ledger and the job's output."""
     newest = manager.latest(checksums=False) if manager else None
     checkpoint_step = newest.step if newest else None
     diag = policy.classify(evidence)
-    verdict = policy.decide(diag, ledger.history(events), config.requeue, checkpoint_step)
+    verdict = policy.decide(diag, ledger.history(events), config.requeue, checkpoint_step, capacity)
     if attempt.job_id is None and verdict.action is policy.Action.REQUEUE:
         verdict = replace(verdict, action=policy.Action.STOP,
                           reason=verdict.reason + "; not under Slurm, cannot requeue")
@@ -306,71 +305,126 @@ def _decide(config: SupervisorConfig, attempt: Attempt, evidence: policy.Evidenc
     return diag, verdict, checkpoint_step
 
 
+def _expand(nodelist: str) -> List[str]:
+    if not nodelist:
+        return []
+    from ClusterShell.NodeSet import NodeSet
+    return list(NodeSet(nodelist))
+
+
 def run(config: SupervisorConfig, argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> int:
-    """One attempt: begin, launch, watch, judge, then complete, stop or requeue."""
+    """Steps until the job completes, stops, or must be requeued."""
     env = dict(os.environ if environ is None else environ)
-    job_id, restart, attempt_id = attempt_of(env)
-    attempt = Attempt(job_id, restart, attempt_id, env.get("SLURM_JOB_NODELIST", ""))
+    job_id, restart, base_id = attempt_of(env)
     warn_sig = signal_number(config.requeue.warning_signal)
     flags = SignalFlags().install({warn_sig, signal.SIGTERM, signal.SIGINT, signal.SIGUSR2})
     manager = CheckpointManager(config.checkpoint_dir) if config.checkpoint_dir else None
+    this_run = Run(topology_of(_expand(env.get("SLURM_JOB_NODELIST", "")), config.requeue))
+    seq = 0
+    while True:
+        nodes = this_run.topology.pick(this_run.lost) or []
+        nodelist = ",".join(nodes) if this_run.lost or this_run.topology.train_nodes < len(
+            this_run.topology.allocation) else env.get("SLURM_JOB_NODELIST", "")
+        attempt = Attempt(job_id, restart, base_id if seq == 0 else f"{base_id}.{seq}", nodelist, seq)
+        outcome = _one_step(config, attempt, this_run, nodes, argv, env, flags, manager, warn_sig)
+        if isinstance(outcome, int):
+            return outcome
+        diag, verdict, checkpoint_step, events = outcome
+        if verdict.action is policy.Action.COMPLETE:
+            return 0
+        if verdict.action is policy.Action.STOP:
+            failures = sum(1 for record in ledger.history(events) if record.counted) + (1 if verdict.counted else 0)
+            print(f"slurmtools: STOP after attempt {attempt.attempt_id}: {verdict.reason} "
+                  f"(failures so far: {failures}, last checkpoint step: "
+                  f"{checkpoint_step if checkpoint_step is not None else 'none'})", file=sys.stderr, flush=True)
+            return 1
+        if verdict.action is policy.Action.RESTART:
+            if not _restart_in_place(attempt, this_run, diag, verdict, flags):
+                return _requeue(job_id, attempt.attempt_id, diag, replace(verdict, drain_node=None), flags,
+                                this_run) if job_id is not None else 1
+            seq += 1
+            continue
+        assert job_id is not None
+        return _requeue(job_id, attempt.attempt_id, diag, verdict, flags, this_run)
+
+
+def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: List[str], argv: Sequence[str],
+              env: Dict[str, str], flags: SignalFlags, manager: Optional[CheckpointManager], warn_sig: int
+              ) -> "int | tuple[policy.Diagnosis, policy.Verdict, Optional[int], List[ledger.Event]]":
+    """Begin, launch, watch and judge one step; an int is the exit code when it could not start."""
     events, resume = _begin(config, attempt, manager)
-    if _warned_before_start(job_id, config.requeue.warning_lead_s):
+    if attempt.seq == 0 and _warned_before_start(attempt.job_id, config.requeue.warning_lead_s):
         os.kill(os.getpid(), warn_sig)      # the flag handler records it like the real one
-    child_env = dict(env, **{CONTROL_DIR_ENV: str(config.control_dir), ATTEMPT_ID_ENV: attempt_id})
-    tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
+    number = sum(1 for event in events if isinstance(event, ledger.AttemptStart))
+    child_env = dict(env, **{CONTROL_DIR_ENV: str(config.control_dir), ATTEMPT_ID_ENV: attempt.attempt_id,
+                             ATTEMPT_NUMBER_ENV: str(number)})
     start_t = time.time()
     try:
-        child = subprocess.Popen(list(argv), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        launched = step.launch(step_argv(argv, nodes), child_env)
     except OSError as exc:
-        emit("stop", attempt_id, reason=f"cannot start {argv[0]}: {exc}")
+        emit("stop", attempt.attempt_id, reason=f"cannot start {argv[0]}: {exc}")
         return 1
-    assert child.stdout is not None and child.stderr is not None
-    pumps = [_Pump(child.stdout, sys.stdout, tail), _Pump(child.stderr, sys.stderr, tail)]
-    for pump in pumps:
-        pump.start()
+    node_watch = (_NodeWatch(config, nodes, this_run.topology.batch_host)
+                  if attempt.job_id is not None and this_run.topology.can_lose_any(this_run.lost) else None)
     try:
-        watch = _watch(config, attempt, child, flags, start_t)
-    finally:   # whatever happened above, the step (in its own session) does not outlive us
-        if child.poll() is None:
-            _stop_child(child, config.stop_timeout_s)
-        for pump in pumps:
-            pump.join(timeout=5)
-        child.stdout.close()
-        child.stderr.close()
-    evidence, beats = _evidence(config, attempt, watch, flags, tail, resume)
-    diag, verdict, checkpoint_step = _decide(config, attempt, evidence, beats, events, manager, watch.exit_code)
-    if verdict.action is policy.Action.COMPLETE:
-        return 0
-    if verdict.action is policy.Action.STOP:
-        failures = sum(1 for record in ledger.history(events) if record.counted) + (1 if verdict.counted else 0)
-        print(f"slurmtools: STOP after attempt {attempt_id}: {verdict.reason} "
-              f"(failures so far: {failures}, last checkpoint step: {checkpoint_step if checkpoint_step is not None else 'none'})",
-              file=sys.stderr, flush=True)
-        return 1
-    assert job_id is not None
-    return _requeue(job_id, attempt_id, diag, verdict, flags)
+        watch = _watch(config, attempt, launched, flags, start_t, node_watch)
+    finally:
+        launched.finish(config.stop_timeout_s)
+    evidence, beats = _evidence(config, attempt, watch, flags, "".join(launched.tail), resume)
+    capacity = _capacity(attempt, this_run, nodes, flags)
+    diag, verdict, checkpoint_step = _decide(config, attempt, evidence, beats, events, manager, watch.exit_code,
+                                             capacity)
+    return diag, verdict, checkpoint_step, events
+
+
+def _drain(job_id: Optional[int], attempt_id: str, node: str, diag: policy.Diagnosis) -> None:
+    reason = drain.DrainReason("CRITICAL", f"job.{diag.cause.value}", diag.detail, str(job_id))
+    try:
+        drained = drain.drain(node, reason)
+        emit("drain", attempt_id, node=node, reason=reason.render(), applied=drained)
+    except SlurmCommandError as exc:
+        emit("drain_failed", attempt_id, node=node, error=str(exc))
+
+
+def _restart_in_place(attempt: Attempt, this_run: Run, diag: policy.Diagnosis, verdict: policy.Verdict,
+                      flags: SignalFlags) -> bool:
+    """Drain and give back a blamed node, wait the backoff; False when Slurm began ending the
+    run meanwhile (the caller requeues instead)."""
+    node = verdict.exclude_node
+    if node is not None:
+        if verdict.drain_node:
+            _drain(attempt.job_id, attempt.attempt_id, verdict.drain_node, diag)
+        this_run.lost.append(node)
+        keep = [n for n in this_run.topology.allocation if n not in this_run.lost]
+        try:
+            assert attempt.job_id is not None
+            slurm.shrink_job(attempt.job_id, ",".join(keep))
+        except SlurmCommandError as exc:     # Slurm may have dropped the node from the job itself
+            emit("shrink_failed", attempt.attempt_id, node=node, error=str(exc))
+        emit("replace_node", attempt.attempt_id, node=node, spares_left=this_run.topology.spares(this_run.lost),
+             nodes=this_run.topology.pick(this_run.lost))
+    deadline = time.time() + verdict.backoff_s
+    while time.time() < deadline and not flags.seen(signal.SIGTERM):
+        time.sleep(0.1)
+    if flags.seen(signal.SIGTERM):
+        return False
+    emit("restart", attempt.attempt_id, backoff_s=verdict.backoff_s, in_allocation=True)
+    return True
 
 
 def _requeue(job_id: int, attempt_id: str, diag: policy.Diagnosis, verdict: policy.Verdict,
-             flags: SignalFlags) -> int:
+             flags: SignalFlags, this_run: Run) -> int:
     """Requeue ourselves; with an exclusion or a backoff: hold, update, release (an update of
     ExcNodeList is refused while the job runs, but accepted at once once it is held)."""
     if verdict.drain_node:
-        reason = drain.DrainReason("CRITICAL", f"job.{diag.cause.value}", diag.detail, str(job_id))
-        try:
-            drained = drain.drain(verdict.drain_node, reason)
-            emit("drain", attempt_id, node=verdict.drain_node, reason=reason.render(), applied=drained)
-        except SlurmCommandError as exc:
-            emit("drain_failed", attempt_id, node=verdict.drain_node, error=str(exc))
+        _drain(job_id, attempt_id, verdict.drain_node, diag)
     if flags.seen(signal.SIGTERM):
         # Slurm is already ending this run (its own requeue, node failure or preemption).
         emit("requeue", attempt_id, by="slurm")
         return 0
     try:
-        if verdict.exclude_node or verdict.backoff_s > 0:
-            fields = _requeue_fields(job_id, verdict)
+        if verdict.exclude_node or verdict.backoff_s > 0 or this_run.lost:
+            fields = _requeue_fields(job_id, verdict, this_run)
             slurm.requeue_excluding(job_id, fields)
             emit("requeue", attempt_id, by="slurmtools", **{key.lower(): value for key, value in fields.items()})
         else:
@@ -386,16 +440,20 @@ def _requeue(job_id: int, attempt_id: str, diag: policy.Diagnosis, verdict: poli
     return 0
 
 
-def _requeue_fields(job_id: int, verdict: policy.Verdict) -> Dict[str, str]:
-    """ExcNodeList (the blamed node added to what is already excluded) and StartTime (backoff)."""
+def _requeue_fields(job_id: int, verdict: policy.Verdict, this_run: Run) -> Dict[str, str]:
+    """ExcNodeList (the blamed and lost nodes added to what is already excluded), NumNodes (the
+    allocation's size again, when nodes were given back) and StartTime (backoff)."""
     fields: Dict[str, str] = {}
-    if verdict.exclude_node:
+    blamed = [node for node in [verdict.exclude_node, *this_run.lost] if node]
+    if blamed:
         from ClusterShell.NodeSet import NodeSet
         excluded = (slurm.show_job(job_id) or {}).get("ExcNodeList", "(null)")
-        nodeset = NodeSet(verdict.exclude_node)
+        nodeset = NodeSet(",".join(blamed))
         if excluded not in ("", "(null)"):
             nodeset.update(excluded)
         fields["ExcNodeList"] = str(nodeset)
+    if this_run.lost and this_run.topology.allocation:
+        fields["NumNodes"] = str(len(this_run.topology.allocation))
     if verdict.backoff_s > 0:
         fields["StartTime"] = f"now+{int(round(verdict.backoff_s))}"
     return fields

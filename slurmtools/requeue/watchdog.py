@@ -25,6 +25,12 @@ class Beat:
     step: int
     time_s: float
     first_progress_s: Optional[float] = None   # when this rank first completed a step this attempt
+    alive_s: Optional[float] = None            # last sign of life (refreshed while in a collective)
+    attempt_id: str = ""
+
+    @property
+    def last_alive_s(self) -> float:
+        return max(self.time_s, self.alive_s or 0.0)
 
 
 def first_progress(beats: List[Beat]) -> Optional[float]:
@@ -56,11 +62,16 @@ def parse_heartbeat(data: Any, now_s: float) -> Optional[Beat]:
     time_s: Any = data.get("time")
     first: Any = data.get("first_progress_t")
     host: Any = data.get("host", "")
+    alive: Any = data.get("alive")
+    attempt: Any = data.get("attempt_id", "")
+    if not (alive is None or _is_time(alive, now_s)) or not isinstance(attempt, str):
+        return None
     if not (_is_int(rank) and 0 <= rank < MAX_RANK and _is_int(step) and 0 <= step < MAX_STEP):
         return None
     if not _is_time(time_s, now_s) or not (first is None or _is_time(first, now_s)) or not isinstance(host, str):
         return None
-    return Beat(rank, host[:256], step, float(time_s), float(first) if first is not None else None)
+    return Beat(rank, host[:256], step, float(time_s), float(first) if first is not None else None,
+                float(alive) if alive is not None else None, attempt[:256])
 
 
 def _is_int(value: Any) -> bool:
@@ -89,9 +100,11 @@ def _read_small_regular(path: Path) -> Optional[bytes]:
         os.close(fd)
 
 
-def scan_heartbeats(control_dir: Path, now_s: Optional[float] = None) -> Tuple[List[Beat], int]:
+def scan_heartbeats(control_dir: Path, now_s: Optional[float] = None, attempt_id: Optional[str] = None
+                    ) -> Tuple[List[Beat], int]:
     """(valid heartbeats by rank, number of invalid entries). An invalid one is no evidence:
-    never fatal, never a hang, never a hidden hang."""
+    never fatal, never a hang, never a hidden hang. With attempt_id, a beat of another attempt
+    (a straggling process of the step before) is left out, neither valid nor invalid."""
     now = time.time() if now_s is None else now_s
     heartbeat_dir = control_dir / HEARTBEAT_DIR
     beats: Dict[int, Beat] = {}
@@ -110,6 +123,8 @@ def scan_heartbeats(control_dir: Path, now_s: Optional[float] = None) -> Tuple[L
                 beat = parse_heartbeat(json.loads(raw), now)
             except (ValueError, RecursionError):
                 beat = None
+        if beat is not None and attempt_id is not None and beat.attempt_id and beat.attempt_id != attempt_id:
+            continue
         if beat is None or beat.rank in beats:
             invalid += 1
             continue
@@ -142,3 +157,33 @@ def judge(beats: List[Beat], now_s: float, timeout_s: float, expected_ranks: Opt
         missing = sorted(set(range(expected_ranks)) - {b.rank for b in beats})
         return Stall(idle, missing[0] if missing else None, None, low)
     return Stall(idle, None, None, low)
+
+
+def silent_nodes(beats: List[Beat], now_s: float, timeout_s: float) -> List[Tuple[str, float]]:
+    """(host, silent seconds) of each node none of whose ranks has shown life for timeout_s,
+    most silent first. Silence alone is no death (a stuck filesystem silences every node; the
+    survivors of a dead peer may have exited): the supervisor asks the node's slurmd next."""
+    if timeout_s <= 0:
+        return []
+    newest: Dict[str, float] = {}
+    for beat in beats:
+        if beat.host:
+            newest[beat.host] = max(newest.get(beat.host, 0.0), beat.last_alive_s)
+    silent = [(host, now_s - t) for host, t in sorted(newest.items()) if now_s - t >= timeout_s]
+    return sorted(silent, key=lambda item: -item[1])
+
+
+def median_step_s(beats_history: List[float]) -> Optional[float]:
+    """The median of observed step durations, None before there are any."""
+    if not beats_history:
+        return None
+    ordered = sorted(beats_history)
+    return ordered[len(ordered) // 2]
+
+
+def node_timeout_s(configured_s: int, step_times_s: List[float]) -> float:
+    """The configured node timeout, or 4x the median step time and at least 10 s."""
+    if configured_s > 0:
+        return float(configured_s)
+    median = median_step_s(step_times_s)
+    return max(10.0, 4 * median) if median is not None else 10.0

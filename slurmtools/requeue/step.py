@@ -1,0 +1,139 @@
+"""One job step's process and files: launch it with its output pumped (the tail kept as
+evidence), stop it, and the control-dir markers it leaves. Effects only; no decisions."""
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Deque, List, Mapping, Optional, Sequence
+
+from slurmtools import slurm
+from slurmtools.errors import SlurmCommandError, UsageError
+from slurmtools.runtime import COMPLETE_FILE, HEARTBEAT_DIR, REQUEST_FILE, STOPPED_FILE
+
+TAIL_LINES = 300
+
+
+class _Pump(threading.Thread):
+    """Copy a child's stream to ours, keeping the last lines as evidence."""
+
+    def __init__(self, src: IO[bytes], dst: IO[str], tail: Deque[str]) -> None:
+        super().__init__(daemon=True)
+        self.src, self.dst, self.tail = src, dst, tail
+
+    def run(self) -> None:
+        for raw in iter(self.src.readline, b""):
+            line = raw.decode(errors="replace")
+            self.tail.append(line)
+            try:
+                self.dst.write(line)
+                self.dst.flush()
+            except (OSError, ValueError):
+                pass
+
+
+@dataclass
+class Step:
+    child: "subprocess.Popen[bytes]"
+    pumps: List[_Pump]
+    tail: Deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+
+    def finish(self, stop_timeout_s: float) -> None:
+        """Whatever happened, the step (in its own session) does not outlive us; its output is drained."""
+        if self.child.poll() is None:
+            stop(self.child, stop_timeout_s)
+        for pump in self.pumps:
+            pump.join(timeout=5)
+        for stream in (self.child.stdout, self.child.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def launch(argv: Sequence[str], env: Mapping[str, str]) -> Step:
+    """Start the step in its own session (raises OSError when it cannot start)."""
+    child = subprocess.Popen(list(argv), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+    assert child.stdout is not None and child.stderr is not None
+    tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
+    pumps = [_Pump(child.stdout, sys.stdout, tail), _Pump(child.stderr, sys.stderr, tail)]
+    for pump in pumps:
+        pump.start()
+    return Step(child, pumps, tail)
+
+
+def stop(child: "subprocess.Popen[bytes]", timeout_s: float) -> None:
+    """SIGTERM the step's process group, then SIGKILL: nothing is left running."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(child.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            child.wait(timeout=timeout_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def kill_with_dead_node(child: "subprocess.Popen[bytes]", job_id: Optional[int]) -> List[str]:
+    """A step with a dead node: srun would wait for that node (KillWait and more), so srun is
+    killed at once and Slurm kills the step's tasks on the nodes still alive. Returns errors."""
+    errors: List[str] = []
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    child.wait()
+    if job_id is None:
+        return errors
+    try:
+        for step_id in slurm.job_steps(job_id):
+            slurm.kill_step(step_id)
+    except SlurmCommandError as exc:
+        errors.append(str(exc))
+    return errors
+
+
+def ensure_control_dir(control_dir: Path) -> None:
+    try:
+        control_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UsageError(f"control dir {control_dir}: exists and is not a directory") from None
+    except OSError as exc:
+        raise UsageError(f"control dir {control_dir}: {exc.strerror}") from None
+
+
+def _remove(path: Path) -> None:
+    """Whatever is at path (a marker, or a directory or FIFO someone put in its place)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def prepare_control_dir(control_dir: Path) -> None:
+    """Markers and heartbeats belong to one attempt: clear the previous attempt's."""
+    ensure_control_dir(control_dir)
+    for name in (REQUEST_FILE, STOPPED_FILE, COMPLETE_FILE):
+        _remove(control_dir / name)
+    heartbeats = control_dir / HEARTBEAT_DIR
+    if heartbeats.is_symlink() or (heartbeats.exists() and not heartbeats.is_dir()):
+        _remove(heartbeats)
+    heartbeats.mkdir(exist_ok=True)
+    for path in heartbeats.iterdir():
+        _remove(path)
+
+
+def marker(path: Path) -> bool:
+    """A marker counts only as a regular file (a directory named `complete` is no completion)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False

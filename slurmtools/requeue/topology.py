@@ -1,0 +1,78 @@
+"""Which nodes a step trains on: the allocation less the nodes lost, less the hot spares. Pure.
+
+The allocation is Slurm's node list in its order; the first node runs the batch step (the
+supervisor) and hosts the rendezvous (MASTER_ADDR), so it is never dropped in place: losing
+it means a requeue. A step trains on `train_nodes` nodes while the allocation has them (a
+lost node is replaced by a spare), else on all that are left down to `min_nodes` (the
+checkpoint is resharded on load), else the allocation cannot go on.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Collection, List, Optional, Sequence, Tuple
+
+from slurmtools.spec import RequeueSpec
+
+
+@dataclass(frozen=True)
+class Topology:
+    allocation: Tuple[str, ...]
+    train_nodes: int
+    min_nodes: int
+
+    @property
+    def batch_host(self) -> Optional[str]:
+        return self.allocation[0] if self.allocation else None
+
+    def pick(self, lost: Collection[str]) -> Optional[List[str]]:
+        """The nodes of the next step, in allocation order; None when too few are left."""
+        left = [node for node in self.allocation if node not in lost]
+        if self.batch_host in lost or len(left) < self.min_nodes or not left:
+            return None
+        return left[:self.train_nodes]
+
+    def can_lose(self, node: str, lost: Collection[str]) -> bool:
+        """Whether the job can go on in this allocation without node (a spare, or fewer nodes)."""
+        return node in self.allocation and node != self.batch_host and self.pick({*lost, node}) is not None
+
+    def can_lose_any(self, lost: Collection[str]) -> bool:
+        """Whether some node of the next step could be lost without leaving the allocation."""
+        return any(self.can_lose(node, lost) for node in self.pick(lost) or [])
+
+    def spares(self, lost: Collection[str]) -> List[str]:
+        active = self.pick(lost) or []
+        return [node for node in self.allocation if node not in lost and node not in active]
+
+
+def topology_of(nodes: Sequence[str], requeue: RequeueSpec) -> Topology:
+    train = max(1, len(nodes) - requeue.spare_nodes)
+    minimum = requeue.min_nodes if 0 < requeue.min_nodes < train else train
+    return Topology(tuple(nodes), train, minimum)
+
+
+def step_argv(argv: Sequence[str], nodes: Sequence[str]) -> List[str]:
+    """The launch command for a step on exactly these nodes. For an `srun` launch (what the
+    generated script writes): srun's `--nodes=` is set and `--nodelist=` added, and a
+    torchrun's `--nnodes=` set to match; any other command runs as given."""
+    if not argv or os.path.basename(argv[0]) != "srun" or not nodes:
+        return list(argv)
+    count = str(len(nodes))
+    out = [argv[0], f"--nodelist={','.join(nodes)}"]
+    in_srun_options, nodes_set, nnodes_set = True, False, False
+    for arg in argv[1:]:
+        if in_srun_options and not arg.startswith("-"):
+            in_srun_options = False
+        if in_srun_options and arg.startswith("--nodelist="):
+            continue
+        if in_srun_options and arg.startswith("--nodes="):
+            out.append(f"--nodes={count}")
+            nodes_set = True
+        elif not in_srun_options and not nnodes_set and arg.startswith("--nnodes="):
+            out.append(f"--nnodes={count}")
+            nnodes_set = True
+        else:
+            out.append(arg)
+    if not nodes_set:
+        out.insert(2, f"--nodes={count}")
+    return out
