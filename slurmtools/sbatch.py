@@ -57,7 +57,7 @@ def directives(spec: JobSpec) -> List[Tuple[str, str]]:
     }
     if spec.recovers_in_place:
         # a dead node must not end the allocation: the supervisor goes on without it (Slurm
-        # shrinks the job to the nodes left; new steps run there)
+        # drops the node from the job once it marks it down; new steps run on the rest)
         options["no-kill"] = ""
     if spec.gpus_per_node:
         options["gpus-per-node"] = str(spec.gpus_per_node)

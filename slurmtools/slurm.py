@@ -307,15 +307,10 @@ def job_steps(job_id: int) -> List[str]:
     return [ln.strip() for ln in out.splitlines() if re.fullmatch(r"\d+\.\d+", ln.strip())]
 
 
-def kill_step(step_id: str) -> None:
-    """SIGKILL a step's tasks on the nodes still reachable (srun alone would wait for a dead node)."""
-    run_slurm(["scancel", "--signal=KILL", step_id])
-
-
-def shrink_job(job_id: int, nodelist: str) -> None:
-    """Give nodes back: the running job keeps only nodelist (its owner may do this). A step that
-    still counts a dead node holds its other nodes until the dead one leaves the job."""
-    update_job(job_id, NodeList=nodelist)
+def cancel_step(step_id: str) -> None:
+    """End a step: its tasks killed on the nodes still reachable and its record closed (only
+    signalling it, `--signal=KILL`, leaves the record, and its nodes busy, while a node is dead)."""
+    run_slurm(["scancel", step_id])
 
 
 def slurmd_endpoint(node: str) -> Tuple[str, int]:

@@ -82,20 +82,23 @@ def stop(child: "subprocess.Popen[bytes]", timeout_s: float) -> None:
             continue
 
 
-def kill_with_dead_node(child: "subprocess.Popen[bytes]", job_id: Optional[int]) -> List[str]:
-    """A step with a dead node: srun would wait for that node (KillWait and more), so srun is
-    killed at once and Slurm kills the step's tasks on the nodes still alive. Returns errors."""
-    errors: List[str] = []
+def kill_now(child: "subprocess.Popen[bytes]") -> None:
+    """SIGKILL the step's srun at once: with a dead node in the step, srun would wait for that
+    node (KillWait and more). The step's tasks on the live nodes go with kill_steps."""
     try:
         os.killpg(child.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     child.wait()
-    if job_id is None:
-        return errors
+
+
+def kill_steps(job_id: int) -> List[str]:
+    """Cancel the job's parallel steps (their tasks on the nodes Slurm can reach); returns the
+    errors. Nothing of the old step may keep running beside the next one."""
+    errors: List[str] = []
     try:
         for step_id in slurm.job_steps(job_id):
-            slurm.kill_step(step_id)
+            slurm.cancel_step(step_id)
     except SlurmCommandError as exc:
         errors.append(str(exc))
     return errors

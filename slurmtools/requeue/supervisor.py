@@ -34,6 +34,8 @@ from slurmtools.spec import RequeueSpec
 STARTUP_ALLOWANCE_S = 120.0
 DOWN_STATES = ("down", "fail", "failing")
 PROBE_INTERVAL_S = 2.0
+STEP_OVERRIDDEN_ENV = ("SLURM_NTASKS", "SLURM_NPROCS")
+OVERLAP_DROPPED_ENV = ("SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_GPU")
 
 
 @dataclass(frozen=True)
@@ -232,8 +234,7 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
                                      f"{timeout_s:.0f} s) and its slurmd does not answer")
                 emit("node_dead", attempt.attempt_id, node=node, silent_s=round(silent_s, 1),
                      node_timeout_s=round(timeout_s, 1))
-                for error in step.kill_with_dead_node(child, attempt.job_id):
-                    emit("step_kill_failed", attempt.attempt_id, error=error)
+                step.kill_now(child)
                 watch.killed_by_us = True
                 break
         if requeue.hang_timeout_s > 0 and requested_at is None:
@@ -358,9 +359,19 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
     number = sum(1 for event in events if isinstance(event, ledger.AttemptStart))
     child_env = dict(env, **{CONTROL_DIR_ENV: str(config.control_dir), ATTEMPT_ID_ENV: attempt.attempt_id,
                              ATTEMPT_NUMBER_ENV: str(number)})
+    if nodes:
+        # the job's task count (all its nodes, spares included) would override the step's
+        # --nodes/--ntasks-per-node: srun reads SLURM_NTASKS as its -n
+        for name in STEP_OVERRIDDEN_ENV:
+            child_env.pop(name, None)
+    if this_run.lost:
+        # with --overlap: the job's memory per CPU/node, read by srun as the step's own request,
+        # would not fit beside the dead step's; without it the step shares the job's memory
+        for name in OVERLAP_DROPPED_ENV:
+            child_env.pop(name, None)
     start_t = time.time()
     try:
-        launched = step.launch(step_argv(argv, nodes), child_env)
+        launched = step.launch(step_argv(argv, nodes, overlap=bool(this_run.lost)), child_env)
     except OSError as exc:
         emit("stop", attempt.attempt_id, reason=f"cannot start {argv[0]}: {exc}")
         return 1
@@ -370,6 +381,7 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
         watch = _watch(config, attempt, launched, flags, start_t, node_watch)
     finally:
         launched.finish(config.stop_timeout_s)
+    emit("step_end", attempt.attempt_id, exit_code=watch.exit_code, run_s=round(time.time() - start_t, 3))
     evidence, beats = _evidence(config, attempt, watch, flags, "".join(launched.tail), resume)
     capacity = _capacity(attempt, this_run, nodes, flags)
     diag, verdict, checkpoint_step = _decide(config, attempt, evidence, beats, events, manager, watch.exit_code,
@@ -388,19 +400,21 @@ def _drain(job_id: Optional[int], attempt_id: str, node: str, diag: policy.Diagn
 
 def _restart_in_place(attempt: Attempt, this_run: Run, diag: policy.Diagnosis, verdict: policy.Verdict,
                       flags: SignalFlags) -> bool:
-    """Drain and give back a blamed node, wait the backoff; False when Slurm began ending the
-    run meanwhile (the caller requeues instead)."""
+    """Drain a blamed node and leave it out of the next steps, wait the backoff; False when
+    Slurm began ending the run meanwhile (the caller requeues instead).
+
+    The node stays in the job (Slurm removes a dead one itself under --no-kill, once it marks
+    it down): a step that counted a dead node stays open in Slurm's books, holding its live
+    nodes' CPUs, until then, whatever is cancelled; so the next steps run with --overlap. A
+    shrink (`scontrol update NodeList=`) does not help: the step then stays open for good
+    (measured on 22.05)."""
     node = verdict.exclude_node
-    if node is not None:
+    if node is not None and attempt.job_id is not None:
         if verdict.drain_node:
             _drain(attempt.job_id, attempt.attempt_id, verdict.drain_node, diag)
         this_run.lost.append(node)
-        keep = [n for n in this_run.topology.allocation if n not in this_run.lost]
-        try:
-            assert attempt.job_id is not None
-            slurm.shrink_job(attempt.job_id, ",".join(keep))
-        except SlurmCommandError as exc:     # Slurm may have dropped the node from the job itself
-            emit("shrink_failed", attempt.attempt_id, node=node, error=str(exc))
+        for error in step.kill_steps(attempt.job_id):
+            emit("step_kill_failed", attempt.attempt_id, error=error)
         emit("replace_node", attempt.attempt_id, node=node, spares_left=this_run.topology.spares(this_run.lost),
              nodes=this_run.topology.pick(this_run.lost))
     deadline = time.time() + verdict.backoff_s

@@ -51,14 +51,16 @@ def topology_of(nodes: Sequence[str], requeue: RequeueSpec) -> Topology:
     return Topology(tuple(nodes), train, minimum)
 
 
-def step_argv(argv: Sequence[str], nodes: Sequence[str]) -> List[str]:
+def step_argv(argv: Sequence[str], nodes: Sequence[str], *, overlap: bool = False) -> List[str]:
     """The launch command for a step on exactly these nodes. For an `srun` launch (what the
     generated script writes): srun's `--nodes=` is set and `--nodelist=` added, and a
-    torchrun's `--nnodes=` set to match; any other command runs as given."""
+    torchrun's `--nnodes=` set to match; with overlap, `--overlap` (the step may share the
+    CPUs that a step with a dead node still holds in Slurm's books); any other command runs
+    as given."""
     if not argv or os.path.basename(argv[0]) != "srun" or not nodes:
         return list(argv)
     count = str(len(nodes))
-    out = [argv[0], f"--nodelist={','.join(nodes)}"]
+    out = [argv[0], f"--nodelist={','.join(nodes)}"] + (["--overlap"] if overlap else [])
     in_srun_options, nodes_set, nnodes_set = True, False, False
     for arg in argv[1:]:
         if in_srun_options and not arg.startswith("-"):
@@ -74,5 +76,5 @@ def step_argv(argv: Sequence[str], nodes: Sequence[str]) -> List[str]:
         else:
             out.append(arg)
     if not nodes_set:
-        out.insert(2, f"--nodes={count}")
+        out.insert(3 if overlap else 2, f"--nodes={count}")
     return out

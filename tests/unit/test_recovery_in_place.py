@@ -51,6 +51,7 @@ def test_step_argv_adds_nodes_and_replaces_an_old_nodelist():
     assert step_argv(["/usr/bin/srun", "--nodelist=a,b", "prog"], ["a"]) == [
         "/usr/bin/srun", "--nodelist=a", "--nodes=1", "prog"]
     assert step_argv(["bash", "run.sh"], ["a"]) == ["bash", "run.sh"]
+    assert step_argv(["srun", "prog"], ["a"], overlap=True) == ["srun", "--nodelist=a", "--overlap", "--nodes=1", "prog"]
     assert step_argv(["srun", "prog"], []) == ["srun", "prog"]
 
 

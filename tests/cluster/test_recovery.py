@@ -1,0 +1,106 @@
+"""Recovery inside the allocation on the real mini-cluster: a crash restarts as a new step
+without a requeue; a killed node is replaced by a hot spare (drained, no requeue) or the job
+goes on with fewer nodes. Each keeps the uninterrupted run's exact final state where the
+world size is kept."""
+from __future__ import annotations
+
+import pytest
+
+from slurmtools import drain, slurm
+from slurmtools.minicluster import cluster as mc
+from tests.cluster import training
+from tests.cluster.test_faults import _expand
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def workdir(cluster, shared_tmp):
+    training.settle()
+    yield shared_tmp
+    for job in slurm.run_slurm(["squeue", "-h", "-o", "%i"]).split():
+        slurm.cancel(int(job))
+    for node in slurm.nodes():
+        if node.drained and drain.is_ours(node.reason):
+            drain.resume(node.name)
+
+
+def _restore(cluster, node):
+    """The killed node back: its slurmd restarted, our drain lifted, idle again."""
+    mc.restart_node(cluster, node)
+    wait_for(lambda: "NOT_RESPONDING" not in slurm.nodes(node)[0].flags, 60, f"{node} responding")
+    info = slurm.nodes(node)[0]
+    if info.drained and drain.is_ours(info.reason):
+        drain.resume(node)
+    training.settle()
+
+
+def decisions(evts):
+    return [(d["cause"], d["action"]) for d in training.supervisor_events(evts, "decision")]
+
+
+def test_a_crash_after_progress_restarts_in_the_allocation(workdir, reference_run):
+    spec = training.training_spec(workdir, "inplace", extra=["--fail-at-step", "6"])
+    job = training.submit(spec)
+    info = training.wait_finished(job, 240)
+    evts = training.events(spec, job)
+    assert info.state == "COMPLETED", training.describe(spec, job)
+    assert decisions(evts) == [("crash", "restart"), ("completed", "complete")]
+    starts = training.supervisor_events(evts, "start")
+    assert [s["attempt_id"] for s in starts] == [f"{job}.0", f"{job}.0.1"]
+    assert starts[1]["resume_step"] == 4
+    assert training.trainer_events(evts, "resumed")[0]["step"] == 4
+    assert slurm.job_state(job).restarts == 0                      # no requeue, no queue wait
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+    assert training.leftover_trainers(job) == []
+
+
+def _kill_during(cluster, spec, job):
+    training.wait_step(spec, job, 6)
+    nodes = _expand(training.supervisor_events(training.events(spec, job), "start")[0]["nodes"])
+    victim = nodes[1]
+    mc.kill_node(cluster, victim)
+    return nodes, victim
+
+
+def test_b_node_killed_is_replaced_by_the_hot_spare_without_requeue(cluster, workdir, reference_run):
+    spec = training.training_spec(workdir, "spare", extra=["--step-sleep-s", "0.5"], requeue={"spare_nodes": 1})
+    job = training.submit(spec)
+    nodes, victim = _kill_during(cluster, spec, job)
+    try:
+        info = training.wait_finished(job, 240)
+        evts = training.events(spec, job)
+        assert info.state == "COMPLETED", training.describe(spec, job)
+        dead = training.supervisor_events(evts, "node_dead")
+        assert [d["node"] for d in dead] == [victim] and dead[0]["silent_s"] >= 10
+        assert decisions(evts) == [("node_failure", "restart"), ("completed", "complete")]
+        starts = training.supervisor_events(evts, "start")
+        spare = [n.name for n in slurm.nodes() if n.name not in nodes]       # the 3-node cluster's third
+        assert len(nodes) == 2 and len(spare) == 1 and len(starts) == 2
+        assert _expand(starts[1]["nodes"]) == sorted([n for n in nodes if n != victim] + spare)
+        assert slurm.job_state(job).restarts == 0
+        reason = slurm.nodes(victim)[0].reason
+        assert reason.startswith(f"slurmtools: CRITICAL job.node_failure node {victim}: every rank silent"), reason
+        assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+        assert training.leftover_trainers(job) == []
+    finally:
+        _restore(cluster, victim)
+
+
+def test_c_without_a_spare_the_job_goes_on_with_fewer_nodes(cluster, workdir):
+    spec = training.training_spec(workdir, "fewer", extra=["--step-sleep-s", "0.5"], requeue={"min_nodes": 1})
+    job = training.submit(spec)
+    _, victim = _kill_during(cluster, spec, job)
+    try:
+        info = training.wait_finished(job, 240)
+        evts = training.events(spec, job)
+        assert info.state == "COMPLETED", training.describe(spec, job)
+        assert decisions(evts) == [("node_failure", "restart"), ("completed", "complete")]
+        resumed = training.trainer_events(evts, "resumed")
+        assert resumed[0]["world_size"] == 2 and resumed[0]["step"] in (4, 8)   # 4 ranks' checkpoint on 2
+        final = training.trainer_events(evts, "final")[-1]
+        assert final["step"] == training.STEPS and final["world_size"] == 2
+        assert slurm.job_state(job).restarts == 0
+    finally:
+        _restore(cluster, victim)
