@@ -11,21 +11,21 @@ steps and requeues.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from slurmtools import drain, slurm
+from slurmtools import slurm
 from slurmtools.checkpoint import Checkpoint, CheckpointManager
 from slurmtools.errors import SlurmCommandError
 from slurmtools.fsutil import write_json_atomic
-from slurmtools.requeue import ledger, nodecheck, policy, step, watchdog
-from slurmtools.requeue.topology import Topology, step_argv, topology_of
+from slurmtools.requeue import actions, ledger, nodecheck, policy, step, watchdog
+from slurmtools.requeue.actions import Run, emit
+from slurmtools.requeue.topology import step_argv, topology_of
 from slurmtools.runtime import (ATTEMPT_ID_ENV, ATTEMPT_NUMBER_ENV, COMPLETE_FILE, CONTROL_DIR_ENV, REQUEST_FILE,
                                 STOPPED_FILE, attempt_of)
 from slurmtools.signals import SignalFlags, signal_number
@@ -33,7 +33,6 @@ from slurmtools.spec import RequeueSpec
 
 STARTUP_ALLOWANCE_S = 120.0
 DOWN_STATES = ("down", "fail", "failing")
-PROBE_INTERVAL_S = 2.0
 STEP_OVERRIDDEN_ENV = ("SLURM_NTASKS", "SLURM_NPROCS")
 OVERLAP_DROPPED_ENV = ("SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_GPU")
 
@@ -67,20 +66,6 @@ class Watch:
     stall: Optional[watchdog.Stall] = None
     dead_node: Optional[str] = None
     dead_detail: str = ""
-
-
-@dataclass
-class Run:
-    """This run of the batch script: its allocation and the nodes it lost so far."""
-
-    topology: Topology
-    lost: List[str] = field(default_factory=list)
-
-
-def emit(event: str, attempt_id: str, **fields: object) -> None:
-    """One JSON line on stdout (the job's output file) per supervisor event."""
-    print(json.dumps({"slurmtools": event, "attempt_id": attempt_id, "t": round(time.time(), 3), **fields},
-                     sort_keys=True, default=str), flush=True)
 
 
 def _node_states(nodelist: str) -> Dict[str, str]:
@@ -162,42 +147,8 @@ def _begin(config: SupervisorConfig, attempt: Attempt, manager: Optional[Checkpo
     return events, resume
 
 
-class _NodeWatch:
-    """Node death in seconds: a node whose ranks are all silent past the node timeout and whose
-    slurmd does not answer. Watched only when the allocation can go on without a node."""
-
-    def __init__(self, config: SupervisorConfig, nodes: Sequence[str], batch_host: Optional[str]) -> None:
-        self.configured_s = config.requeue.node_timeout_s
-        self.candidates = [node for node in nodes if node != batch_host]   # our own node dies with us
-        self.step_times_s: List[float] = []
-        self.last_step: Optional[int] = None
-        self.last_change_t = 0.0
-        self.probed_at: Dict[str, float] = {}
-
-    def observe(self, beats: List[watchdog.Beat], now: float) -> None:
-        """Step durations from how fast the slowest rank's step advances."""
-        if not beats:
-            return
-        low = min(beat.step for beat in beats)
-        if self.last_step is not None and low > self.last_step:
-            self.step_times_s.append((now - self.last_change_t) / (low - self.last_step))
-            self.step_times_s = self.step_times_s[-50:]
-        if self.last_step is None or low != self.last_step:
-            self.last_step, self.last_change_t = low, now
-
-    def dead(self, beats: List[watchdog.Beat], now: float) -> "Optional[tuple[str, float, float]]":
-        timeout = watchdog.node_timeout_s(self.configured_s, self.step_times_s)
-        for host, silent_s in watchdog.silent_nodes(beats, now, timeout):
-            if host not in self.candidates or now - self.probed_at.get(host, 0.0) < PROBE_INTERVAL_S:
-                continue
-            self.probed_at[host] = now
-            if not nodecheck.slurmd_answers(host):
-                return host, silent_s, timeout
-        return None
-
-
 def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flags: SignalFlags,
-           start_t: float, node_watch: Optional[_NodeWatch]) -> Watch:
+           start_t: float, node_watch: Optional[nodecheck.NodeWatch]) -> Watch:
     """Until the step ends: warning -> checkpoint request (and the grace timer), heartbeats ->
     hang, silent node + unreachable slurmd -> node death."""
     control = config.control_dir
@@ -340,13 +291,13 @@ def run(config: SupervisorConfig, argv: Sequence[str], environ: Optional[Mapping
                   f"{checkpoint_step if checkpoint_step is not None else 'none'})", file=sys.stderr, flush=True)
             return 1
         if verdict.action is policy.Action.RESTART:
-            if not _restart_in_place(attempt, this_run, diag, verdict, flags):
-                return _requeue(job_id, attempt.attempt_id, diag, replace(verdict, drain_node=None), flags,
-                                this_run) if job_id is not None else 1
+            if not actions.restart_in_place(job_id, attempt.attempt_id, this_run, diag, verdict, flags):
+                return actions.requeue(job_id, attempt.attempt_id, diag, replace(verdict, drain_node=None), flags,
+                                       this_run) if job_id is not None else 1
             seq += 1
             continue
         assert job_id is not None
-        return _requeue(job_id, attempt.attempt_id, diag, verdict, flags, this_run)
+        return actions.requeue(job_id, attempt.attempt_id, diag, verdict, flags, this_run)
 
 
 def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: List[str], argv: Sequence[str],
@@ -375,7 +326,7 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
     except OSError as exc:
         emit("stop", attempt.attempt_id, reason=f"cannot start {argv[0]}: {exc}")
         return 1
-    node_watch = (_NodeWatch(config, nodes, this_run.topology.batch_host)
+    node_watch = (nodecheck.NodeWatch(config.requeue.node_timeout_s, nodes, this_run.topology.batch_host)
                   if attempt.job_id is not None and this_run.topology.can_lose_any(this_run.lost) else None)
     try:
         watch = _watch(config, attempt, launched, flags, start_t, node_watch)
@@ -389,85 +340,3 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
     return diag, verdict, checkpoint_step, events
 
 
-def _drain(job_id: Optional[int], attempt_id: str, node: str, diag: policy.Diagnosis) -> None:
-    reason = drain.DrainReason("CRITICAL", f"job.{diag.cause.value}", diag.detail, str(job_id))
-    try:
-        drained = drain.drain(node, reason)
-        emit("drain", attempt_id, node=node, reason=reason.render(), applied=drained)
-    except SlurmCommandError as exc:
-        emit("drain_failed", attempt_id, node=node, error=str(exc))
-
-
-def _restart_in_place(attempt: Attempt, this_run: Run, diag: policy.Diagnosis, verdict: policy.Verdict,
-                      flags: SignalFlags) -> bool:
-    """Drain a blamed node and leave it out of the next steps, wait the backoff; False when
-    Slurm began ending the run meanwhile (the caller requeues instead).
-
-    The node stays in the job (Slurm removes a dead one itself under --no-kill, once it marks
-    it down): a step that counted a dead node stays open in Slurm's books, holding its live
-    nodes' CPUs, until then, whatever is cancelled; so the next steps run with --overlap. A
-    shrink (`scontrol update NodeList=`) does not help: the step then stays open for good
-    (measured on 22.05)."""
-    node = verdict.exclude_node
-    if node is not None and attempt.job_id is not None:
-        if verdict.drain_node:
-            _drain(attempt.job_id, attempt.attempt_id, verdict.drain_node, diag)
-        this_run.lost.append(node)
-        for error in step.kill_steps(attempt.job_id):
-            emit("step_kill_failed", attempt.attempt_id, error=error)
-        emit("replace_node", attempt.attempt_id, node=node, spares_left=this_run.topology.spares(this_run.lost),
-             nodes=this_run.topology.pick(this_run.lost))
-    deadline = time.time() + verdict.backoff_s
-    while time.time() < deadline and not flags.seen(signal.SIGTERM):
-        time.sleep(0.1)
-    if flags.seen(signal.SIGTERM):
-        return False
-    emit("restart", attempt.attempt_id, backoff_s=verdict.backoff_s, in_allocation=True)
-    return True
-
-
-def _requeue(job_id: int, attempt_id: str, diag: policy.Diagnosis, verdict: policy.Verdict,
-             flags: SignalFlags, this_run: Run) -> int:
-    """Requeue ourselves; with an exclusion or a backoff: hold, update, release (an update of
-    ExcNodeList is refused while the job runs, but accepted at once once it is held)."""
-    if verdict.drain_node:
-        _drain(job_id, attempt_id, verdict.drain_node, diag)
-    if flags.seen(signal.SIGTERM):
-        # Slurm is already ending this run (its own requeue, node failure or preemption).
-        emit("requeue", attempt_id, by="slurm")
-        return 0
-    try:
-        if verdict.exclude_node or verdict.backoff_s > 0 or this_run.lost:
-            fields = _requeue_fields(job_id, verdict, this_run)
-            slurm.requeue_excluding(job_id, fields)
-            emit("requeue", attempt_id, by="slurmtools", **{key.lower(): value for key, value in fields.items()})
-        else:
-            slurm.requeue(job_id)
-            emit("requeue", attempt_id, by="slurmtools")
-    except SlurmCommandError as exc:
-        print(f"slurmtools: requeue of job {job_id} failed: {exc}", file=sys.stderr, flush=True)
-        return 1
-    # Slurm now ends this run; wait to be terminated rather than racing it with an exit code.
-    deadline = time.time() + 60
-    while time.time() < deadline and not flags.seen(signal.SIGTERM):
-        time.sleep(0.2)
-    return 0
-
-
-def _requeue_fields(job_id: int, verdict: policy.Verdict, this_run: Run) -> Dict[str, str]:
-    """ExcNodeList (the blamed and lost nodes added to what is already excluded), NumNodes (the
-    allocation's size again, when nodes were given back) and StartTime (backoff)."""
-    fields: Dict[str, str] = {}
-    blamed = [node for node in [verdict.exclude_node, *this_run.lost] if node]
-    if blamed:
-        from ClusterShell.NodeSet import NodeSet
-        excluded = (slurm.show_job(job_id) or {}).get("ExcNodeList", "(null)")
-        nodeset = NodeSet(",".join(blamed))
-        if excluded not in ("", "(null)"):
-            nodeset.update(excluded)
-        fields["ExcNodeList"] = str(nodeset)
-    if this_run.lost and this_run.topology.allocation:
-        fields["NumNodes"] = str(len(this_run.topology.allocation))
-    if verdict.backoff_s > 0:
-        fields["StartTime"] = f"now+{int(round(verdict.backoff_s))}"
-    return fields

@@ -214,8 +214,11 @@ def test_h_repeating_failure_stops_at_the_budget(workdir):
     evts = training.events(spec, job)
     assert info.state == "FAILED", training.describe(spec, job)
     decisions = training.supervisor_events(evts, "decision")
-    assert [(d["cause"], d["action"]) for d in decisions] == [("crash", "requeue"), ("crash", "requeue"),
+    # restarts in place (new steps, no requeue) and requeues share the budget
+    assert [(d["cause"], d["action"]) for d in decisions] == [("crash", "restart"), ("crash", "restart"),
                                                              ("crash", "stop")]
+    assert attempts(evts) == [f"{job}.0", f"{job}.0.1", f"{job}.0.2"]
+    assert slurm.job_state(job).restarts == 0
     assert "restart budget spent (2 failures)" in decisions[-1]["reason"]
     assert CheckpointManager(spec.checkpoint_dir).latest().step == 4
     assert training.leftover_trainers(job) == []

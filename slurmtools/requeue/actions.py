@@ -1,0 +1,114 @@
+"""Carrying out a verdict: drain a blamed node, restart in the allocation without it, or
+requeue the job (excluding it); and the JSON event lines every step of that writes."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from slurmtools import drain, slurm
+from slurmtools.errors import SlurmCommandError
+from slurmtools.requeue import policy, step
+from slurmtools.requeue.topology import Topology
+from slurmtools.signals import SignalFlags
+
+
+@dataclass
+class Run:
+    """This run of the batch script: its allocation and the nodes it lost so far."""
+
+    topology: Topology
+    lost: List[str] = field(default_factory=list)
+
+
+def emit(event: str, attempt_id: str, **fields: object) -> None:
+    """One JSON line on stdout (the job's output file) per supervisor event."""
+    print(json.dumps({"slurmtools": event, "attempt_id": attempt_id, "t": round(time.time(), 3), **fields},
+                     sort_keys=True, default=str), flush=True)
+
+
+def drain_node(job_id: Optional[int], attempt_id: str, node: str, diag: policy.Diagnosis) -> None:
+    reason = drain.DrainReason("CRITICAL", f"job.{diag.cause.value}", diag.detail, str(job_id))
+    try:
+        drained = drain.drain(node, reason)
+        emit("drain", attempt_id, node=node, reason=reason.render(), applied=drained)
+    except SlurmCommandError as exc:
+        emit("drain_failed", attempt_id, node=node, error=str(exc))
+
+
+def restart_in_place(job_id: Optional[int], attempt_id: str, this_run: Run, diag: policy.Diagnosis, verdict: policy.Verdict,
+                      flags: SignalFlags) -> bool:
+    """Drain a blamed node and leave it out of the next steps, wait the backoff; False when
+    Slurm began ending the run meanwhile (the caller requeues instead).
+
+    The node stays in the job (Slurm removes a dead one itself under --no-kill, once it marks
+    it down): a step that counted a dead node stays open in Slurm's books, holding its live
+    nodes' CPUs, until then, whatever is cancelled; so the next steps run with --overlap. A
+    shrink (`scontrol update NodeList=`) does not help: the step then stays open for good
+    (measured on 22.05)."""
+    node = verdict.exclude_node
+    if node is not None and job_id is not None:
+        if verdict.drain_node:
+            drain_node(job_id, attempt_id, verdict.drain_node, diag)
+        this_run.lost.append(node)
+        for error in step.kill_steps(job_id):
+            emit("step_kill_failed", attempt_id, error=error)
+        emit("replace_node", attempt_id, node=node, spares_left=this_run.topology.spares(this_run.lost),
+             nodes=this_run.topology.pick(this_run.lost))
+    deadline = time.time() + verdict.backoff_s
+    while time.time() < deadline and not flags.seen(signal.SIGTERM):
+        time.sleep(0.1)
+    if flags.seen(signal.SIGTERM):
+        return False
+    emit("restart", attempt_id, backoff_s=verdict.backoff_s, in_allocation=True)
+    return True
+
+
+def requeue(job_id: int, attempt_id: str, diag: policy.Diagnosis, verdict: policy.Verdict,
+             flags: SignalFlags, this_run: Run) -> int:
+    """Requeue ourselves; with an exclusion or a backoff: hold, update, release (an update of
+    ExcNodeList is refused while the job runs, but accepted at once once it is held)."""
+    if verdict.drain_node:
+        drain_node(job_id, attempt_id, verdict.drain_node, diag)
+    if flags.seen(signal.SIGTERM):
+        # Slurm is already ending this run (its own requeue, node failure or preemption).
+        emit("requeue", attempt_id, by="slurm")
+        return 0
+    try:
+        if verdict.exclude_node or verdict.backoff_s > 0 or this_run.lost:
+            fields = requeue_fields(job_id, verdict, this_run)
+            slurm.requeue_excluding(job_id, fields)
+            emit("requeue", attempt_id, by="slurmtools", **{key.lower(): value for key, value in fields.items()})
+        else:
+            slurm.requeue(job_id)
+            emit("requeue", attempt_id, by="slurmtools")
+    except SlurmCommandError as exc:
+        print(f"slurmtools: requeue of job {job_id} failed: {exc}", file=sys.stderr, flush=True)
+        return 1
+    # Slurm now ends this run; wait to be terminated rather than racing it with an exit code.
+    deadline = time.time() + 60
+    while time.time() < deadline and not flags.seen(signal.SIGTERM):
+        time.sleep(0.2)
+    return 0
+
+
+def requeue_fields(job_id: int, verdict: policy.Verdict, this_run: Run) -> Dict[str, str]:
+    """ExcNodeList (the blamed and lost nodes added to what is already excluded), NumNodes (the
+    allocation's size again, when nodes were given back) and StartTime (backoff)."""
+    fields: Dict[str, str] = {}
+    blamed = [node for node in [verdict.exclude_node, *this_run.lost] if node]
+    if blamed:
+        from ClusterShell.NodeSet import NodeSet
+        excluded = (slurm.show_job(job_id) or {}).get("ExcNodeList", "(null)")
+        nodeset = NodeSet(",".join(blamed))
+        if excluded not in ("", "(null)"):
+            nodeset.update(excluded)
+        fields["ExcNodeList"] = str(nodeset)
+    if this_run.lost and this_run.topology.allocation:
+        fields["NumNodes"] = str(len(this_run.topology.allocation))
+    if verdict.backoff_s > 0:
+        fields["StartTime"] = f"now+{int(round(verdict.backoff_s))}"
+    return fields
