@@ -96,9 +96,39 @@ def batch_for(step: int, rank: int, world: int, cfg: TrainConfig, device: torch.
     return global_batch[rank * cfg.batch_per_rank:(rank + 1) * cfg.batch_per_rank].to(device)
 
 
+def build(cfg: TrainConfig, world: int, device: torch.device) -> "tuple[TinyLM, torch.optim.Optimizer]":
+    """The model, sharded over all ranks (FSDP2), and its optimizer; the same on every rank."""
+    torch.manual_seed(cfg.seed)
+    model = TinyLM(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq).to(device)
+    mesh = init_device_mesh(device.type, (world,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    return model, optim
+
+
+def train_step(model: nn.Module, optim: torch.optim.Optimizer, step: int, rank: int, world: int, cfg: TrainConfig,
+               device: torch.device) -> torch.Tensor:
+    """One optimizer step on this rank's slice of the step's global batch; the local loss."""
+    tokens = batch_for(step, rank, world, cfg, device)
+    logits = model(tokens[:, :-1])
+    loss = nn.functional.cross_entropy(logits, tokens[:, 1:].reshape(-1))
+    optim.zero_grad(set_to_none=True)
+    loss.backward()  # type: ignore[no-untyped-call]
+    optim.step()
+    return loss
+
+
+def full_state(model: nn.Module, optim: torch.optim.Optimizer) -> "tuple[Dict[str, Any], Dict[str, Any]]":
+    """The unsharded model and optimizer state on the CPU (collective)."""
+    msd, osd = get_state_dict(model, optim, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return msd, osd
+
+
 def state_hash(model: nn.Module, optim: torch.optim.Optimizer) -> str:
     """sha256 over the full (unsharded) model + optimizer state, in key order; collective."""
-    msd, osd = get_state_dict(model, optim, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    msd, osd = full_state(model, optim)
     digest = hashlib.sha256()
 
     def feed(prefix: str, obj: Any) -> None:
@@ -135,13 +165,7 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
     else:
         torch.set_num_threads(1)
         device = torch.device("cpu")
-    torch.manual_seed(cfg.seed)
-    model = TinyLM(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq).to(device)
-    mesh = init_device_mesh(device.type, (world,))
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    model, optim = build(cfg, world, device)
     manager = CheckpointManager(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     saver = checkpoint_torch.AsyncCheckpointer(manager) if manager and cfg.async_checkpoint else None
     meta = {"attempt_id": control.attempt_id}
@@ -170,12 +194,7 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
             while True:
                 time.sleep(3600)
         control.heartbeat(step)
-        tokens = batch_for(step, rank, world, cfg, device)
-        logits = model(tokens[:, :-1])
-        loss = nn.functional.cross_entropy(logits, tokens[:, 1:].reshape(-1))
-        optim.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        optim.step()
+        loss = train_step(model, optim, step, rank, world, cfg, device)
         step += 1
         reduced = loss.detach().clone()
         dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
