@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Recovery figures on the real mini-cluster (root): for a warning signal (a), a node kill (c)
-and a hung rank (f), seconds from the fault to the first resumed step, split into
-detect / requeue wait / launch / checkpoint load / first step, beside Slurm's own floor
-(scontrol requeue -> running, measured in the same run); steps lost; and the goodput of a run
-with 3 injected crashes against the failure-free run.
+"""Recovery figures on the real mini-cluster (root), in one run, beside Slurm's own floor
+(scontrol requeue -> running): for each fault -- a crash after progress, a hung rank, a node
+kill, a node kill with a hot spare -- seconds from the fault to the first resumed step on the
+in-allocation path (a new step, no requeue) and on the requeue path, each split into
+detect / wait / launch / checkpoint load / first step, and a line `ratio <fault> <x>` (in
+allocation / requeue). Then the goodput of a run of about --goodput-min minutes with three
+injected failures of different kinds (crash, hung rank, node kill; one spare, min_nodes 1)
+against the failure-free run of the same length; and the warning signal's path.
 
-    .venv/bin/python bench/resume.py          (about 6 minutes; brings its own cluster up and down)
+    .venv/bin/python bench/resume.py [--goodput-min 5]   (brings its own cluster up and down)
 
 The warning is delivered as Slurm delivers `--signal=B:USR1@lead` (scancel --batch --signal=USR1)
 so its moment is known; the real time-limit path is covered by the fault tests.
@@ -46,10 +49,10 @@ def wait(pred, timeout_s: float, what: str, interval_s: float = 0.1):
     raise SystemExit(f"timed out waiting for {what}")
 
 
-def spec(work: Path, name: str, extra: List[str] = (), **requeue: Any):
+def spec(work: Path, name: str, extra: List[str] = (), steps: int = STEPS, **requeue: Any):
     return spec_from_dict({
-        "name": name, "nodes": 2, "processes_per_node": 2, "python": sys.executable, "time_limit_min": 15,
-        "command": [str(TRAIN), "--steps", str(STEPS), "--checkpoint-every", "5", "--step-sleep-s", "0.25", *extra],
+        "name": name, "nodes": 2, "processes_per_node": 2, "python": sys.executable, "time_limit_min": 30,
+        "command": [str(TRAIN), "--steps", str(steps), "--checkpoint-every", "5", "--step-sleep-s", "0.25", *extra],
         "output_dir": str(work / name / "logs"), "checkpoint_dir": str(work / name / "ckpt"),
         "requeue": dict({"hang_timeout_s": 120, "backoff_s": 0, "warning_lead_s": 60, "checkpoint_grace_s": 30,
                          "max_restarts": 5, "max_consecutive_failures": 5, "no_progress_restarts": 5}, **requeue)})
@@ -79,7 +82,7 @@ def breakdown(evts: List[Dict[str, Any]], fault_t: float) -> Dict[str, float]:
     resumed = next(e for e in evts if e.get("event") == "resumed" and e["t"] > start["t"])
     first = next(e for e in evts if "loss" in e and e["t"] > resumed["t"])
     load_s = resumed["load_s"]
-    return {"detect": decision["t"] - fault_t, "requeue wait": start["t"] - decision["t"],
+    return {"detect": decision["t"] - fault_t, "wait": start["t"] - decision["t"],
             "launch": resumed["t"] - load_s - start["t"], "checkpoint load": load_s,
             "first step": first["t"] - resumed["t"], "total": first["t"] - fault_t,
             "steps lost": float(max(e["step"] for e in evts if "loss" in e and e["t"] < decision["t"])
@@ -88,7 +91,8 @@ def breakdown(evts: List[Dict[str, Any]], fault_t: float) -> Dict[str, float]:
 
 def show(label: str, b: Dict[str, float]) -> None:
     parts = ", ".join(f"{k} {v:.1f} s" for k, v in b.items() if k not in ("total", "steps lost"))
-    print(f"{label}: fault -> first resumed step {b['total']:.1f} s ({parts}); steps lost {int(b['steps lost'])}")
+    print(f"{label}: fault -> first resumed step {b['total']:.1f} s ({parts}); steps lost {int(b['steps lost'])}",
+          flush=True)
 
 
 def kill_rank(job: int, rank: str) -> bool:
@@ -106,9 +110,112 @@ def kill_rank(job: int, rank: str) -> bool:
     return False
 
 
+def resume_drained() -> None:
+    for n in slurm.nodes():
+        if n.drained:
+            slurm.resume_node(n.name)
+
+
+def victim_of(s, job: int) -> str:
+    from ClusterShell.NodeSet import NodeSet
+    start = next(e for e in events(s, job) if e.get("slurmtools") == "start")
+    return list(NodeSet(start["nodes"]))[1]
+
+
+def one_fault(layout, work: Path, fault: str, path: str) -> Dict[str, float]:
+    """Run a job, inject the fault at step 12, wait for the end; the breakdown."""
+    in_place = path == "in-allocation"
+    requeue: Dict[str, Any] = {"in_allocation": in_place}
+    extra: List[str] = []
+    if fault == "node kill with a spare":
+        requeue["spare_nodes"] = 1
+    if fault == "node kill" and in_place:
+        requeue["min_nodes"] = 1          # no spare: go on with fewer nodes
+    if fault == "hung rank":
+        extra, requeue["hang_timeout_s"] = ["--hang-at-step", "3:12"], 10
+        if in_place:
+            requeue["spare_nodes"] = 1    # the hung rank's node is blamed: a spare takes its place
+    s = spec(work, f"{fault.replace(' ', '-')}-{path}", extra, **requeue)
+    job = submit(s)
+    victim = None
+    if fault == "hung rank":
+        wait(lambda: finished(job), 400, f"{fault} run")
+        evts = events(s, job)
+        hang = next(e for e in evts if e.get("slurmtools") == "hang")
+        fault_t = hang["t"] - hang["idle_s"]
+    else:
+        wait(lambda: step_reached(s, job, 12), 120, "step 12")
+        fault_t = time.time()
+        if fault == "crash after progress":
+            wait(lambda: kill_rank(job, "3"), 10, "a rank to kill")
+        else:
+            victim = victim_of(s, job)
+            mc.kill_node(layout, victim)
+        wait(lambda: finished(job), 400, f"{fault} run")
+        evts = events(s, job)
+    if victim:
+        mc.restart_node(layout, victim)
+    resume_drained()
+    wait(lambda: all(n.state == "idle" and not n.flags for n in slurm.nodes()), 90, "nodes idle")
+    b = breakdown(evts, fault_t)
+    show(f"{fault}, {path}", b)
+    return b
+
+
+def goodput_run(layout, work: Path, name: str, steps: int, faults: bool) -> float:
+    s = spec(work, name, steps=steps, spare_nodes=1, min_nodes=1, hang_timeout_s=10, max_restarts=10)
+    t0 = time.time()
+    job = submit(s)
+    if faults:
+        marks = [steps // 4, steps // 2, 3 * steps // 4]
+        wait(lambda: step_reached(s, job, marks[0]), 600, f"step {marks[0]}")
+        wait(lambda: kill_rank(job, "3"), 10, "a rank to kill")                       # crash
+        wait(lambda: step_reached(s, job, marks[1]), 600, f"step {marks[1]}")
+        wait(lambda: stop_rank(job, "1"), 10, "a rank to stop")                       # hung rank
+        wait(lambda: step_reached(s, job, marks[2]), 600, f"step {marks[2]}")
+        victim = current_nodes(s, job)[1]
+        mc.kill_node(layout, victim)                                                  # node kill
+        wait(lambda: finished(job), 900, f"{name} run")
+        mc.restart_node(layout, victim)
+    else:
+        wait(lambda: finished(job), 900, f"{name} run")
+    wall = time.time() - t0
+    g = ledger.goodput(ledger.read(control_dir_for(s.checkpoint_dir, s.output_dir, str(job))))
+    print(f"{name}: {steps} steps, submit -> done {wall:.1f} s; ledger: {g.attempts} attempts, steps lost "
+          f"{g.steps_lost}, restart latency {', '.join(f'{x:.1f}' for x in g.restart_latency_s) or '-'} s, "
+          f"effective training time ratio {g.ratio:.1%}; state {slurm.job_state(job).state}", flush=True)
+    resume_drained()
+    wait(lambda: all(n.state == "idle" and not n.flags for n in slurm.nodes()), 90, "nodes idle")
+    return wall
+
+
+def current_nodes(s, job: int) -> List[str]:
+    from ClusterShell.NodeSet import NodeSet
+    starts = [e for e in events(s, job) if e.get("slurmtools") == "start"]
+    return list(NodeSet(starts[-1]["nodes"]))
+
+
+def stop_rank(job: int, rank: str) -> bool:
+    """SIGSTOP one rank (all its threads): a hang the watchdog must find and attribute."""
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(TRAIN) == c for c in p.info["cmdline"] or []) and p.environ().get("SLURM_JOB_ID") == str(job) \
+                    and p.environ().get("RANK") == rank:
+                p.send_signal(signal.SIGSTOP)
+                return True
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return False
+
+
 def main() -> None:
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--goodput-min", type=float, default=5.0, help="length of the goodput runs (minutes)")
+    args = parser.parse_args()
     mc.down(mc.find_layout("resume", Path("/var/tmp/slurmtools-bench-resume")), purge=True)
-    layout = mc.layout_for_up("resume", Path("/var/tmp/slurmtools-bench-resume"), nodes=3, gpus_per_node=4,
+    # 4 nodes: a 2-node job with a spare that is requeued without a dead node needs a fourth
+    layout = mc.layout_for_up("resume", Path("/var/tmp/slurmtools-bench-resume"), nodes=4, gpus_per_node=4,
                               prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
     mc.up(layout, install=True, wait_s=120)
     os.environ["SLURM_CONF"] = str(layout.slurm_conf)
@@ -122,18 +229,14 @@ def main() -> None:
         wait(lambda: slurm.job_state(floor_job).state == "PENDING", 30, "requeue")
         wait(lambda: slurm.job_state(floor_job).state == "RUNNING", 60, "rerun")
         print(f"Slurm's floor: scontrol requeue -> RUNNING again {time.time() - t0:.1f} s "
-              f"(cred_expire=10 s + 1 s + scheduling)")
+              f"(cred_expire=10 s + 1 s + scheduling)", flush=True)
         slurm.cancel(floor_job)
         wait(lambda: finished(floor_job), 30, "cancel")
 
-        free = spec(work, "failure-free")
-        t0 = time.time()
-        job = submit(free)
-        wait(lambda: finished(job), 300, "failure-free run")
-        free_wall = time.time() - t0
-        g_free = ledger.goodput(ledger.read(control_dir_for(free.checkpoint_dir, free.output_dir, str(job))))
-        print(f"failure-free run: {STEPS} steps, submit -> done {free_wall:.1f} s, "
-              f"effective training time ratio {g_free.ratio:.1%}")
+        for fault in ("crash after progress", "hung rank", "node kill", "node kill with a spare"):
+            in_place = one_fault(layout, work, fault, "in-allocation")
+            requeued = one_fault(layout, work, fault, "requeue")
+            print(f"ratio {fault.replace(' ', '-')} {in_place['total'] / requeued['total']:.2f}", flush=True)
 
         s = spec(work, "warning")
         job = submit(s)
@@ -141,43 +244,14 @@ def main() -> None:
         fault = time.time()
         slurm.run_slurm(["scancel", "--batch", "--signal=USR1", str(job)])
         wait(lambda: finished(job), 300, "warning run")
-        show("a) warning signal", breakdown(events(s, job), fault))
+        show("warning signal (requeue, not counted)", breakdown(events(s, job), fault))
 
-        s = spec(work, "nodekill")
-        job = submit(s)
-        wait(lambda: step_reached(s, job, 12), 120, "step 12")
-        from ClusterShell.NodeSet import NodeSet
-        victim = list(NodeSet(slurm.job_state(job).nodes))[1]
-        fault = time.time()
-        mc.kill_node(layout, victim)
-        wait(lambda: finished(job), 400, "node-kill run")
-        show(f"c) node kill ({victim})", breakdown(events(s, job), fault))
-        mc.restart_node(layout, victim)
-        wait(lambda: all(n.state == "idle" for n in slurm.nodes()), 60, "nodes idle")
-
-        s = spec(work, "hang", ["--hang-at-step", "3:12"], hang_timeout_s=10)
-        job = submit(s)
-        wait(lambda: finished(job), 300, "hang run")
-        evts = events(s, job)
-        hang = next(e for e in evts if e.get("slurmtools") == "hang")
-        show(f"f) hung rank (hang_timeout_s=10, on {hang['host']})", breakdown(evts, hang["t"] - hang["idle_s"]))
-        for n in slurm.nodes():
-            if n.drained:
-                slurm.resume_node(n.name)
-
-        s = spec(work, "three-crashes")
-        t0 = time.time()
-        job = submit(s)
-        for k, at in enumerate((8, 18, 28)):
-            wait(lambda: slurm.job_state(job).restarts == k and step_reached(s, job, at), 240, f"step {at}")
-            wait(lambda: kill_rank(job, "3"), 10, "a rank to kill")
-        wait(lambda: finished(job), 400, "3-crash run")
-        wall = time.time() - t0
-        g = ledger.goodput(ledger.read(control_dir_for(s.checkpoint_dir, s.output_dir, str(job))))
-        print(f"3 injected crashes: submit -> done {wall:.1f} s vs {free_wall:.1f} s failure-free "
-              f"({free_wall / wall:.1%} of the failure-free speed); ledger: {g.attempts} attempts, "
-              f"steps lost {g.steps_lost}, restart latency {', '.join(f'{x:.1f}' for x in g.restart_latency_s)} s, "
-              f"effective training time ratio {g.ratio:.1%} (failure-free {g_free.ratio:.1%})")
+        # steps for about goodput_min minutes at the measured step time (0.25 s sleep + compute)
+        steps = max(40, int(args.goodput_min * 60 / 0.45))
+        free = goodput_run(layout, work, "failure-free", steps, faults=False)
+        faulty = goodput_run(layout, work, "three-failures", steps, faults=True)
+        print(f"goodput: three failures (crash, hung rank, node kill) cost {faulty - free:.1f} s over "
+              f"{free:.1f} s failure-free: {free / faulty:.1%} of the failure-free speed", flush=True)
     finally:
         for j in slurm.run_slurm(["squeue", "-h", "-o", "%i"]).split():
             slurm.cancel(int(j))

@@ -102,15 +102,26 @@ class AsyncCheckpointer:
     """Async sharded save: training continues while a thread writes the shards.
 
     The save runs on its own gloo process group (on the training group it can hang or abort
-    with a collective mismatch in our measurements). Rank 0 commits (manifest, rename) once its
-    future resolves, which DCP only does after every rank's shards and the metadata are written.
-    One save is in flight at a time; `wait()` finishes it.
+    with a collective mismatch in our measurements). The state is first copied into staging
+    buffers that one DCP stager keeps across saves (pinned memory on CUDA); that copy too runs
+    in the background, overlapping the next forward/backward, so the trainer calls
+    `wait_staged()` before its next optimizer step (the weights must not change while they are
+    copied). Rank 0 commits (manifest, rename) once the upload future resolves, which DCP only
+    does after every rank's shards and the metadata are written. One save is in flight at a
+    time; `wait()` finishes it.
     """
 
     def __init__(self, manager: CheckpointManager) -> None:
+        import torch
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
         self.manager = manager
         self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        cuda = torch.cuda.is_available()
+        self.stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                   use_async_staging=True, use_non_blocking_copy=cuda))
         self._pending: Optional[Tuple[int, Any, Dict[str, Any]]] = None
+        self._staging: Any = None
 
     def save(self, step: int, model: Any, optim: Any, meta: Optional[Dict[str, Any]] = None) -> None:
         self.wait()
@@ -119,12 +130,21 @@ class AsyncCheckpointer:
             return
         msd, osd = get_state_dict(model, optim)
         state = {"model": msd, "optim": osd, "extra": {"step": step}}
-        future = dcp_async_save(state, storage_writer=FileSystemWriter(tmp, overwrite=False),
-                                process_group=self.group)
+        response = dcp_async_save(state, storage_writer=FileSystemWriter(tmp, overwrite=False),
+                                  process_group=self.group, async_stager=self.stager)
+        upload = getattr(response, "upload_completion", response)
+        self._staging = getattr(response, "staging_completion", None)
         world = dist.get_world_size() if dist.is_initialized() else 1
-        self._pending = (step, future, dict(meta or {}, world_size=world))
+        self._pending = (step, upload, dict(meta or {}, world_size=world))
+
+    def wait_staged(self) -> None:
+        """Return once the state of the save in flight is copied: the weights may change now."""
+        if self._staging is not None:
+            self._staging.result()
+            self._staging = None
 
     def wait(self) -> Optional[Checkpoint]:
+        self.wait_staged()
         if self._pending is None:
             return None
         step, future, meta = self._pending
@@ -133,3 +153,8 @@ class AsyncCheckpointer:
         if _rank() == 0:
             return self.manager.commit(step, meta)
         return None
+
+    def close(self) -> None:
+        """Finish the save in flight and free the staging buffers and threads."""
+        self.wait()
+        self.stager.close()

@@ -13,6 +13,8 @@ supervisor, the submitit path and the trainer):
     stopped-for-requeue     written by rank 0 after it checkpointed on request
     complete                written by rank 0 when training has finished
     ledger.jsonl            the attempts of the job (requeue/ledger.py)
+    flight-recorder/<attempt id>/rank_<N>
+                            NCCL flight-recorder dumps after a collective timeout
   attempt id    "<job id>.<restart count>", and "<job id>.<restart count>.<step seq>" for a
                 restart inside the allocation (SLURMTOOLS_ATTEMPT_ID); the attempt's number
                 across the whole job, from 0, in SLURMTOOLS_ATTEMPT_NUMBER
@@ -41,6 +43,9 @@ CONTROL_SUBDIR = ".slurmtools"
 LOCAL_JOB_ID = "local"
 
 HEARTBEAT_DIR = "heartbeat"
+FLIGHT_RECORDER_DIR = "flight-recorder"
+# where torch writes its flight-recorder dump (the rank is appended): torch >= 2.7 and older names
+FLIGHT_RECORDER_FILE_ENVS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 REQUEST_FILE = "checkpoint-request"
 COMPLETE_FILE = "complete"
 STOPPED_FILE = "stopped-for-requeue"

@@ -24,6 +24,9 @@ DIRECTIVE_FIELDS = ("name", "partition", "account", "qos", "constraint", "reserv
 RDZV_PORT_BASE = 20000
 RDZV_PORT_SPAN = 12000
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+# collectives the flight recorder keeps per rank: without a buffer TORCH_NCCL_DUMP_ON_TIMEOUT
+# dumps nothing (torch >= 2.7 reads TORCH_FR_BUFFER_SIZE, older TORCH_NCCL_TRACE_BUFFER_SIZE)
+FLIGHT_RECORDER_ENTRIES = 2000
 
 
 def q(value: object) -> str:
@@ -80,6 +83,8 @@ def environment(spec: JobSpec) -> List[Tuple[str, str]]:
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1" if spec.distributed.async_error_handling else "0",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1" if spec.distributed.dump_on_timeout else "0",
     }
+    if spec.distributed.dump_on_timeout:
+        env["TORCH_FR_BUFFER_SIZE"] = env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = str(FLIGHT_RECORDER_ENTRIES)
     net = spec.network
     if net.preset == "infiniband":
         env["NCCL_IB_HCA"] = str(net.ib_hca)

@@ -109,13 +109,16 @@ def build(cfg: TrainConfig, world: int, device: torch.device) -> "tuple[TinyLM, 
 
 
 def train_step(model: nn.Module, optim: torch.optim.Optimizer, step: int, rank: int, world: int, cfg: TrainConfig,
-               device: torch.device) -> torch.Tensor:
-    """One optimizer step on this rank's slice of the step's global batch; the local loss."""
+               device: torch.device, before_update: Optional[Callable[[], None]] = None) -> torch.Tensor:
+    """One optimizer step on this rank's slice of the step's global batch; the local loss.
+    before_update runs just before the weights change (an async save's staging copy ends there)."""
     tokens = batch_for(step, rank, world, cfg, device)
     logits = model(tokens[:, :-1])
     loss = nn.functional.cross_entropy(logits, tokens[:, 1:].reshape(-1))
     optim.zero_grad(set_to_none=True)
     loss.backward()  # type: ignore[no-untyped-call]
+    if before_update is not None:
+        before_update()
     optim.step()
     return loss
 
@@ -194,7 +197,8 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
             while True:
                 time.sleep(3600)
         control.heartbeat(step)
-        loss = train_step(model, optim, step, rank, world, cfg, device)
+        loss = train_step(model, optim, step, rank, world, cfg, device,
+                          before_update=saver.wait_staged if saver is not None else None)
         step += 1
         reduced = loss.detach().clone()
         dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
@@ -217,11 +221,15 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
                 log({"event": "checkpoint", "step": step, "save_s": round(time.monotonic() - t0, 3),
                      "requested": requested, "attempt_id": control.attempt_id})
         if requested and step < cfg.steps:
+            if saver is not None:
+                saver.close()
             control.heartbeat(step)
             control.mark_stopped_for_requeue(step)
             if rank == 0:
                 log({"event": "stopped_for_requeue", "step": step, "attempt_id": control.attempt_id})
             return {"event": "stopped_for_requeue", "step": step, "attempt_id": control.attempt_id}
+    if saver is not None:
+        saver.close()
     control.heartbeat(step)
     digest = state_hash(model, optim)
     final = {"event": "final", "step": step, "state_sha256": digest, "world_size": world,

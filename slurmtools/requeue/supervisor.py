@@ -26,8 +26,8 @@ from slurmtools.fsutil import write_json_atomic
 from slurmtools.requeue import actions, ledger, nodecheck, policy, step, watchdog
 from slurmtools.requeue.actions import Run, emit
 from slurmtools.requeue.topology import step_argv, topology_of
-from slurmtools.runtime import (ATTEMPT_ID_ENV, ATTEMPT_NUMBER_ENV, COMPLETE_FILE, CONTROL_DIR_ENV, REQUEST_FILE,
-                                STOPPED_FILE, attempt_of)
+from slurmtools.runtime import (ATTEMPT_ID_ENV, ATTEMPT_NUMBER_ENV, COMPLETE_FILE, CONTROL_DIR_ENV,
+                                FLIGHT_RECORDER_DIR, FLIGHT_RECORDER_FILE_ENVS, REQUEST_FILE, STOPPED_FILE, attempt_of)
 from slurmtools.signals import SignalFlags, signal_number
 from slurmtools.spec import RequeueSpec
 
@@ -310,6 +310,13 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
     number = sum(1 for event in events if isinstance(event, ledger.AttemptStart))
     child_env = dict(env, **{CONTROL_DIR_ENV: str(config.control_dir), ATTEMPT_ID_ENV: attempt.attempt_id,
                              ATTEMPT_NUMBER_ENV: str(number)})
+    recorder_dir = config.control_dir / FLIGHT_RECORDER_DIR / attempt.attempt_id
+    if not any(name in env for name in FLIGHT_RECORDER_FILE_ENVS):
+        try:
+            recorder_dir.mkdir(parents=True, exist_ok=True)
+            child_env.update({name: f"{recorder_dir}/rank_" for name in FLIGHT_RECORDER_FILE_ENVS})
+        except OSError as exc:
+            emit("control_error", attempt.attempt_id, error=f"cannot create {recorder_dir}: {exc.strerror}")
     if nodes:
         # the job's task count (all its nodes, spares included) would override the step's
         # --nodes/--ntasks-per-node: srun reads SLURM_NTASKS as its -n

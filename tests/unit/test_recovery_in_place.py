@@ -137,3 +137,30 @@ def test_attempt_number_comes_from_the_supervisor_else_the_restart_count():
     assert attempt_number({"SLURMTOOLS_ATTEMPT_NUMBER": "3", "SLURM_RESTART_COUNT": "1"}) == 3
     assert attempt_number({"SLURM_RESTART_COUNT": "2"}) == 2
     assert attempt_number({"SLURMTOOLS_ATTEMPT_NUMBER": "x"}) == 0
+
+
+CHILD_PRINTS_ENV = """
+import json, os
+names = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "SLURMTOOLS_ATTEMPT_NUMBER",
+         "SLURMTOOLS_ATTEMPT_ID")
+print("env " + json.dumps({name: os.environ.get(name) for name in names}), flush=True)
+open(os.path.join(os.environ["SLURMTOOLS_CONTROL_DIR"], "complete"), "w").write("{}")
+"""
+
+
+def test_the_step_gets_its_attempt_number_and_a_flight_recorder_dir(tmp_path, capsys):
+    import json
+    import os
+    import sys
+
+    from slurmtools.requeue import supervisor
+    control = tmp_path / "control"
+    config = supervisor.SupervisorConfig(requeue=RequeueSpec(hang_timeout_s=0), control_dir=control, poll_s=0.1)
+    environ = {key: value for key, value in os.environ.items() if not key.startswith(("SLURM", "TORCH_"))}
+    assert supervisor.run(config, [sys.executable, "-c", CHILD_PRINTS_ENV], environ) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("env "))
+    recorder = control / "flight-recorder" / "local.0"
+    assert json.loads(line[4:]) == {"TORCH_FR_DUMP_TEMP_FILE": f"{recorder}/rank_",
+                                    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{recorder}/rank_",
+                                    "SLURMTOOLS_ATTEMPT_NUMBER": "0", "SLURMTOOLS_ATTEMPT_ID": "local.0"}
+    assert recorder.is_dir()
