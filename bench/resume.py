@@ -95,7 +95,8 @@ def show(label: str, b: Dict[str, float]) -> None:
           flush=True)
 
 
-def kill_rank(job: int, rank: str) -> bool:
+def signal_rank(job: int, rank: str, sig: int = signal.SIGKILL) -> bool:
+    """Send sig to one rank's training process (SIGKILL: a crash; SIGSTOP, all its threads: a hang)."""
     for p in psutil.process_iter(["cmdline"]):
         try:
             cmd = p.info["cmdline"] or []
@@ -103,7 +104,7 @@ def kill_rank(job: int, rank: str) -> bool:
                 continue
             env = p.environ()
             if env.get("SLURM_JOB_ID") == str(job) and env.get("RANK") == rank:
-                p.send_signal(signal.SIGKILL)
+                p.send_signal(sig)
                 return True
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -147,7 +148,7 @@ def one_fault(layout, work: Path, fault: str, path: str) -> Dict[str, float]:
         wait(lambda: step_reached(s, job, 12), 120, "step 12")
         fault_t = time.time()
         if fault == "crash after progress":
-            wait(lambda: kill_rank(job, "3"), 10, "a rank to kill")
+            wait(lambda: signal_rank(job, "3"), 10, "a rank to kill")
         else:
             victim = victim_of(s, job)
             mc.kill_node(layout, victim)
@@ -169,9 +170,9 @@ def goodput_run(layout, work: Path, name: str, steps: int, faults: bool) -> floa
     if faults:
         marks = [steps // 4, steps // 2, 3 * steps // 4]
         wait(lambda: step_reached(s, job, marks[0]), 600, f"step {marks[0]}")
-        wait(lambda: kill_rank(job, "3"), 10, "a rank to kill")                       # crash
+        wait(lambda: signal_rank(job, "3"), 10, "a rank to kill")                       # crash
         wait(lambda: step_reached(s, job, marks[1]), 600, f"step {marks[1]}")
-        wait(lambda: stop_rank(job, "1"), 10, "a rank to stop")                       # hung rank
+        wait(lambda: signal_rank(job, "1", signal.SIGSTOP), 10, "a rank to stop")   # hung rank
         wait(lambda: step_reached(s, job, marks[2]), 600, f"step {marks[2]}")
         victim = current_nodes(s, job)[1]
         mc.kill_node(layout, victim)                                                  # node kill
@@ -193,19 +194,6 @@ def current_nodes(s, job: int) -> List[str]:
     from ClusterShell.NodeSet import NodeSet
     starts = [e for e in events(s, job) if e.get("slurmtools") == "start"]
     return list(NodeSet(starts[-1]["nodes"]))
-
-
-def stop_rank(job: int, rank: str) -> bool:
-    """SIGSTOP one rank (all its threads): a hang the watchdog must find and attribute."""
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if any(str(TRAIN) == c for c in p.info["cmdline"] or []) and p.environ().get("SLURM_JOB_ID") == str(job) \
-                    and p.environ().get("RANK") == rank:
-                p.send_signal(signal.SIGSTOP)
-                return True
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return False
 
 
 def main() -> None:

@@ -16,13 +16,8 @@ CONNECT_TIMEOUT_S = 2.0
 PROBE_INTERVAL_S = 2.0
 
 
-def slurmd_answers(node: str, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
-    """True when the node's slurmd accepts a TCP connection (or when we cannot tell: the
-    controller did not say where it listens, so no death is declared on our own guess)."""
-    try:
-        address, port = slurm.slurmd_endpoint(node)
-    except SlurmCommandError:
-        return True
+def slurmd_answers(address: str, port: int, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
+    """True when the slurmd at address:port accepts a TCP connection."""
     try:
         with socket.create_connection((address, port), timeout=timeout_s):
             return True
@@ -41,6 +36,17 @@ class NodeWatch:
         self.last_step: Optional[int] = None
         self.last_change_t = 0.0
         self.probed_at: Dict[str, float] = {}
+        self.endpoints: Dict[str, "tuple[str, int]"] = {}    # asked of the controller once per node
+
+    def answers(self, node: str) -> bool:
+        """Whether the node's slurmd answers (True when the controller cannot say where it listens:
+        no death is declared on our own guess)."""
+        if node not in self.endpoints:
+            try:
+                self.endpoints[node] = slurm.slurmd_endpoint(node)
+            except SlurmCommandError:
+                return True
+        return slurmd_answers(*self.endpoints[node])
 
     def observe(self, beats: List[watchdog.Beat], now: float) -> None:
         """Step durations from how fast the slowest rank's step advances."""
@@ -59,6 +65,6 @@ class NodeWatch:
             if host not in self.candidates or now - self.probed_at.get(host, 0.0) < PROBE_INTERVAL_S:
                 continue
             self.probed_at[host] = now
-            if not slurmd_answers(host):
+            if not self.answers(host):
                 return host, silent_s, timeout
         return None

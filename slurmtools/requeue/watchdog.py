@@ -10,6 +10,7 @@ import json
 import math
 import os
 import stat
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,17 +174,8 @@ def silent_nodes(beats: List[Beat], now_s: float, timeout_s: float) -> List[Tupl
     return sorted(silent, key=lambda item: -item[1])
 
 
-def median_step_s(beats_history: List[float]) -> Optional[float]:
-    """The median of observed step durations, None before there are any."""
-    if not beats_history:
-        return None
-    ordered = sorted(beats_history)
-    return ordered[len(ordered) // 2]
-
-
 def node_timeout_s(configured_s: int, step_times_s: List[float]) -> float:
     """The configured node timeout, or 4x the median step time and at least 10 s."""
     if configured_s > 0:
         return float(configured_s)
-    median = median_step_s(step_times_s)
-    return max(10.0, 4 * median) if median is not None else 10.0
+    return max(10.0, 4 * statistics.median_high(step_times_s)) if step_times_s else 10.0

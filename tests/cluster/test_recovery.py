@@ -4,6 +4,8 @@ goes on with fewer nodes. Each keeps the uninterrupted run's exact final state w
 world size is kept."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from slurmtools import drain, slurm
@@ -56,51 +58,45 @@ def test_a_crash_after_progress_restarts_in_the_allocation(workdir, reference_ru
     assert training.leftover_trainers(job) == []
 
 
-def _kill_during(cluster, spec, job):
+@contextlib.contextmanager
+def _second_node_killed(cluster, spec):
+    """Submit, kill the job's second node at step 6 and wait for the end, which must be a restart
+    in place and a completion without a requeue; the node comes back after the test's checks."""
+    job = training.submit(spec)
     training.wait_step(spec, job, 6)
     nodes = _expand(training.supervisor_events(training.events(spec, job), "start")[0]["nodes"])
     victim = nodes[1]
     mc.kill_node(cluster, victim)
-    return nodes, victim
+    try:
+        info = training.wait_finished(job, 240)
+        evts = training.events(spec, job)
+        assert info.state == "COMPLETED", training.describe(spec, job)
+        assert decisions(evts) == [("node_failure", "restart"), ("completed", "complete")]
+        assert slurm.job_state(job).restarts == 0
+        yield job, nodes, victim, evts
+    finally:
+        _restore(cluster, victim)
 
 
 def test_b_node_killed_is_replaced_by_the_hot_spare_without_requeue(cluster, workdir, reference_run):
     spec = training.training_spec(workdir, "spare", extra=["--step-sleep-s", "0.5"], requeue={"spare_nodes": 1})
-    job = training.submit(spec)
-    nodes, victim = _kill_during(cluster, spec, job)
-    try:
-        info = training.wait_finished(job, 240)
-        evts = training.events(spec, job)
-        assert info.state == "COMPLETED", training.describe(spec, job)
+    with _second_node_killed(cluster, spec) as (job, nodes, victim, evts):
         dead = training.supervisor_events(evts, "node_dead")
         assert [d["node"] for d in dead] == [victim] and dead[0]["silent_s"] >= 10
-        assert decisions(evts) == [("node_failure", "restart"), ("completed", "complete")]
         starts = training.supervisor_events(evts, "start")
         spare = [n.name for n in slurm.nodes() if n.name not in nodes]       # the 3-node cluster's third
         assert len(nodes) == 2 and len(spare) == 1 and len(starts) == 2
         assert _expand(starts[1]["nodes"]) == sorted([n for n in nodes if n != victim] + spare)
-        assert slurm.job_state(job).restarts == 0
         reason = slurm.nodes(victim)[0].reason
         assert reason.startswith(f"slurmtools: CRITICAL job.node_failure node {victim}: every rank silent"), reason
         assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
         assert training.leftover_trainers(job) == []
-    finally:
-        _restore(cluster, victim)
 
 
 def test_c_without_a_spare_the_job_goes_on_with_fewer_nodes(cluster, workdir):
     spec = training.training_spec(workdir, "fewer", extra=["--step-sleep-s", "0.5"], requeue={"min_nodes": 1})
-    job = training.submit(spec)
-    _, victim = _kill_during(cluster, spec, job)
-    try:
-        info = training.wait_finished(job, 240)
-        evts = training.events(spec, job)
-        assert info.state == "COMPLETED", training.describe(spec, job)
-        assert decisions(evts) == [("node_failure", "restart"), ("completed", "complete")]
+    with _second_node_killed(cluster, spec) as (_, _, _, evts):
         resumed = training.trainer_events(evts, "resumed")
         assert resumed[0]["world_size"] == 2 and resumed[0]["step"] in (4, 8)   # 4 ranks' checkpoint on 2
         final = training.trainer_events(evts, "final")[-1]
         assert final["step"] == training.STEPS and final["world_size"] == 2
-        assert slurm.job_state(job).restarts == 0
-    finally:
-        _restore(cluster, victim)
