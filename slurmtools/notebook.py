@@ -12,7 +12,8 @@ distributed, checkpoint_dir, requeue.warning_lead_s and requeue.checkpoint_grace
 runs one task per training process (what `launcher: srun` means). What it cannot honour is
 refused when set to anything but its default (NOT_HONOURED): the program is the submitted
 callable (not `command`), logs go to the executor's folder (not `output_dir`), and the
-failure budget of `slurmtools run` does not exist here (submitit resubmits on preemption).
+failure budget and the in-allocation recovery of `slurmtools run` (spares, fewer nodes, node
+death, stragglers) do not exist here (submitit resubmits on preemption).
 
 submitit's own preemption handler checkpoints on rank 0 only, inside the signal handler, and
 other ranks ignore the signal; a sharded (FSDP) checkpoint needs every rank. CheckpointableTrainer
@@ -47,7 +48,9 @@ WAIT_FOR_KILL_S = 120
 # fields the submitit path cannot honour: any value but the default is refused
 NOT_HONOURED = ("command", "launcher", "output_dir", "requeue.max_restarts", "requeue.max_consecutive_failures",
                 "requeue.warning_signal", "requeue.hang_timeout_s", "requeue.no_progress_restarts",
-                "requeue.backoff_s", "requeue.retry_oom")
+                "requeue.backoff_s", "requeue.retry_oom", "requeue.spare_nodes", "requeue.min_nodes",
+                "requeue.node_timeout_s", "requeue.straggler_factor", "requeue.straggler_windows",
+                "requeue.straggler_window_steps")
 _DEFAULT_PYTHON = "python3"
 
 

@@ -8,8 +8,10 @@ supervisor, the submitit path and the trainer):
                 kept across requeues; exported to the trainer as SLURMTOOLS_CONTROL_DIR:
     heartbeat/<rank>.json   each rank's last step and its time (the hang watchdog reads them), and
                             `alive`, refreshed by a thread even while the rank waits in a
-                            collective (the node-death watch reads it)
-    checkpoint-request      present when the supervisor wants a checkpoint now (warning signal)
+                            collective (the node-death watch reads it), and `busy_s`, the
+                            rank's local compute so far (the straggler watch reads it)
+    checkpoint-request      present when the supervisor wants a checkpoint now (warning signal,
+                            or a straggler to be swapped out)
     stopped-for-requeue     written by rank 0 after it checkpointed on request
     complete                written by rank 0 when training has finished
     ledger.jsonl            the attempts of the job (requeue/ledger.py)
@@ -22,13 +24,14 @@ supervisor, the submitit path and the trainer):
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Set, Tuple, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, Set, Tuple, Union
 
 from slurmtools.fsutil import write_json_atomic
 from slurmtools.signals import SignalFlags
@@ -106,8 +109,20 @@ class TrainingControl:
         self._record: Optional[Dict[str, Any]] = None
         self._lock = threading.Lock()
         self._alive_thread: Optional[threading.Thread] = None
+        self._busy_s = 0.0
         if self.control_dir is not None:
             (self.control_dir / HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """Time work that waits for no other rank (e.g. a sharded model's optimizer step; on a
+        GPU, synchronise before leaving). Heartbeats carry the total: collectives make every
+        step as long as the slowest rank's, so only this names a straggling node."""
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self._busy_s += time.monotonic() - start
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGUSR1/2 only set a flag; the loop checkpoints at the next step boundary.
@@ -134,7 +149,8 @@ class TrainingControl:
         elif step > self._first_step and self._first_progress_t is None:
             self._first_progress_t = now      # the first step this attempt completed (goodput)
         record = {"rank": self.rank, "host": socket.gethostname(), "step": step, "time": now,
-                  "first_progress_t": self._first_progress_t, "attempt_id": self.attempt_id}
+                  "first_progress_t": self._first_progress_t, "attempt_id": self.attempt_id,
+                  "busy_s": round(self._busy_s, 6)}
         with self._lock:
             self._record = record
             self._write(now)

@@ -57,9 +57,18 @@ class RequeueSpec:
                               "slurmd unreachable) counts as that node's death; 0: 4x the median step time, "
                               "at least 10 s. Watched only when spares or min_nodes allow recovery in place.",
                               0, min=0, max=86400)
+    straggler_factor: float = doc("A node whose ranks' local compute per step (TrainingControl.busy) is this "
+                                  "many times the other nodes' median for `straggler_windows` windows in a row is "
+                                  "a straggler: with a spare left it is checkpointed away from, drained and "
+                                  "replaced; otherwise reported. 0: off.", 1.3, min=0.0, max=100.0)
+    straggler_windows: int = doc("Consecutive slow windows that make a node a straggler.", 3, min=1, max=1000)
+    straggler_window_steps: int = doc("Training steps per straggler window.", 10, min=1, max=1000000)
 
     def __post_init__(self) -> None:
         check_limits(self, ())
+        if 0 < self.straggler_factor <= 1:
+            raise err(f"must be above 1 (a slowdown), or 0 for off; got {self.straggler_factor}",
+                      ("straggler_factor",))
 
 
 @dataclass(frozen=True)

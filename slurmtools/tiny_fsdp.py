@@ -8,13 +8,15 @@ slurmtools.runtime. Needs torch (pip install 'slurmtools[torch]').
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -47,6 +49,7 @@ class TrainConfig:
     slow_checkpoint_at: int = -1
     slow_checkpoint_s: float = 30.0
     faults_on_attempt: int = 0
+    slow_node: str = ""             # "HOST:SECONDS": ranks on HOST are that much slower per step (a straggler)
     async_checkpoint: bool = False
 
 
@@ -109,9 +112,12 @@ def build(cfg: TrainConfig, world: int, device: torch.device) -> "tuple[TinyLM, 
 
 
 def train_step(model: nn.Module, optim: torch.optim.Optimizer, step: int, rank: int, world: int, cfg: TrainConfig,
-               device: torch.device, before_update: Optional[Callable[[], None]] = None) -> torch.Tensor:
+               device: torch.device, before_update: Optional[Callable[[], None]] = None,
+               local_work: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> torch.Tensor:
     """One optimizer step on this rank's slice of the step's global batch; the local loss.
-    before_update runs just before the weights change (an async save's staging copy ends there)."""
+    before_update runs just before the weights change (an async save's staging copy ends there);
+    local_work wraps the optimizer step, the part that waits for no other rank (a sharded
+    model's update is local), e.g. TrainingControl.busy for the straggler watch."""
     tokens = batch_for(step, rank, world, cfg, device)
     logits = model(tokens[:, :-1])
     loss = nn.functional.cross_entropy(logits, tokens[:, 1:].reshape(-1))
@@ -119,7 +125,8 @@ def train_step(model: nn.Module, optim: torch.optim.Optimizer, step: int, rank: 
     loss.backward()  # type: ignore[no-untyped-call]
     if before_update is not None:
         before_update()
-    optim.step()
+    with local_work():
+        optim.step()
     return loss
 
 
@@ -187,6 +194,15 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
     hang_rank, _, hang_step = cfg.hang_at_step.partition(":") if faults else ("", "", "")
     fail_at = cfg.fail_at_step if faults else -1
     slow_at = cfg.slow_checkpoint_at if faults else -1
+    slow_host, _, slow_s = cfg.slow_node.partition(":") if faults else ("", "", "")
+    slower_s = float(slow_s or 0) if slow_host == socket.gethostname() else 0.0
+
+    @contextlib.contextmanager
+    def local_work() -> Iterator[None]:
+        with control.busy():
+            yield
+            if slower_s:
+                time.sleep(slower_s)
     control.install_signal_handlers()
     step = start
     while step < cfg.steps:
@@ -198,7 +214,7 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
                 time.sleep(3600)
         control.heartbeat(step)
         loss = train_step(model, optim, step, rank, world, cfg, device,
-                          before_update=saver.wait_staged if saver is not None else None)
+                          before_update=saver.wait_staged if saver is not None else None, local_work=local_work)
         step += 1
         reduced = loss.detach().clone()
         dist.all_reduce(reduced, op=dist.ReduceOp.SUM)

@@ -50,8 +50,22 @@ class AttemptEnd:
     checkpoint_step: Optional[int] = None
 
 
-Event = Union[AttemptStart, AttemptEnd]
-_KINDS: Dict[str, Any] = {AttemptStart.KIND: AttemptStart, AttemptEnd.KIND: AttemptEnd}
+@dataclass(frozen=True)
+class NodeSlowdown:
+    """A straggler window in which some node was at or above the straggler factor (every window
+    goes to the job's output; only these to the ledger), and the verdict once one is a straggler."""
+    KIND: ClassVar[str] = "slowdown"
+    attempt_id: str
+    time_s: float
+    first_step: int
+    last_step: int
+    slowdown: Dict[str, float]               # node -> busy time per step / the other nodes' median
+    straggler: Optional[str] = None
+    action: str = ""                         # with a straggler: "swap" (a spare is left) or "report"
+
+
+Event = Union[AttemptStart, AttemptEnd, NodeSlowdown]
+_KINDS: Dict[str, Any] = {cls.KIND: cls for cls in (AttemptStart, AttemptEnd, NodeSlowdown)}
 
 
 def append(control_dir: Path, event: Event) -> None:
@@ -70,6 +84,10 @@ def append(control_dir: Path, event: Event) -> None:
 def _valid(kind: Any, value: Any) -> bool:
     if get_origin(kind) is Union:
         return any(_valid(arg, value) for arg in get_args(kind))
+    if get_origin(kind) is dict:
+        key_kind, value_kind = get_args(kind)
+        return isinstance(value, dict) and all(_valid(key_kind, key) and _valid(value_kind, item)
+                                               for key, item in value.items())
     if kind is type(None):
         return value is None
     if kind is bool:
@@ -135,7 +153,7 @@ def attempts(events: List[Event]) -> List[Attempt]:
     for event in events:
         if isinstance(event, AttemptStart):
             starts[event.attempt_id] = event
-        else:
+        elif isinstance(event, AttemptEnd):
             ends[event.attempt_id] = event
     out = []
     for attempt_id, start in starts.items():

@@ -6,7 +6,8 @@ completed -> done; warning / preemption / a person's requeue -> requeue, not cou
 a failure no node is blamed for (crash after progress, collective timeout, unattributed hang,
 OOM when allowed) -> restart in the allocation (a new step, no queue wait); a blamed node
 (node death, fatal XID, hung rank) -> restart without it on a spare or on fewer nodes when the
-allocation allows, else requeue excluding it (and drain it when the evidence is strong);
+allocation allows, else requeue excluding it (and drain it when the evidence is strong); a
+straggler the supervisor checkpointed away from -> the same, drained, not counted;
 user error before progress -> stop; OOM -> stop unless allowed; budget spent, same failure N
 times in a row, no newer checkpoint across K restarts -> stop with a summary. Restarts in
 place and requeues share that one budget.
@@ -33,6 +34,7 @@ class Cause(str, Enum):
     USER_ERROR = "user_error"
     CRASH = "crash"
     CANCELLED = "cancelled"
+    STRAGGLER = "straggler"              # checkpointed away from a persistently slow node
 
 
 class Action(str, Enum):
@@ -59,6 +61,8 @@ class Evidence:
     node_states: Dict[str, str] = field(default_factory=dict)  # allocation node -> Slurm base state
     dead_node: Optional[str] = None          # every rank on it silent and its slurmd unreachable
     dead_detail: str = ""
+    straggler_node: Optional[str] = None     # the supervisor asked for a checkpoint to swap it out
+    straggler_detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,9 @@ def classify(evidence: Evidence) -> Diagnosis:
         return Diagnosis(Cause.COMPLETED, detail="" if ev.exit_code == 0 else f"exit {ev.exit_code} after completion")
     if ev.cancelled:
         return Diagnosis(Cause.CANCELLED, detail="cancelled or out of time; Slurm is not requeueing it")
+    if ev.straggler_node and not ev.warning_received and (ev.stopped_for_requeue or ev.exit_code is None):
+        return Diagnosis(Cause.STRAGGLER, node=ev.straggler_node, detail=ev.straggler_detail or
+                         f"node={ev.straggler_node}", fatal_for_node=True)
     if ev.stopped_for_requeue or (ev.warning_received and not ev.hang_detected and (ev.exit_code == 0 or not down)):
         return Diagnosis(Cause.PREEMPTED, detail="checkpointed on request" if ev.stopped_for_requeue
                          else "warning signal")
@@ -169,6 +176,12 @@ def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: RequeueSpe
         return Verdict(Action.COMPLETE, "training completed")
     if diag.cause is Cause.PREEMPTED:
         return Verdict(Action.REQUEUE, f"preempted ({diag.detail}); not counted")
+    if diag.cause is Cause.STRAGGLER:
+        # nothing failed: not counted; each swap spends a spare, so it cannot repeat unbounded
+        reason = f"straggler ({diag.detail}); not counted"
+        if capacity.in_allocation and limits.in_allocation and diag.node in capacity.replaceable:
+            return Verdict(Action.RESTART, reason, exclude_node=diag.node, drain_node=diag.node)
+        return Verdict(Action.REQUEUE, reason, exclude_node=diag.node, drain_node=diag.node)
     if diag.cause is Cause.CANCELLED:
         return Verdict(Action.STOP, "cancelled or out of time: Slurm ended the job and is not requeueing it")
     if diag.cause is Cause.USER_ERROR:

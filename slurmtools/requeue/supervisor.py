@@ -17,13 +17,13 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from slurmtools import slurm
 from slurmtools.checkpoint import Checkpoint, CheckpointManager
 from slurmtools.errors import SlurmCommandError
 from slurmtools.fsutil import write_json_atomic
-from slurmtools.requeue import actions, ledger, nodecheck, policy, step, watchdog
+from slurmtools.requeue import actions, ledger, nodecheck, policy, step, straggler, watchdog
 from slurmtools.requeue.actions import Run, emit
 from slurmtools.requeue.topology import step_argv, topology_of
 from slurmtools.runtime import (ATTEMPT_ID_ENV, ATTEMPT_NUMBER_ENV, COMPLETE_FILE, CONTROL_DIR_ENV,
@@ -66,6 +66,7 @@ class Watch:
     stall: Optional[watchdog.Stall] = None
     dead_node: Optional[str] = None
     dead_detail: str = ""
+    straggler: Optional[straggler.Straggler] = None
 
 
 def _node_states(nodelist: str) -> Dict[str, str]:
@@ -147,25 +148,55 @@ def _begin(config: SupervisorConfig, attempt: Attempt, manager: Optional[Checkpo
     return events, resume
 
 
+def _request_checkpoint(control: Path, attempt: Attempt, now: float, **why: object) -> None:
+    try:
+        write_json_atomic(control / REQUEST_FILE, {"t": now, **why}, durable=False)
+    except OSError as exc:
+        emit("control_error", attempt.attempt_id, error=f"cannot write {REQUEST_FILE}: {exc}")
+    emit("checkpoint_requested", attempt.attempt_id, **why)
+
+
+def _watch_stragglers(config: SupervisorConfig, attempt: Attempt, stragglers: straggler.StragglerWatch,
+                      beats: List[watchdog.Beat], can_swap: Callable[[str], bool], reported: List[str]
+                      ) -> Optional[straggler.Straggler]:
+    """Report each closed window (output; ledger when a node is slow); a straggler to swap out."""
+    window = stragglers.observe(beats)
+    if window is None:
+        return None
+    found = stragglers.straggler()
+    action = "" if found is None or found.node in reported else ("swap" if can_swap(found.node) else "report")
+    emit("slowdown", attempt.attempt_id, steps=[window.first_step, window.last_step], slowdown=window.slowdown,
+         busy_per_step_s={node: round(value, 6) for node, value in window.busy_per_step_s.items()})
+    if max(window.slowdown.values()) >= stragglers.factor or action:
+        ledger.append(config.control_dir, ledger.NodeSlowdown(
+            attempt.attempt_id, time.time(), window.first_step, window.last_step, window.slowdown,
+            found.node if found is not None and action else None, action))
+    if found is None or not action:
+        return None
+    reported.append(found.node)
+    emit("straggler", attempt.attempt_id, node=found.node, slowdown=found.slowdown, windows=found.windows,
+         action=action)
+    return found if action == "swap" else None
+
+
 def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flags: SignalFlags,
-           start_t: float, node_watch: Optional[nodecheck.NodeWatch]) -> Watch:
+           start_t: float, node_watch: Optional[nodecheck.NodeWatch],
+           stragglers: Optional[straggler.StragglerWatch], can_swap: Callable[[str], bool]) -> Watch:
     """Until the step ends: warning -> checkpoint request (and the grace timer), heartbeats ->
-    hang, silent node + unreachable slurmd -> node death."""
+    hang, silent node + unreachable slurmd -> node death, a persistently slow node -> a
+    checkpoint request to swap it out."""
     control = config.control_dir
     requeue = config.requeue
     child = launched.child
     requested_at: Optional[float] = None
     watch = Watch()
     invalid_seen = 0
+    reported: List[str] = []
     while child.poll() is None:
         now = time.time()
         if flags.any() and requested_at is None:
             requested_at = now
-            try:
-                write_json_atomic(control / REQUEST_FILE, {"signals": flags.names(), "t": now}, durable=False)
-            except OSError as exc:
-                emit("control_error", attempt.attempt_id, error=f"cannot write {REQUEST_FILE}: {exc}")
-            emit("checkpoint_requested", attempt.attempt_id, signals=flags.names())
+            _request_checkpoint(control, attempt, now, signals=flags.names())
         if requested_at is not None and now - requested_at > requeue.checkpoint_grace_s:
             emit("grace_expired", attempt.attempt_id, grace_s=requeue.checkpoint_grace_s)
             step.stop(child, config.stop_timeout_s)
@@ -175,6 +206,11 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
         if invalid > invalid_seen:
             invalid_seen = invalid
             emit("invalid_heartbeats", attempt.attempt_id, count=invalid)
+        if stragglers is not None and requested_at is None:
+            watch.straggler = _watch_stragglers(config, attempt, stragglers, beats, can_swap, reported)
+            if watch.straggler is not None:
+                requested_at = now
+                _request_checkpoint(control, attempt, now, straggler=watch.straggler.node)
         if node_watch is not None and requested_at is None:
             node_watch.observe(beats, now)
             dead = node_watch.dead(beats, now)
@@ -223,6 +259,8 @@ def _evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: S
         node_states=_node_states(attempt.nodelist),
         dead_node=watch.dead_node,
         dead_detail=watch.dead_detail,
+        straggler_node=watch.straggler.node if watch.straggler else None,
+        straggler_detail=watch.straggler.detail if watch.straggler else "",
     )
     return evidence, beats
 
@@ -335,8 +373,16 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
         return 1
     node_watch = (nodecheck.NodeWatch(config.requeue.node_timeout_s, nodes, this_run.topology.batch_host)
                   if attempt.job_id is not None and this_run.topology.can_lose_any(this_run.lost) else None)
+    requeue = config.requeue
+    stragglers = (straggler.StragglerWatch(requeue.straggler_factor, requeue.straggler_windows,
+                                           requeue.straggler_window_steps) if requeue.straggler_factor > 0 else None)
+
+    def can_swap(node: str) -> bool:
+        """A spare is left to take the node's place in this allocation."""
+        return (attempt.job_id is not None and requeue.in_allocation and not flags.seen(signal.SIGTERM)
+                and bool(this_run.topology.spares(this_run.lost)) and this_run.topology.can_lose(node, this_run.lost))
     try:
-        watch = _watch(config, attempt, launched, flags, start_t, node_watch)
+        watch = _watch(config, attempt, launched, flags, start_t, node_watch, stragglers, can_swap)
     finally:
         launched.finish(config.stop_timeout_s)
     emit("step_end", attempt.attempt_id, exit_code=watch.exit_code, run_s=round(time.time() - start_t, 3))

@@ -28,6 +28,7 @@ class Beat:
     first_progress_s: Optional[float] = None   # when this rank first completed a step this attempt
     alive_s: Optional[float] = None            # last sign of life (refreshed while in a collective)
     attempt_id: str = ""
+    busy_s: Optional[float] = None             # local compute so far (TrainingControl.busy), for stragglers
 
     @property
     def last_alive_s(self) -> float:
@@ -52,6 +53,7 @@ MAX_HEARTBEAT_BYTES = 64 * 1024
 FUTURE_TOLERANCE_S = 300.0
 MAX_RANK = 1 << 20
 MAX_STEP = 1 << 53
+MAX_BUSY_S = 1e9
 
 
 def parse_heartbeat(data: Any, now_s: float) -> Optional[Beat]:
@@ -65,23 +67,30 @@ def parse_heartbeat(data: Any, now_s: float) -> Optional[Beat]:
     host: Any = data.get("host", "")
     alive: Any = data.get("alive")
     attempt: Any = data.get("attempt_id", "")
+    busy: Any = data.get("busy_s")
     if not (alive is None or _is_time(alive, now_s)) or not isinstance(attempt, str):
+        return None
+    if busy is not None and not (_is_number(busy) and 0 <= busy < MAX_BUSY_S):
         return None
     if not (_is_int(rank) and 0 <= rank < MAX_RANK and _is_int(step) and 0 <= step < MAX_STEP):
         return None
     if not _is_time(time_s, now_s) or not (first is None or _is_time(first, now_s)) or not isinstance(host, str):
         return None
     return Beat(rank, host[:256], step, float(time_s), float(first) if first is not None else None,
-                float(alive) if alive is not None else None, attempt[:256])
+                float(alive) if alive is not None else None, attempt[:256],
+                float(busy) if busy is not None else None)
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _is_time(value: Any, now_s: float) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and 0 < value <= now_s + FUTURE_TOLERANCE_S)
+    return _is_number(value) and 0 < value <= now_s + FUTURE_TOLERANCE_S
 
 
 def _read_small_regular(path: Path) -> Optional[bytes]:

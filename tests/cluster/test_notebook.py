@@ -58,8 +58,10 @@ def test_submit_from_python_and_get_the_result(cluster, shared_tmp, reference_ru
     assert results[0]["state_sha256"] == reference_run["hash"]
     assert results[0]["world_size"] == 4
     # real sacct through slurmdbd (submitit's own watcher caches it and lags)
-    wait_for(lambda: [r for r in slurm.sacct_rows(int(job.job_id))
-                      if r["JobID"] == str(job.job_id) and r["State"] == "COMPLETED"], 90, "sacct to say COMPLETED")
+    ended = wait_for(lambda: [r for r in slurm.sacct_rows(int(job.job_id))
+                              if r["JobID"] == str(job.job_id) and r["State"] not in training.UNENDED_STATES],
+                     90, "sacct to say the job ended")
+    assert ended[0]["State"] == "COMPLETED", (slurm.sacct_rows(int(job.job_id)), Path(job.paths.stderr).read_text()[-3000:])
     st = notebook.status(job, spec(shared_tmp))
     assert st.progress.startswith(f"step {training.STEPS}/{training.STEPS}")
     assert "goodput" in st.goodput

@@ -1,15 +1,17 @@
 """Recovery inside the allocation on the real mini-cluster: a crash restarts as a new step
 without a requeue; a killed node is replaced by a hot spare (drained, no requeue) or the job
-goes on with fewer nodes. Each keeps the uninterrupted run's exact final state where the
+goes on with fewer nodes; a straggling node is swapped for the spare. Each keeps the uninterrupted run's exact final state where the
 world size is kept."""
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import pytest
 
 from slurmtools import drain, slurm
 from slurmtools.minicluster import cluster as mc
+from slurmtools.requeue import ledger
 from tests.cluster import training
 from tests.cluster.test_faults import _expand
 from tests.conftest import wait_for
@@ -42,13 +44,19 @@ def decisions(evts):
     return [(d["cause"], d["action"]) for d in training.supervisor_events(evts, "decision")]
 
 
-def test_a_crash_after_progress_restarts_in_the_allocation(workdir, reference_run):
-    spec = training.training_spec(workdir, "inplace", extra=["--fail-at-step", "6"])
+def _completed(spec, expected_decisions):
+    """Submit, wait for the end: COMPLETED after exactly these (cause, action) decisions."""
     job = training.submit(spec)
     info = training.wait_finished(job, 240)
     evts = training.events(spec, job)
     assert info.state == "COMPLETED", training.describe(spec, job)
-    assert decisions(evts) == [("crash", "restart"), ("completed", "complete")]
+    assert decisions(evts) == expected_decisions
+    return job, evts
+
+
+def test_a_crash_after_progress_restarts_in_the_allocation(workdir, reference_run):
+    spec = training.training_spec(workdir, "inplace", extra=["--fail-at-step", "6"])
+    job, evts = _completed(spec, [("crash", "restart"), ("completed", "complete")])
     starts = training.supervisor_events(evts, "start")
     assert [s["attempt_id"] for s in starts] == [f"{job}.0", f"{job}.0.1"]
     assert starts[1]["resume_step"] == 4
@@ -100,3 +108,31 @@ def test_c_without_a_spare_the_job_goes_on_with_fewer_nodes(cluster, workdir):
         assert resumed[0]["world_size"] == 2 and resumed[0]["step"] in (4, 8)   # 4 ranks' checkpoint on 2
         final = training.trainer_events(evts, "final")[-1]
         assert final["step"] == training.STEPS and final["world_size"] == 2
+
+
+def test_d_a_straggling_node_is_swapped_for_the_spare_after_a_checkpoint(cluster, workdir, reference_run):
+    """node2 (the second of node[1-3]; node3 is the spare) takes 0.3 s longer per optimizer step:
+    found after two 3-step windows, checkpointed away from, drained, replaced, 0 steps lost."""
+    spec = training.training_spec(workdir, "straggler", extra=["--slow-node", "node2:0.3"],
+                                  requeue={"spare_nodes": 1, "straggler_window_steps": 3, "straggler_windows": 2})
+    job, evts = _completed(spec, [("straggler", "restart"), ("completed", "complete")])
+    found = training.supervisor_events(evts, "straggler")
+    assert [(s["node"], s["action"], s["windows"]) for s in found] == [("node2", "swap", 2)]
+    assert found[0]["slowdown"] >= 1.3
+    windows = [w for w in training.supervisor_events(evts, "slowdown") if w["attempt_id"] == f"{job}.0"]
+    assert len(windows) >= 2 and all(w["slowdown"]["node2"] >= 1.3 for w in windows[-2:])
+    after = [w for w in training.supervisor_events(evts, "slowdown") if w["attempt_id"] == f"{job}.0.1"]
+    assert all(sorted(w["slowdown"]) == ["node1", "node3"] for w in after)
+    starts = training.supervisor_events(evts, "start")
+    assert [_expand(s["nodes"]) for s in starts] == [["node1", "node2"], ["node1", "node3"]]
+    stopped = training.trainer_events(evts, "stopped_for_requeue")[0]["step"]
+    assert training.trainer_events(evts, "resumed")[0]["step"] == stopped            # 0 steps lost
+    reason = slurm.nodes("node2")[0].reason
+    assert reason.startswith("slurmtools: CRITICAL job.straggler node=node2 slowdown=") and reason.endswith(
+        f"x job={job}"), reason
+    records = ledger.read(Path(spec.checkpoint_dir) / ".slurmtools" / str(job))
+    swaps = [r for r in records if isinstance(r, ledger.NodeSlowdown) and r.straggler]
+    assert [(r.straggler, r.action) for r in swaps] == [("node2", "swap")]
+    assert slurm.job_state(job).restarts == 0
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+    assert training.leftover_trainers(job) == []

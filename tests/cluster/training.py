@@ -15,6 +15,8 @@ from tests.conftest import REPO, wait_for
 TRAIN = REPO / "examples" / "tiny_fsdp" / "train.py"
 STEPS = 20
 CHECKPOINT_EVERY = 4
+# sacct states of a job that has not ended yet (its accounting row still changes)
+UNENDED_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "COMPLETING", ""})
 
 
 def _merge(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:

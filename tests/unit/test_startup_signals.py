@@ -70,3 +70,20 @@ def test_sbatch_script_ignores_the_warning_before_its_first_command():
     spec = spec_from_dict({"name": "x", "command": ["t.py"], "requeue": {"warning_signal": "USR2"}})
     commands = [line for line in sbatch.render(spec).splitlines() if line and not line.startswith("#")]
     assert commands[0] == "trap '' USR2"
+
+
+def test_a_task_leaves_after_its_result_with_output_flushed_and_no_finalization(tmp_path):
+    """What was printed and logged reaches the file; nothing at interpreter exit runs (an atexit
+    abort stands in for torch's C++ teardown aborting), and the exit status is 0."""
+    out = tmp_path / "task.out"
+    code = ("import atexit, logging, os, sys\n"
+            "logging.basicConfig(stream=sys.stdout, level=logging.INFO)\n"
+            "atexit.register(os.abort)\n"
+            "print('result written', end='')\n"
+            "logging.getLogger('submitit').info('Exiting after successful completion')\n"
+            "from slurmtools.task_start import leave_after_result\n"
+            "leave_after_result()\n")
+    with out.open("w") as handle:
+        proc = subprocess.run([sys.executable, "-c", code], stdout=handle, stderr=subprocess.STDOUT, timeout=60)
+    assert proc.returncode == 0
+    assert out.read_text() == "result writtenINFO:submitit:Exiting after successful completion\n"
