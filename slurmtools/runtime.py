@@ -28,6 +28,7 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -49,6 +50,8 @@ HEARTBEAT_DIR = "heartbeat"
 FLIGHT_RECORDER_DIR = "flight-recorder"
 # where torch writes its flight-recorder dump (the rank is appended): torch >= 2.7 and older names
 FLIGHT_RECORDER_FILE_ENVS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+# present when the supervisor wants every rank's flight recorder dumped (a hang to attribute)
+FLIGHT_RECORDER_REQUEST_FILE = "flight-recorder-request"
 REQUEST_FILE = "checkpoint-request"
 COMPLETE_FILE = "complete"
 STOPPED_FILE = "stopped-for-requeue"
@@ -57,6 +60,29 @@ STOPPED_FILE = "stopped-for-requeue"
 CHECKPOINT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 PathLike = Union[str, Path]
+
+
+def flight_recorder_prefix(control_dir: PathLike, attempt_id: str) -> str:
+    """Where a rank's flight-recorder dump goes, the rank appended: torch's own on an NCCL
+    timeout (the supervisor exports it as FLIGHT_RECORDER_FILE_ENVS) and ours on request."""
+    return f"{control_dir}/{FLIGHT_RECORDER_DIR}/{attempt_id}/rank_"
+
+
+def dump_flight_recorder() -> Optional[bytes]:
+    """This process's flight recorder (torch's pickle, without stack traces), or None when
+    torch.distributed is not in use here."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    from torch._C import _distributed_c10d as c10d
+    dump = getattr(c10d, "_dump_fr_trace", None)
+    if dump is None:
+        return None
+    raw: bytes = dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+    return raw
 
 
 def control_root(checkpoint_dir: Optional[str], output_dir: str) -> str:
@@ -110,6 +136,7 @@ class TrainingControl:
         self._lock = threading.Lock()
         self._alive_thread: Optional[threading.Thread] = None
         self._busy_s = 0.0
+        self._dumped = False
         if self.control_dir is not None:
             (self.control_dir / HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
 
@@ -169,11 +196,31 @@ class TrainingControl:
 
     def _keep_alive(self) -> None:
         """While the process lives, `alive` stays fresh, also while the loop waits in a collective
-        (torch releases the GIL there): silence of every rank on a node means the node is gone."""
+        (torch releases the GIL there): silence of every rank on a node means the node is gone.
+        Asked to, it dumps the flight recorder once (which collective this rank entered last)."""
         while True:
             time.sleep(self.heartbeat_interval_s)
             with self._lock:
                 self._write(time.time())
+            if not self._dumped and self.control_dir is not None and (
+                    self.control_dir / FLIGHT_RECORDER_REQUEST_FILE).exists():
+                self._dumped = True
+                self._dump_flight_recorder(self.control_dir)
+
+    def _dump_flight_recorder(self, control_dir: Path) -> None:
+        try:
+            raw = dump_flight_recorder()
+            if raw is None:
+                return
+            prefix = os.environ.get(FLIGHT_RECORDER_FILE_ENVS[0]) or flight_recorder_prefix(control_dir,
+                                                                                             self.attempt_id)
+            path = Path(f"{prefix}{self.rank}")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(raw)
+            os.replace(tmp, path)
+        except Exception as exc:      # evidence only: never a reason for training to fail
+            print(f"slurmtools: flight-recorder dump failed: {exc}", file=sys.stderr, flush=True)
 
     def checkpoint_requested(self) -> bool:
         """This rank's view; use `agree()` so every rank acts at the same step."""

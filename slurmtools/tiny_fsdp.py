@@ -50,6 +50,7 @@ class TrainConfig:
     slow_checkpoint_s: float = 30.0
     faults_on_attempt: int = 0
     slow_node: str = ""             # "HOST:SECONDS": ranks on HOST are that much slower per step (a straggler)
+    skip_collective_at: str = ""    # "RANK:STEP": that rank never enters the step's loss all-reduce
     async_checkpoint: bool = False
 
 
@@ -192,6 +193,7 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
     # faults fire on one attempt of the job (counting restarts in place and requeues) or on all (-1)
     faults = cfg.faults_on_attempt in (-1, attempt_number(os.environ))
     hang_rank, _, hang_step = cfg.hang_at_step.partition(":") if faults else ("", "", "")
+    skip_rank, _, skip_step = cfg.skip_collective_at.partition(":") if faults else ("", "", "")
     fail_at = cfg.fail_at_step if faults else -1
     slow_at = cfg.slow_checkpoint_at if faults else -1
     slow_host, _, slow_s = cfg.slow_node.partition(":") if faults else ("", "", "")
@@ -216,6 +218,10 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
         loss = train_step(model, optim, step, rank, world, cfg, device,
                           before_update=saver.wait_staged if saver is not None else None, local_work=local_work)
         step += 1
+        if skip_step and rank == int(skip_rank) and step == int(skip_step):
+            print(f"rank {rank}: injected skip of the loss all-reduce at step {step}", file=sys.stderr, flush=True)
+            while True:
+                time.sleep(3600)
         reduced = loss.detach().clone()
         dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
         if rank == 0:

@@ -5,7 +5,7 @@ The model and loop live in slurmtools.tiny_fsdp; this is its command line. One J
 step on rank 0 (step, loss as float.hex, world size, attempt id); DCP checkpoints every N steps
 through slurmtools' CheckpointManager, resume from the latest complete one on start.
 Fault hooks for tests: --fail-at-step, --hang-at-step RANK:STEP, --slow-checkpoint-at, --step-sleep-s,
---slow-node HOST:SECONDS (a straggler).
+--slow-node HOST:SECONDS (a straggler), --skip-collective-at RANK:STEP.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def parse_args(argv=None) -> TrainConfig:
         if isinstance(default, bool):
             ap.add_argument(flag, action="store_true", default=default)
             continue
-        kind = str if f.name in ("checkpoint_dir", "hang_at_step", "slow_node") else type(default)
+        kind = str if f.name in ("checkpoint_dir", "hang_at_step", "slow_node", "skip_collective_at") else type(default)
         ap.add_argument(flag, type=kind, default=default)
     return TrainConfig(**vars(ap.parse_args(argv)))
 

@@ -56,11 +56,14 @@ class Evidence:
     hang_rank: Optional[int] = None          # watchdog: laggard rank (None: no hang or not attributable)
     hang_detected: bool = False
     hang_node: Optional[str] = None
+    hang_detail: str = ""                    # the flight recorder's account of a hang, when it named the rank
     log_tail: str = ""                       # last lines of the job step's output
     progressed: bool = True                  # any step finished in this attempt
     node_states: Dict[str, str] = field(default_factory=dict)  # allocation node -> Slurm base state
     dead_node: Optional[str] = None          # every rank on it silent and its slurmd unreachable
     dead_detail: str = ""
+    collective_laggard_node: Optional[str] = None   # flight-recorder dumps name the rank that never entered
+    collective_laggard_detail: str = ""
     straggler_node: Optional[str] = None     # the supervisor asked for a checkpoint to swap it out
     straggler_detail: str = ""
 
@@ -143,11 +146,15 @@ def classify(evidence: Evidence) -> Diagnosis:
                          fatal_for_node=True)
     if ev.hang_detected:
         return Diagnosis(Cause.HANG, node=ev.hang_node,
-                         detail=f"no heartbeat from rank {ev.hang_rank}" if ev.hang_rank is not None
-                         else "no heartbeat from any rank", fatal_for_node=ev.hang_node is not None)
+                         detail=ev.hang_detail or (f"no heartbeat from rank {ev.hang_rank}" if ev.hang_rank is not None
+                                                   else "no heartbeat from any rank"),
+                         fatal_for_node=ev.hang_node is not None)
     if _OOM.search(ev.log_tail):
         return Diagnosis(Cause.OOM, detail="out of memory")
     if _COLLECTIVE.search(ev.log_tail):
+        if ev.collective_laggard_node:
+            return Diagnosis(Cause.COLLECTIVE_TIMEOUT, node=ev.collective_laggard_node,
+                             detail=f"collective timeout: {ev.collective_laggard_detail}")
         return Diagnosis(Cause.COLLECTIVE_TIMEOUT, node=_blamed_host(ev.log_tail, _COLLECTIVE),
                          detail="collective timeout")
     if ev.exit_code == 0:

@@ -16,7 +16,7 @@ from typing import IO, Deque, List, Mapping, Optional, Sequence
 
 from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError, UsageError
-from slurmtools.runtime import COMPLETE_FILE, HEARTBEAT_DIR, REQUEST_FILE, STOPPED_FILE
+from slurmtools.runtime import COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, HEARTBEAT_DIR, REQUEST_FILE, STOPPED_FILE
 
 TAIL_LINES = 300
 
@@ -124,7 +124,7 @@ def _remove(path: Path) -> None:
 def prepare_control_dir(control_dir: Path) -> None:
     """Markers and heartbeats belong to one attempt: clear the previous attempt's."""
     ensure_control_dir(control_dir)
-    for name in (REQUEST_FILE, STOPPED_FILE, COMPLETE_FILE):
+    for name in (REQUEST_FILE, STOPPED_FILE, COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE):
         _remove(control_dir / name)
     heartbeats = control_dir / HEARTBEAT_DIR
     if heartbeats.is_symlink() or (heartbeats.exists() and not heartbeats.is_dir()):

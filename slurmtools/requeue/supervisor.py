@@ -2,8 +2,9 @@
 
 One run of the batch script supervises one or more steps. For each, the supervisor launches
 it on the nodes the topology picks (step.py), pumps its output (keeping a tail as evidence),
-turns the warning signal into a checkpoint request, watches the heartbeats (a hang; a node
-whose ranks fell silent and whose slurmd does not answer), and when the step ends asks the
+turns the warning signal into a checkpoint request, watches the heartbeats (a hang, its rank
+named by step or by the flight recorders; a node whose ranks fell silent and whose slurmd
+does not answer; a straggling node, swapped for a spare after a checkpoint), and when the step ends asks the
 pure policy what to do: complete, stop with a summary, restart in this allocation (on a
 spare or fewer nodes when a node is to blame) or requeue (excluding and draining a node).
 Every decision is a JSON line carrying the attempt id; the ledger remembers attempts across
@@ -22,12 +23,12 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 from slurmtools import slurm
 from slurmtools.checkpoint import Checkpoint, CheckpointManager
 from slurmtools.errors import SlurmCommandError
-from slurmtools.fsutil import write_json_atomic
-from slurmtools.requeue import actions, ledger, nodecheck, policy, step, straggler, watchdog
+from slurmtools.requeue import actions, ledger, nodecheck, observe, policy, step, straggler, watchdog
 from slurmtools.requeue.actions import Run, emit
 from slurmtools.requeue.topology import step_argv, topology_of
 from slurmtools.runtime import (ATTEMPT_ID_ENV, ATTEMPT_NUMBER_ENV, COMPLETE_FILE, CONTROL_DIR_ENV,
-                                FLIGHT_RECORDER_DIR, FLIGHT_RECORDER_FILE_ENVS, REQUEST_FILE, STOPPED_FILE, attempt_of)
+                                FLIGHT_RECORDER_FILE_ENVS, STOPPED_FILE, attempt_of,
+                                flight_recorder_prefix)
 from slurmtools.signals import SignalFlags, signal_number
 from slurmtools.spec import RequeueSpec
 
@@ -55,6 +56,11 @@ class Attempt:
     attempt_id: str
     nodelist: str
     seq: int = 0                     # steps before it in this run of the batch script
+    recorder_prefix: str = ""        # where its ranks' flight-recorder dumps go (the rank appended)
+
+    @property
+    def recorder_dir(self) -> Optional[Path]:
+        return Path(self.recorder_prefix).parent if self.recorder_prefix else None
 
 
 @dataclass
@@ -148,37 +154,6 @@ def _begin(config: SupervisorConfig, attempt: Attempt, manager: Optional[Checkpo
     return events, resume
 
 
-def _request_checkpoint(control: Path, attempt: Attempt, now: float, **why: object) -> None:
-    try:
-        write_json_atomic(control / REQUEST_FILE, {"t": now, **why}, durable=False)
-    except OSError as exc:
-        emit("control_error", attempt.attempt_id, error=f"cannot write {REQUEST_FILE}: {exc}")
-    emit("checkpoint_requested", attempt.attempt_id, **why)
-
-
-def _watch_stragglers(config: SupervisorConfig, attempt: Attempt, stragglers: straggler.StragglerWatch,
-                      beats: List[watchdog.Beat], can_swap: Callable[[str], bool], reported: List[str]
-                      ) -> Optional[straggler.Straggler]:
-    """Report each closed window (output; ledger when a node is slow); a straggler to swap out."""
-    window = stragglers.observe(beats)
-    if window is None:
-        return None
-    found = stragglers.straggler()
-    action = "" if found is None or found.node in reported else ("swap" if can_swap(found.node) else "report")
-    emit("slowdown", attempt.attempt_id, steps=[window.first_step, window.last_step], slowdown=window.slowdown,
-         busy_per_step_s={node: round(value, 6) for node, value in window.busy_per_step_s.items()})
-    if max(window.slowdown.values()) >= stragglers.factor or action:
-        ledger.append(config.control_dir, ledger.NodeSlowdown(
-            attempt.attempt_id, time.time(), window.first_step, window.last_step, window.slowdown,
-            found.node if found is not None and action else None, action))
-    if found is None or not action:
-        return None
-    reported.append(found.node)
-    emit("straggler", attempt.attempt_id, node=found.node, slowdown=found.slowdown, windows=found.windows,
-         action=action)
-    return found if action == "swap" else None
-
-
 def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flags: SignalFlags,
            start_t: float, node_watch: Optional[nodecheck.NodeWatch],
            stragglers: Optional[straggler.StragglerWatch], can_swap: Callable[[str], bool]) -> Watch:
@@ -196,7 +171,7 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
         now = time.time()
         if flags.any() and requested_at is None:
             requested_at = now
-            _request_checkpoint(control, attempt, now, signals=flags.names())
+            observe.request_checkpoint(control, attempt.attempt_id, now, signals=flags.names())
         if requested_at is not None and now - requested_at > requeue.checkpoint_grace_s:
             emit("grace_expired", attempt.attempt_id, grace_s=requeue.checkpoint_grace_s)
             step.stop(child, config.stop_timeout_s)
@@ -207,10 +182,11 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
             invalid_seen = invalid
             emit("invalid_heartbeats", attempt.attempt_id, count=invalid)
         if stragglers is not None and requested_at is None:
-            watch.straggler = _watch_stragglers(config, attempt, stragglers, beats, can_swap, reported)
+            watch.straggler = observe.watch_stragglers(control, attempt.attempt_id, stragglers, beats, can_swap,
+                                                       reported)
             if watch.straggler is not None:
                 requested_at = now
-                _request_checkpoint(control, attempt, now, straggler=watch.straggler.node)
+                observe.request_checkpoint(control, attempt.attempt_id, now, straggler=watch.straggler.node)
         if node_watch is not None and requested_at is None:
             node_watch.observe(beats, now)
             dead = node_watch.dead(beats, now)
@@ -228,6 +204,8 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
             stall = watchdog.judge(beats, now, requeue.hang_timeout_s)
             if stall is None and not beats and now - start_t > requeue.hang_timeout_s + STARTUP_ALLOWANCE_S:
                 stall = watchdog.Stall(now - start_t, None, None, 0)
+            if stall is not None and stall.rank is None and beats and attempt.recorder_dir is not None:
+                stall = observe.attributed(stall, control, attempt.attempt_id, attempt.recorder_dir, beats)
             if stall is not None:
                 emit("hang", attempt.attempt_id, idle_s=round(stall.idle_s, 1), rank=stall.rank, host=stall.host,
                      step=stall.step)
@@ -245,6 +223,8 @@ def _evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: S
     control = config.control_dir
     beats = watchdog.read_heartbeats(control)
     last_step = max((beat.step for beat in beats), default=None)
+    collective = (observe.collective_laggard(attempt.recorder_dir, beats)
+                  if not watch.killed_by_us and watch.exit_code else None)
     evidence = policy.Evidence(
         exit_code=None if watch.killed_by_us else watch.exit_code,
         complete_marker=step.marker(control / COMPLETE_FILE),
@@ -254,6 +234,9 @@ def _evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: S
         hang_detected=watch.stall is not None,
         hang_rank=watch.stall.rank if watch.stall else None,
         hang_node=watch.stall.host if watch.stall else None,
+        hang_detail=watch.stall.detail if watch.stall else "",
+        collective_laggard_node=collective.host if collective else None,
+        collective_laggard_detail=collective.detail if collective else "",
         log_tail=tail,
         progressed=last_step is not None and last_step > (resume.step if resume else 0),
         node_states=_node_states(attempt.nodelist),
@@ -315,7 +298,10 @@ def run(config: SupervisorConfig, argv: Sequence[str], environ: Optional[Mapping
         nodes = this_run.topology.pick(this_run.lost) or []
         nodelist = ",".join(nodes) if this_run.lost or this_run.topology.train_nodes < len(
             this_run.topology.allocation) else env.get("SLURM_JOB_NODELIST", "")
-        attempt = Attempt(job_id, restart, base_id if seq == 0 else f"{base_id}.{seq}", nodelist, seq)
+        attempt_id = base_id if seq == 0 else f"{base_id}.{seq}"
+        prefix = next((env[name] for name in FLIGHT_RECORDER_FILE_ENVS if env.get(name)),
+                      flight_recorder_prefix(config.control_dir, attempt_id))
+        attempt = Attempt(job_id, restart, attempt_id, nodelist, seq, prefix)
         outcome = _one_step(config, attempt, this_run, nodes, argv, env, flags, manager, warn_sig)
         if isinstance(outcome, int):
             return outcome
@@ -348,13 +334,12 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
     number = sum(1 for event in events if isinstance(event, ledger.AttemptStart))
     child_env = dict(env, **{CONTROL_DIR_ENV: str(config.control_dir), ATTEMPT_ID_ENV: attempt.attempt_id,
                              ATTEMPT_NUMBER_ENV: str(number)})
-    recorder_dir = config.control_dir / FLIGHT_RECORDER_DIR / attempt.attempt_id
-    if not any(name in env for name in FLIGHT_RECORDER_FILE_ENVS):
+    if not any(name in env for name in FLIGHT_RECORDER_FILE_ENVS) and attempt.recorder_dir is not None:
         try:
-            recorder_dir.mkdir(parents=True, exist_ok=True)
-            child_env.update({name: f"{recorder_dir}/rank_" for name in FLIGHT_RECORDER_FILE_ENVS})
+            attempt.recorder_dir.mkdir(parents=True, exist_ok=True)
+            child_env.update({name: attempt.recorder_prefix for name in FLIGHT_RECORDER_FILE_ENVS})
         except OSError as exc:
-            emit("control_error", attempt.attempt_id, error=f"cannot create {recorder_dir}: {exc.strerror}")
+            emit("control_error", attempt.attempt_id, error=f"cannot create {attempt.recorder_dir}: {exc.strerror}")
     if nodes:
         # the job's task count (all its nodes, spares included) would override the step's
         # --nodes/--ntasks-per-node: srun reads SLURM_NTASKS as its -n

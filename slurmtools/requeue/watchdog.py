@@ -46,6 +46,7 @@ class Stall:
     rank: Optional[int]     # the laggard, when exactly one rank is behind
     host: Optional[str]
     step: int
+    detail: str = ""        # how the laggard was found, when not by its step (flight recorder)
 
 
 MAX_HEARTBEAT_BYTES = 64 * 1024

@@ -136,3 +136,22 @@ def test_d_a_straggling_node_is_swapped_for_the_spare_after_a_checkpoint(cluster
     assert slurm.job_state(job).restarts == 0
     assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
     assert training.leftover_trainers(job) == []
+
+
+def test_e_a_rank_that_skips_a_collective_is_named_by_the_flight_recorder(cluster, workdir, reference_run):
+    """Rank 3 (on node2) never enters step 6's loss all-reduce: every rank announced the same
+    step, so only the flight recorders (dumped on request, gloo) can name it; node2 is drained
+    and the spare takes its place."""
+    spec = training.training_spec(workdir, "skip", extra=["--skip-collective-at", "3:6"],
+                                  requeue={"spare_nodes": 1, "hang_timeout_s": 10})
+    job, evts = _completed(spec, [("hang", "restart"), ("completed", "complete")])
+    recorder = training.supervisor_events(evts, "flight_recorder")
+    assert [(r["dumps"], r["ranks"], r["laggard"]) for r in recorder] == [(4, 4, 3)]
+    hang = training.supervisor_events(evts, "hang")
+    assert [(h["rank"], h["host"]) for h in hang] == [(3, "node2")]
+    reason = slurm.nodes("node2")[0].reason
+    assert reason.startswith("slurmtools: CRITICAL job.hang rank 3 on node2 never entered gloo:all_reduce #"), reason
+    starts = training.supervisor_events(evts, "start")
+    assert [_expand(s["nodes"]) for s in starts] == [["node1", "node2"], ["node1", "node3"]]
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+    assert training.leftover_trainers(job) == []

@@ -1,0 +1,139 @@
+"""Flight-recorder dumps: which rank never entered the collective the others wait in.
+
+torch records every collective of a process group in a ring buffer (TORCH_FR_BUFFER_SIZE;
+NCCL and gloo alike): per entry its process group, `collective_seq_id` (the n-th collective
+of that group), `profiling_name` ("nccl:all_reduce", "gloo:all_reduce") and state. NCCL dumps
+it on a collective timeout (TORCH_NCCL_DUMP_ON_TIMEOUT) to `<prefix><rank>`; on any backend a
+rank's keep-alive thread dumps it to the same place when the supervisor asks (runtime.py), also
+while the rank's main thread waits in a collective. In a hang, the ranks that wait have each
+entered collective #S of a group; a rank whose newest entry of that group is below S never
+entered it: that rank, and its node, is the one to blame.
+
+Reading is `read_dumps` (a restricted unpickler: only plain containers, strings and numbers,
+never code); deciding is the pure `laggard`.
+"""
+from __future__ import annotations
+
+import io
+import pickle
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+MAX_DUMP_BYTES = 64 * 1024 * 1024
+_RANK_FILE = re.compile(r"^rank_(\d{1,7})$")
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds dicts, lists, tuples, strings, numbers, bools and None; refuses every class."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"flight-recorder dump refers to {module}.{name}")
+
+
+def parse_dump(raw: bytes) -> Optional[Dict[str, Any]]:
+    """One dump's dict, or None when it is not a plain pickle of a dict with a list of entries."""
+    try:
+        data = _PlainUnpickler(io.BytesIO(raw)).load()
+    except Exception:       # any malformed pickle (torn, foreign, hostile) is no evidence
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+        return None
+    return data
+
+
+def read_dumps(directory: Path) -> Dict[int, Dict[str, Any]]:
+    """rank -> dump for every well-formed `rank_<N>` file in directory (others are skipped)."""
+    dumps: Dict[int, Dict[str, Any]] = {}
+    try:
+        paths = sorted(directory.iterdir()) if directory.is_dir() else []
+    except OSError:
+        return dumps
+    for path in paths:
+        match = _RANK_FILE.match(path.name)
+        if not match or path.is_symlink() or not path.is_file():
+            continue
+        try:
+            if path.stat().st_size > MAX_DUMP_BYTES:
+                continue
+            dump = parse_dump(path.read_bytes())
+        except OSError:
+            continue
+        if dump is not None:
+            dumps[int(match.group(1))] = dump
+    return dumps
+
+
+@dataclass(frozen=True)
+class Laggard:
+    rank: int
+    host: Optional[str]
+    collective: str           # what the others wait in, e.g. "gloo:all_reduce"
+    seq: int                  # its collective_seq_id in the group
+    group: str
+    waiting: Tuple[int, ...]  # the ranks that entered it
+
+    @property
+    def detail(self) -> str:
+        where = f" on {self.host}" if self.host else ""
+        waiting = ",".join(str(rank) for rank in self.waiting)
+        return (f"rank {self.rank}{where} never entered {self.collective} #{self.seq} of process group "
+                f"{self.group} that ranks {waiting} wait in (flight recorder)")
+
+
+def _newest(entries: List[Any]) -> Dict[str, Tuple[int, str]]:
+    """group -> (highest collective_seq_id, its profiling name) among a rank's collective entries."""
+    out: Dict[str, Tuple[int, str]] = {}
+    for entry in entries:
+        if not isinstance(entry, dict) or entry.get("is_p2p") is True:
+            continue
+        seq, group, name = entry.get("collective_seq_id"), entry.get("pg_id"), entry.get("profiling_name", "")
+        if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(group, (int, str)):
+            continue
+        key = str(group)
+        if key not in out or seq > out[key][0]:
+            out[key] = (seq, name if isinstance(name, str) else "")
+    return out
+
+
+def laggard(dumps: Mapping[int, Mapping[str, Any]], hosts: Mapping[int, str]) -> Optional[Laggard]:
+    """The one rank that never entered a collective its group's other ranks entered, or None
+    when the dumps name no single rank (all equal, several behind, fewer than two dumps). A rank
+    of the job without a dump is not blamed here: its silence is the node watch's evidence."""
+    if len(dumps) < 2:
+        return None
+    newest = {rank: _newest(list(dump.get("entries") or [])) for rank, dump in dumps.items()}
+    for group in sorted({group for per_rank in newest.values() for group in per_rank}):
+        # a rank without entries of the group may not be in it (a sub-group): only members compare
+        seqs = {rank: per_rank[group][0] for rank, per_rank in newest.items() if group in per_rank}
+        top = max(seqs.values())
+        behind = sorted(rank for rank, seq in seqs.items() if seq < top)
+        waiting = tuple(sorted(rank for rank, seq in seqs.items() if seq == top))
+        if len(behind) == 1:
+            name = newest[waiting[0]][group][1] or "a collective"
+            return Laggard(behind[0], hosts.get(behind[0]), name, top, group, waiting)
+    return None
+
+
+DUMP_WAIT_S = 5.0
+
+
+def collect(control_dir: Path, recorder_dir: Path, ranks: int, wait_s: float = DUMP_WAIT_S
+            ) -> Dict[int, Dict[str, Any]]:
+    """Ask every rank of the step for its dump (their keep-alive threads look once a second)
+    and wait up to wait_s until `ranks` dumps are there; what is there then."""
+    from slurmtools.fsutil import write_json_atomic
+    from slurmtools.runtime import FLIGHT_RECORDER_REQUEST_FILE
+
+    try:
+        write_json_atomic(control_dir / FLIGHT_RECORDER_REQUEST_FILE, {"t": time.time()}, durable=False)
+    except OSError:
+        return read_dumps(recorder_dir)
+    deadline = time.monotonic() + wait_s
+    dumps = read_dumps(recorder_dir)
+    while len(dumps) < ranks and time.monotonic() < deadline:
+        time.sleep(0.2)
+        dumps = read_dumps(recorder_dir)
+    return dumps

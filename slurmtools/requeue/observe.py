@@ -1,0 +1,66 @@
+"""What the supervisor learns from the ranks while a step runs, beyond a hang's step count:
+straggler windows (reported in the job's output and the ledger; a straggler to swap out), and
+flight-recorder dumps naming the rank that never entered a collective. The decisions are pure
+(straggler.py, flightrec.py); this is their I/O: the control dir, the ledger, the event lines.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, List, Optional
+
+from slurmtools.fsutil import write_json_atomic
+from slurmtools.requeue import flightrec, ledger, straggler, watchdog
+from slurmtools.requeue.actions import emit
+from slurmtools.runtime import REQUEST_FILE
+
+
+def request_checkpoint(control: Path, attempt_id: str, now: float, **why: object) -> None:
+    """Every rank checkpoints at its next step boundary and exits (runtime.REQUEST_FILE)."""
+    try:
+        write_json_atomic(control / REQUEST_FILE, {"t": now, **why}, durable=False)
+    except OSError as exc:
+        emit("control_error", attempt_id, error=f"cannot write {REQUEST_FILE}: {exc}")
+    emit("checkpoint_requested", attempt_id, **why)
+
+
+def watch_stragglers(control: Path, attempt_id: str, stragglers: straggler.StragglerWatch,
+                     beats: List[watchdog.Beat], can_swap: Callable[[str], bool], reported: List[str]
+                     ) -> Optional[straggler.Straggler]:
+    """Report each closed window (output; ledger when a node is slow); a straggler to swap out."""
+    window = stragglers.observe(beats)
+    if window is None:
+        return None
+    found = stragglers.straggler()
+    action = "" if found is None or found.node in reported else ("swap" if can_swap(found.node) else "report")
+    emit("slowdown", attempt_id, steps=[window.first_step, window.last_step], slowdown=window.slowdown,
+         busy_per_step_s={node: round(value, 6) for node, value in window.busy_per_step_s.items()})
+    if max(window.slowdown.values()) >= stragglers.factor or action:
+        ledger.append(control, ledger.NodeSlowdown(
+            attempt_id, time.time(), window.first_step, window.last_step, window.slowdown,
+            found.node if found is not None and action else None, action))
+    if found is None or not action:
+        return None
+    reported.append(found.node)
+    emit("straggler", attempt_id, node=found.node, slowdown=found.slowdown, windows=found.windows,
+         action=action)
+    return found if action == "swap" else None
+
+
+def attributed(stall: watchdog.Stall, control: Path, attempt_id: str, recorder_dir: Path,
+               beats: List[watchdog.Beat]) -> watchdog.Stall:
+    """Every rank is at the same step: the flight recorders may still say which one never
+    entered the collective the others wait in."""
+    dumps = flightrec.collect(control, recorder_dir, len(beats))
+    found = flightrec.laggard(dumps, {beat.rank: beat.host for beat in beats})
+    emit("flight_recorder", attempt_id, dumps=len(dumps), ranks=len(beats),
+         laggard=found.rank if found else None, detail=found.detail if found else None)
+    return replace(stall, rank=found.rank, host=found.host, detail=found.detail) if found else stall
+
+
+def collective_laggard(recorder_dir: Optional[Path], beats: List[watchdog.Beat]) -> Optional[flightrec.Laggard]:
+    """After a failed step: the laggard named by the dumps torch wrote (an NCCL timeout), if any."""
+    if recorder_dir is None:
+        return None
+    return flightrec.laggard(flightrec.read_dumps(recorder_dir), {beat.rank: beat.host for beat in beats})
