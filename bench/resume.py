@@ -234,8 +234,9 @@ def main() -> None:
         wait(lambda: finished(job), 300, "warning run")
         show("warning signal (requeue, not counted)", breakdown(events(s, job), fault))
 
-        # steps for about goodput_min minutes at the measured step time (0.25 s sleep + compute)
-        steps = max(40, int(args.goodput_min * 60 / 0.45))
+        # steps for about goodput_min minutes failure-free at the step time measured on 2 cores
+        # (0.25 s sleep + compute + checkpoints: 400 steps took 160 s on 2026-11-30)
+        steps = max(40, int(args.goodput_min * 60 / 0.40))
         free = goodput_run(layout, work, "failure-free", steps, faults=False)
         faulty = goodput_run(layout, work, "three-failures", steps, faults=True)
         print(f"goodput: three failures (crash, hung rank, node kill) cost {faulty - free:.1f} s over "

@@ -143,6 +143,14 @@ class AsyncCheckpointer:
             self._staging.result()
             self._staging = None
 
+    def poll(self) -> Optional[Checkpoint]:
+        """Commit the save in flight once it is written, without waiting for it: called at every
+        step boundary, an async checkpoint is the newest complete one within a step of its shards
+        being on disk (not only when the next save begins)."""
+        if self._pending is None or not self._pending[1].done():
+            return None
+        return self.wait()
+
     def wait(self) -> Optional[Checkpoint]:
         self.wait_staged()
         if self._pending is None:

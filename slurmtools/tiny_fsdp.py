@@ -51,7 +51,8 @@ class TrainConfig:
     faults_on_attempt: int = 0
     slow_node: str = ""             # "HOST:SECONDS": ranks on HOST are that much slower per step (a straggler)
     skip_collective_at: str = ""    # "RANK:STEP": that rank never enters the step's loss all-reduce
-    async_checkpoint: bool = False
+    # periodic saves in the background (a final or requested save blocks); same commit rule
+    async_checkpoint: bool = True
 
 
 class Block(nn.Module):
@@ -229,6 +230,8 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
                  "attempt_id": control.attempt_id})
         if cfg.step_sleep_s:
             time.sleep(cfg.step_sleep_s)
+        if saver is not None:
+            saver.poll()
         requested = agree(control.checkpoint_requested())
         if manager is not None and (requested or step % cfg.checkpoint_every == 0 or step == cfg.steps):
             t0 = time.monotonic()

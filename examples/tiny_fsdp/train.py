@@ -3,7 +3,8 @@
 
 The model and loop live in slurmtools.tiny_fsdp; this is its command line. One JSON line per
 step on rank 0 (step, loss as float.hex, world size, attempt id); DCP checkpoints every N steps
-through slurmtools' CheckpointManager, resume from the latest complete one on start.
+through slurmtools' CheckpointManager (async by default: --no-async-checkpoint for blocking saves),
+resume from the latest complete one on start.
 Fault hooks for tests: --fail-at-step, --hang-at-step RANK:STEP, --slow-checkpoint-at, --step-sleep-s,
 --slow-node HOST:SECONDS (a straggler), --skip-collective-at RANK:STEP.
 """
@@ -28,7 +29,7 @@ def parse_args(argv=None) -> TrainConfig:
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
         if isinstance(default, bool):
-            ap.add_argument(flag, action="store_true", default=default)
+            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
             continue
         kind = str if f.name in ("checkpoint_dir", "hang_at_step", "slow_node", "skip_collective_at") else type(default)
         ap.add_argument(flag, type=kind, default=default)

@@ -122,7 +122,9 @@ def _expand(nodes: str):
 
 
 def test_d_node_killed_during_checkpoint_write_ignores_the_partial_one(cluster, workdir, reference_run):
-    spec = training.training_spec(workdir, "ckptkill", extra=["--slow-checkpoint-at", "8", "--slow-checkpoint-s", "120"])
+    # the slow-commit hook pauses a blocking save (an async one's shards are written in the background)
+    spec = training.training_spec(workdir, "ckptkill", extra=["--no-async-checkpoint", "--slow-checkpoint-at", "8",
+                                                              "--slow-checkpoint-s", "120"])
     job = training.submit(spec)
     staging = Path(spec.checkpoint_dir) / "step_8.tmp"
     wait_for(lambda: staging.is_dir() and (staging / ".metadata").exists(), 120, "the step-8 shards to be written")
