@@ -25,7 +25,10 @@ from slurmtools.xid import FATAL_XIDS, MONITOR_XIDS
 from slurmtools.schema import (MAX_YAML_BYTES, attach_line, build, check_hostlist, check_limits, doc, err,
                                load_yaml_with_lines)
 
-PHASES = ("prolog", "epilog", "periodic")
+# passive phases read counters and states within seconds; `active` runs diagnostics that load
+# the node for minutes (DCGM diag, nccl-tests, perftest): idle nodes only, never in a prolog
+PASSIVE_PHASES = ("prolog", "epilog", "periodic")
+PHASES = PASSIVE_PHASES + ("active",)
 DEFAULT_PATH = Path("/etc/slurmtools/health.yaml")
 CONFIG_ENV = "SLURMTOOLS_HEALTH_CONFIG"
 BESIDE_SLURM_CONF = "slurmtools-health.yaml"
@@ -33,13 +36,13 @@ DEFAULT_SLURM_CONF = Path("/etc/slurm/slurm.conf")
 
 
 def _phases(*names: str) -> Any:
-    return doc("Phases that run this check: prolog, epilog, periodic.", default_factory=lambda: list(names))
+    return doc("Phases that run this check: prolog, epilog, periodic, active.", default_factory=lambda: list(names))
 
 
 @dataclass(frozen=True)
 class CheckParams:
     enabled: bool = doc("Run this check.", True)
-    phases: List[str] = _phases(*PHASES)
+    phases: List[str] = _phases(*PASSIVE_PHASES)
 
     def __post_init__(self) -> None:
         check_limits(self, ())
@@ -167,10 +170,50 @@ class SystemChecks:
 
 
 @dataclass(frozen=True)
+class ActiveDcgmDiag(CheckParams):
+    phases: List[str] = _phases("active")
+    command: str = doc("The dcgmi program (a name on PATH or an absolute path).", "dcgmi")
+    level: int = doc("Suite: 1 quick (seconds), 2 medium (~2 min), 3 long (~15 min), 4 extended.", 2, min=1, max=4)
+    timeout_s: float = doc("Time box of the diagnostic.", 900.0, min=1.0, max=86400.0)
+
+
+@dataclass(frozen=True)
+class ActiveNcclAllReduce(CheckParams):
+    phases: List[str] = _phases("active")
+    command: str = doc("nccl-tests' all_reduce_perf (a name on PATH or an absolute path).", "all_reduce_perf")
+    arguments: List[str] = doc("Its arguments: every GPU of the node, 8 B to 8 GB, data checked (-c 1).",
+                               default_factory=lambda: ["-b", "8", "-e", "8G", "-f", "2", "-g", "8", "-c", "1"])
+    min_busbw_gbps: Optional[float] = doc("Bus bandwidth (GB/s) at the largest size below which the node is "
+                                          "CRITICAL (unset: only wrong results are).", None, min=0.0)
+    timeout_s: float = doc("Time box of the test.", 600.0, min=1.0, max=86400.0)
+
+
+@dataclass(frozen=True)
+class ActiveIbWriteBw(CheckParams):
+    phases: List[str] = _phases("active")
+    command: str = doc("perftest's ib_write_bw (a name on PATH or an absolute path).", "ib_write_bw")
+    devices: List[str] = doc("HCAs to test in loopback (server and client on this node); empty: every HCA "
+                             "under the sysfs root.", default_factory=list)
+    size_bytes: int = doc("Message size.", 1048576, min=1, max=1 << 30)
+    min_bw_gbps: Optional[float] = doc("Average bandwidth (Gb/s) below which the node is CRITICAL (unset: "
+                                       "report only).", None, min=0.0)
+    timeout_s: float = doc("Time box of each device's test.", 60.0, min=1.0, max=3600.0)
+
+
+@dataclass(frozen=True)
+class ActiveChecks:
+    dcgm_diag: ActiveDcgmDiag = doc("`dcgmi diag --run LEVEL --json`.", default_factory=ActiveDcgmDiag)
+    nccl_allreduce: ActiveNcclAllReduce = doc("nccl-tests all_reduce_perf on the node's GPUs.",
+                                              default_factory=ActiveNcclAllReduce)
+    ib_write_bw: ActiveIbWriteBw = doc("perftest ib_write_bw loopback per HCA.", default_factory=ActiveIbWriteBw)
+
+
+@dataclass(frozen=True)
 class Checks:
     gpu: GpuChecks = doc("GPU checks (NVML).", default_factory=GpuChecks)
     ib: IbChecks = doc("InfiniBand checks (sysfs).", default_factory=IbChecks)
     system: SystemChecks = doc("System checks (psutil).", default_factory=SystemChecks)
+    active: ActiveChecks = doc("Active diagnostics (phase `active`, idle nodes only).", default_factory=ActiveChecks)
 
 
 @dataclass(frozen=True)
@@ -182,6 +225,8 @@ class NodeSettings:
     state_dir: str = doc("Where counters, job baselines and the last result are kept.", "/var/lib/slurmtools/health")
     probe_timeout_s: float = doc("Time box of each probe.", 3.0, min=0.05, max=300.0)
     deadline_s: float = doc("Time box of the whole run.", 8.0, min=0.1, max=600.0)
+    active_deadline_s: float = doc("Time box of a whole `active` run (its diagnostics run one after another).",
+                                   1800.0, min=1.0, max=86400.0)
     probe_timeout_status: str = doc("Status of the checks whose probe timed out (a hung NVML is a sick node).",
                                     "CRITICAL", choices=("CRITICAL", "WARN", "UNKNOWN"))
     on_internal_error: str = doc("When slurmtools itself fails: `open` (run the job, drain nothing) or `closed` "

@@ -18,7 +18,7 @@ from slurmtools import drain as drains
 from slurmtools import slurm
 from slurmtools.errors import ConfigError, SlurmCommandError, SlurmToolsError, one_line
 from slurmtools.fsutil import write_json_atomic
-from slurmtools.health import report, runner, state
+from slurmtools.health import active_probe, report, runner, state
 from slurmtools.health.config import NodeSettings
 from slurmtools.health.gpu_probe import FixtureProbe, ProbeError, make_gpu_probe
 from slurmtools.health.model import CheckResult, Status, worst
@@ -75,7 +75,7 @@ def check_settings(settings: NodeSettings) -> None:
 def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional[str], allow_drain: bool = True) -> Outcome:
     t0 = time.monotonic()
     now_s = time.time()
-    deadline = t0 + settings.deadline_s
+    deadline = t0 + (settings.active_deadline_s if phase == "active" else settings.deadline_s)
     check_settings(settings)                              # ConfigError: fail open, before any read
     spath = state.state_file(Path(settings.state_dir), host)
     st, state_problem = state.load(spath)
@@ -97,6 +97,8 @@ def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional
         runner.gather_gpu(settings, phase, deadline, facts)
     results = runner.judge(settings, phase, facts, after_kmsg_seq=after_seq, previous_ib=prev_ib or None,
                            previous_nvlink=prev_nvlink or None)
+    if phase == "active":
+        results += active_probe.active_results(settings, deadline)
     if baseline:
         results = [_attributed(r, job_id) for r in results]
     if state_problem:

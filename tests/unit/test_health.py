@@ -339,9 +339,14 @@ def test_registry_names_every_check_once_and_filters_by_phase():
 
     assert registry.names() == ["gpu.count", "gpu.ecc", "gpu.memory", "gpu.xid", "gpu.thermal", "gpu.pcie",
                                 "gpu.nvlink", "gpu.processes", "ib.ports", "ib.counters", "system.memory",
-                                "system.disk", "system.mounts", "system.processes"]
+                                "system.disk", "system.mounts", "system.processes", "active.dcgm_diag",
+                                "active.nccl_allreduce", "active.ib_write_bw"]
     checks = Checks(gpu=GpuChecks(processes=GpuProcesses(phases=["epilog"])),
                     system=SystemChecks(disk=SysDisk(enabled=False)))
     assert "gpu.processes" not in registry.enabled(checks, "prolog", "gpu")
     assert "gpu.processes" in registry.enabled(checks, "epilog", "gpu")
     assert registry.enabled(checks, "periodic", "system") == ["system.memory", "system.mounts", "system.processes"]
+    # the active diagnostics run in their own phase only, the passive checks never in it
+    assert registry.enabled(checks, "active", "active") == ["active.dcgm_diag", "active.nccl_allreduce",
+                                                            "active.ib_write_bw"]
+    assert registry.enabled(checks, "prolog", "active") == [] and registry.enabled(checks, "active", "gpu") == []
