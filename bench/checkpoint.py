@@ -12,12 +12,10 @@ import argparse
 import datetime
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
-WORKER_ENV = "SLURMTOOLS_BENCH_WORKER"
+from selflaunch import is_worker, run_under_torchrun
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -153,17 +151,12 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--dir")
     args = ap.parse_args()
-    if os.environ.get(WORKER_ENV):
+    if is_worker():
         worker(args)
         return
     with tempfile.TemporaryDirectory() as d:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.procs), __file__,
-               "--saves", str(args.saves), "--dim", str(args.dim), "--layers", str(args.layers), "--dir", d]
-        proc = subprocess.run(cmd, env=dict(os.environ, **{WORKER_ENV: "1"}), capture_output=True, text=True)
-        lines = [ln for ln in proc.stdout.splitlines() if not ln.startswith("*") and "OMP_NUM_THREADS" not in ln]
-        print("\n".join(lines))
-        if proc.returncode != 0:
-            raise SystemExit(proc.stderr[-2000:])
+        run_under_torchrun(__file__, args.procs, ["--saves", str(args.saves), "--dim", str(args.dim),
+                                                  "--layers", str(args.layers), "--dir", d])
 
 
 if __name__ == "__main__":

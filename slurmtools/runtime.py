@@ -14,6 +14,7 @@ supervisor, the submitit path and the trainer):
                             or a straggler to be swapped out)
     stopped-for-requeue     written by rank 0 after it checkpointed on request
     complete                written by rank 0 when training has finished
+    silent-data-corruption  written by rank 0 when the SDC canary found ranks disagreeing
     ledger.jsonl            the attempts of the job (requeue/ledger.py)
     flight-recorder/<attempt id>/rank_<N>
                             NCCL flight-recorder dumps after a collective timeout
@@ -32,7 +33,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, Mapping, Optional, Set, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 from slurmtools.fsutil import write_json_atomic
 from slurmtools.signals import SignalFlags
@@ -54,6 +55,8 @@ FLIGHT_RECORDER_FILE_ENVS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_T
 FLIGHT_RECORDER_REQUEST_FILE = "flight-recorder-request"
 REQUEST_FILE = "checkpoint-request"
 COMPLETE_FILE = "complete"
+SDC_FILE = "silent-data-corruption"     # rank 0: the canary's verdict (slurmtools.sdc)
+SDC_CHECK_EVERY_ENV = "SLURMTOOLS_SDC_CHECK_EVERY"   # the spec's distributed.sdc_check_every
 STOPPED_FILE = "stopped-for-requeue"
 # signals a trainer turns into a checkpoint request: Slurm ending or requeueing the job
 # (SIGTERM, also forwarded by torchrun) and the time-limit / preemption warning (USR1/USR2)
@@ -231,6 +234,12 @@ class TrainingControl:
     def mark_stopped_for_requeue(self, step: int) -> None:
         if self.control_dir is not None and self.rank == 0:
             write_json_atomic(self.control_dir / STOPPED_FILE, {"step": step, "attempt_id": self.attempt_id})
+
+    def mark_sdc(self, step: int, ranks: List[int], node: Optional[str], detail: str) -> None:
+        """The canary found ranks computing wrong results: the supervisor blames node."""
+        if self.control_dir is not None and self.rank == 0:
+            write_json_atomic(self.control_dir / SDC_FILE, {"step": step, "ranks": ranks, "node": node,
+                                                            "detail": detail, "attempt_id": self.attempt_id})
 
     def mark_complete(self, step: int) -> None:
         if self.control_dir is not None and self.rank == 0:

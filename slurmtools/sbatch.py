@@ -13,7 +13,7 @@ from typing import Dict, List, Sequence, Tuple
 from slurmtools import __version__
 from slurmtools.errors import SpecError
 from slurmtools.requeue import flags as requeue_flags
-from slurmtools.runtime import CHECKPOINT_DIR_ENV, COLLECTIVE_TIMEOUT_ENV, control_root
+from slurmtools.runtime import CHECKPOINT_DIR_ENV, COLLECTIVE_TIMEOUT_ENV, SDC_CHECK_EVERY_ENV, control_root
 from slurmtools.spec import JobSpec
 
 # Fields whose values end up in #SBATCH lines: sbatch's own parser drops backslashes there.
@@ -83,6 +83,7 @@ def environment(spec: JobSpec) -> List[Tuple[str, str]]:
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1" if spec.distributed.async_error_handling else "0",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1" if spec.distributed.dump_on_timeout else "0",
     }
+    env[SDC_CHECK_EVERY_ENV] = str(spec.distributed.sdc_check_every)
     if spec.distributed.dump_on_timeout:
         env["TORCH_FR_BUFFER_SIZE"] = env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = str(FLIGHT_RECORDER_ENTRIES)
     net = spec.network

@@ -94,6 +94,10 @@ class DistributedSpec:
                                      "process instead of hanging forever.", True)
     dump_on_timeout: bool = doc("TORCH_NCCL_DUMP_ON_TIMEOUT=1: flight-recorder dump when a collective times out.",
                                 True)
+    sdc_check_every: int = doc("Silent-data-corruption canary: every N steps and before each checkpoint is "
+                               "sealed, all ranks recompute a fixed reference batch and compare checksums; a "
+                               "rank that disagrees is blamed with its node (SLURMTOOLS_SDC_CHECK_EVERY, for "
+                               "trainers that use slurmtools.sdc). 0: off.", 100, min=0, max=1000000000)
 
     def __post_init__(self) -> None:
         check_limits(self, ())

@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Dict, Iterator, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -25,9 +25,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from slurmtools import checkpoint_torch
+from slurmtools import checkpoint_torch, sdc
 from slurmtools.checkpoint import CheckpointManager
-from slurmtools.runtime import TrainingControl, agree, attempt_number
+from slurmtools.runtime import SDC_CHECK_EVERY_ENV, TrainingControl, agree, attempt_number
 
 
 @dataclass
@@ -51,6 +51,10 @@ class TrainConfig:
     faults_on_attempt: int = 0
     slow_node: str = ""             # "HOST:SECONDS": ranks on HOST are that much slower per step (a straggler)
     skip_collective_at: str = ""    # "RANK:STEP": that rank never enters the step's loss all-reduce
+    sdc_check_every: int = -1       # the SDC canary's interval; -1: SLURMTOOLS_SDC_CHECK_EVERY (the spec's), else off
+    # TEST ONLY, off unless set: "RANK:STEP" makes that rank's canary result wrong from STEP on, as
+    # a GPU computing wrong numbers would; read by the canary alone, never by training
+    sdc_fault: str = ""
     # periodic saves in the background (a final or requested save blocks); same commit rule
     async_checkpoint: bool = True
 
@@ -132,6 +136,29 @@ def train_step(model: nn.Module, optim: torch.optim.Optimizer, step: int, rank: 
     return loss
 
 
+def reference_digest(model: nn.Module, cfg: TrainConfig, device: torch.device, corrupt: bool = False) -> str:
+    """sha256 of the logits and loss of one fixed batch (the same on every rank) on the current
+    weights; a forward pass without gradients (collective: FSDP gathers the weights)."""
+    tokens = batch_for(-1, 0, 1, cfg, device)
+    with torch.no_grad():
+        logits = model(tokens[:, :-1])
+        loss = nn.functional.cross_entropy(logits, tokens[:, 1:].reshape(-1))
+    if corrupt:
+        logits = logits.clone()
+        logits.view(-1)[0] += 1e-3
+    digest = hashlib.sha256(logits.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    digest.update(loss.detach().cpu().reshape(1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def canary(model: nn.Module, cfg: TrainConfig, device: torch.device, step: int, corrupt: bool) -> Optional[sdc.Verdict]:
+    """Every rank's reference digest, all-gathered; the verdict when they do not all agree."""
+    vote = sdc.Vote(dist.get_rank(), socket.gethostname(), reference_digest(model, cfg, device, corrupt))
+    votes: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(votes, vote)
+    return sdc.verdict(votes, step)
+
+
 def full_state(model: nn.Module, optim: torch.optim.Optimizer) -> "tuple[Dict[str, Any], Dict[str, Any]]":
     """The unsharded model and optimizer state on the CPU (collective)."""
     msd, osd = get_state_dict(model, optim, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -206,6 +233,8 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
             yield
             if slower_s:
                 time.sleep(slower_s)
+    sdc_rank, _, sdc_from = cfg.sdc_fault.partition(":") if faults else ("", "", "")
+    sdc_every = cfg.sdc_check_every if cfg.sdc_check_every >= 0 else int(os.environ.get(SDC_CHECK_EVERY_ENV) or 0)
     control.install_signal_handlers()
     step = start
     while step < cfg.steps:
@@ -233,7 +262,19 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
         if saver is not None:
             saver.poll()
         requested = agree(control.checkpoint_requested())
-        if manager is not None and (requested or step % cfg.checkpoint_every == 0 or step == cfg.steps):
+        sealing = manager is not None and (requested or step % cfg.checkpoint_every == 0 or step == cfg.steps)
+        if sdc_every and (sealing or step % sdc_every == 0):
+            corrupt = bool(sdc_from) and rank == int(sdc_rank) and step >= int(sdc_from)
+            found = canary(model, cfg, device, step, corrupt)
+            if found is not None:     # stop before this state becomes a checkpoint
+                if saver is not None:
+                    saver.close()     # the save in flight began after a passing check
+                control.mark_sdc(found.step, found.odd_ranks, found.node, found.detail)
+                if rank == 0:
+                    log({"event": "sdc", "step": step, "ranks": found.odd_ranks, "node": found.node,
+                         "detail": found.detail, "attempt_id": control.attempt_id})
+                raise RuntimeError(f"silent data corruption: {found.detail}")
+        if sealing and manager is not None:
             t0 = time.monotonic()
             if saver is not None and not requested and step != cfg.steps:
                 saver.save(step, model, optim, meta=meta)      # periodic: training goes on meanwhile

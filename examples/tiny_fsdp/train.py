@@ -6,7 +6,8 @@ step on rank 0 (step, loss as float.hex, world size, attempt id); DCP checkpoint
 through slurmtools' CheckpointManager (async by default: --no-async-checkpoint for blocking saves),
 resume from the latest complete one on start.
 Fault hooks for tests: --fail-at-step, --hang-at-step RANK:STEP, --slow-checkpoint-at, --step-sleep-s,
---slow-node HOST:SECONDS (a straggler), --skip-collective-at RANK:STEP.
+--slow-node HOST:SECONDS (a straggler), --skip-collective-at RANK:STEP, --sdc-fault RANK:STEP (test only:
+that rank's silent-data-corruption canary computes a wrong result from STEP on).
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def parse_args(argv=None) -> TrainConfig:
         if isinstance(default, bool):
             ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
             continue
-        kind = str if f.name in ("checkpoint_dir", "hang_at_step", "slow_node", "skip_collective_at") else type(default)
+        text = ("checkpoint_dir", "hang_at_step", "slow_node", "skip_collective_at", "sdc_fault")
+        kind = str if f.name in text else type(default)
         ap.add_argument(flag, type=kind, default=default)
     return TrainConfig(**vars(ap.parse_args(argv)))
 

@@ -5,7 +5,7 @@ No I/O, no clock: every row is a table-driven unit test. The matrix (README, sec
 completed -> done; warning / preemption / a person's requeue -> requeue, not counted;
 a failure no node is blamed for (crash after progress, collective timeout, unattributed hang,
 OOM when allowed) -> restart in the allocation (a new step, no queue wait); a blamed node
-(node death, fatal XID, hung rank) -> restart without it on a spare or on fewer nodes when the
+(node death, fatal XID, hung rank, silent data corruption) -> restart without it on a spare or on fewer nodes when the
 allocation allows, else requeue excluding it (and drain it when the evidence is strong); a
 straggler the supervisor checkpointed away from -> the same, drained, not counted;
 user error before progress -> stop; OOM -> stop unless allowed; budget spent, same failure N
@@ -35,6 +35,7 @@ class Cause(str, Enum):
     CRASH = "crash"
     CANCELLED = "cancelled"
     STRAGGLER = "straggler"              # checkpointed away from a persistently slow node
+    SDC = "sdc"                          # the canary found ranks computing wrong results
 
 
 class Action(str, Enum):
@@ -64,6 +65,9 @@ class Evidence:
     dead_detail: str = ""
     collective_laggard_node: Optional[str] = None   # flight-recorder dumps name the rank that never entered
     collective_laggard_detail: str = ""
+    sdc_found: bool = False                  # the trainer's SDC canary stopped training (its marker)
+    sdc_node: Optional[str] = None
+    sdc_detail: str = ""
     straggler_node: Optional[str] = None     # the supervisor asked for a checkpoint to swap it out
     straggler_detail: str = ""
 
@@ -137,6 +141,9 @@ def classify(evidence: Evidence) -> Diagnosis:
     if ev.dead_node:
         return Diagnosis(Cause.NODE_FAILURE, node=ev.dead_node, detail=ev.dead_detail or f"node {ev.dead_node} died",
                          fatal_for_node=True)
+    if ev.sdc_found:
+        return Diagnosis(Cause.SDC, node=ev.sdc_node, detail=ev.sdc_detail or "silent data corruption",
+                         fatal_for_node=ev.sdc_node is not None)
     if node_fail or down:
         node = node_fail.group(1).rstrip(":,") if node_fail else down[0]
         return Diagnosis(Cause.NODE_FAILURE, node=node, detail=f"node {node} failed")
@@ -213,7 +220,7 @@ def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: RequeueSpe
                        f"(stuck at step {checkpoint_step})", counted=True)
     backoff = limits.backoff_s * (2 ** (same - 1))
     node = diag.node if diag.cause in (Cause.NODE_FAILURE, Cause.COLLECTIVE_TIMEOUT, Cause.HANG,
-                                       Cause.GPU_FATAL) else None
+                                       Cause.GPU_FATAL, Cause.SDC) else None
     # Slurm marks a node it saw fail down itself; a node we found dead first is drained by us
     drain = node if diag.fatal_for_node else None
     reason = f"{diag.cause.value} ({diag.detail})"

@@ -3,6 +3,7 @@ evidence), stop it, and the control-dir markers it leaves. Effects only; no deci
 from __future__ import annotations
 
 import collections
+import json
 import os
 import shutil
 import signal
@@ -12,11 +13,12 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Deque, List, Mapping, Optional, Sequence
+from typing import IO, Deque, List, Mapping, Optional, Sequence, Tuple
 
 from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError, UsageError
-from slurmtools.runtime import COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, HEARTBEAT_DIR, REQUEST_FILE, STOPPED_FILE
+from slurmtools.runtime import (COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, HEARTBEAT_DIR, REQUEST_FILE, SDC_FILE,
+                                STOPPED_FILE)
 
 TAIL_LINES = 300
 
@@ -124,7 +126,7 @@ def _remove(path: Path) -> None:
 def prepare_control_dir(control_dir: Path) -> None:
     """Markers and heartbeats belong to one attempt: clear the previous attempt's."""
     ensure_control_dir(control_dir)
-    for name in (REQUEST_FILE, STOPPED_FILE, COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE):
+    for name in (REQUEST_FILE, STOPPED_FILE, COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, SDC_FILE):
         _remove(control_dir / name)
     heartbeats = control_dir / HEARTBEAT_DIR
     if heartbeats.is_symlink() or (heartbeats.exists() and not heartbeats.is_dir()):
@@ -132,6 +134,20 @@ def prepare_control_dir(control_dir: Path) -> None:
     heartbeats.mkdir(exist_ok=True)
     for path in heartbeats.iterdir():
         _remove(path)
+
+
+def sdc_record(control_dir: Path) -> Optional[Tuple[Optional[str], str]]:
+    """(node to blame or None, detail) from the SDC canary's marker, when a well-formed one is there."""
+    if not marker(control_dir / SDC_FILE):
+        return None
+    try:
+        data = json.loads((control_dir / SDC_FILE).read_text()[:65536])
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("detail"), str):
+        return None
+    node = data.get("node")
+    return (node if isinstance(node, str) and node else None), data["detail"][:500]
 
 
 def marker(path: Path) -> bool:

@@ -223,6 +223,7 @@ def _evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: S
     control = config.control_dir
     beats = watchdog.read_heartbeats(control)
     last_step = max((beat.step for beat in beats), default=None)
+    corruption = step.sdc_record(control)
     collective = (observe.collective_laggard(attempt.recorder_dir, beats)
                   if not watch.killed_by_us and watch.exit_code else None)
     evidence = policy.Evidence(
@@ -242,6 +243,9 @@ def _evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: S
         node_states=_node_states(attempt.nodelist),
         dead_node=watch.dead_node,
         dead_detail=watch.dead_detail,
+        sdc_found=corruption is not None,
+        sdc_node=corruption[0] if corruption else None,
+        sdc_detail=corruption[1] if corruption else "",
         straggler_node=watch.straggler.node if watch.straggler else None,
         straggler_detail=watch.straggler.detail if watch.straggler else "",
     )

@@ -1,6 +1,7 @@
 """Recovery inside the allocation on the real mini-cluster: a crash restarts as a new step
 without a requeue; a killed node is replaced by a hot spare (drained, no requeue) or the job
-goes on with fewer nodes; a straggling node is swapped for the spare. Each keeps the uninterrupted run's exact final state where the
+goes on with fewer nodes; a straggling node, a rank that skips a collective and a rank computing
+wrong results are found, and their node swapped for the spare. Each keeps the uninterrupted run's exact final state where the
 world size is kept."""
 from __future__ import annotations
 
@@ -151,6 +152,25 @@ def test_e_a_rank_that_skips_a_collective_is_named_by_the_flight_recorder(cluste
     assert [(h["rank"], h["host"]) for h in hang] == [(3, "node2")]
     reason = slurm.nodes("node2")[0].reason
     assert reason.startswith("slurmtools: CRITICAL job.hang rank 3 on node2 never entered gloo:all_reduce #"), reason
+    starts = training.supervisor_events(evts, "start")
+    assert [_expand(s["nodes"]) for s in starts] == [["node1", "node2"], ["node1", "node3"]]
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+    assert training.leftover_trainers(job) == []
+
+
+def test_f_a_rank_computing_wrong_results_is_caught_by_the_canary_and_its_node_replaced(cluster, workdir,
+                                                                                         reference_run):
+    """From step 6 rank 3 (on node2) computes a wrong reference result (the test-only fault): the
+    canary at step 6 stops training before that state is sealed; node2 is drained, the spare
+    takes its place and the job resumes from step 4's checkpoint to the uninterrupted run's hash."""
+    spec = training.training_spec(workdir, "sdc", extra=["--sdc-fault", "3:6", "--sdc-check-every", "3"],
+                                  requeue={"spare_nodes": 1})
+    job, evts = _completed(spec, [("sdc", "restart"), ("completed", "complete")])
+    found = training.trainer_events(evts, "sdc")
+    assert [(e["step"], e["ranks"], e["node"]) for e in found] == [(6, [3], "node2")]
+    reason = slurm.nodes("node2")[0].reason
+    assert reason.startswith("slurmtools: CRITICAL job.sdc rank 3 on node2 disagree(s) with 3 of 4 ranks"), reason
+    assert training.trainer_events(evts, "resumed")[0]["step"] == 4
     starts = training.supervisor_events(evts, "start")
     assert [_expand(s["nodes"]) for s in starts] == [["node1", "node2"], ["node1", "node3"]]
     assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
