@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional
 
 
 def fsync_path(path: Path) -> None:
@@ -52,3 +53,22 @@ def json_lines(text: str) -> List[Dict[str, Any]]:
         if isinstance(value, dict):
             out.append(value)
     return out
+
+
+def read_small_regular(path: Path, max_bytes: int) -> Optional[bytes]:
+    """The bytes of a regular file of at most max_bytes; None for anything else (a directory, a
+    FIFO, a symlink, a larger file) or when it cannot be read. For files in the control dir,
+    which a job's own processes write."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = os.read(fd, max_bytes + 1)
+        return raw if len(raw) <= max_bytes else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -23,6 +23,30 @@ from slurmtools.runtime import TrainingControl
 from slurmtools.tiny_fsdp import TrainConfig, shutdown, train
 
 
+def _pair(form: str):
+    """argparse type of a fault flag in `form` (RANK:STEP or HOST:SECONDS): a bad value is a
+    one-line usage error, not a traceback inside the trainer."""
+    def check(text: str) -> str:
+        if not text:
+            return text          # the default: no fault
+        first, sep, rest = text.partition(":")
+        try:
+            if not (sep and first):
+                raise ValueError
+            if form == "RANK:STEP":
+                int(first), int(rest)
+            else:
+                float(rest)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {form}, got {text!r}") from None
+        return text
+    return check
+
+
+FAULT_FORMS = {"hang_at_step": "RANK:STEP", "skip_collective_at": "RANK:STEP", "sdc_fault": "RANK:STEP",
+               "slow_node": "HOST:SECONDS"}
+
+
 def parse_args(argv=None) -> TrainConfig:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     defaults = TrainConfig(checkpoint_dir=os.environ.get("SLURMTOOLS_CHECKPOINT_DIR"))
@@ -32,8 +56,7 @@ def parse_args(argv=None) -> TrainConfig:
         if isinstance(default, bool):
             ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
             continue
-        text = ("checkpoint_dir", "hang_at_step", "slow_node", "skip_collective_at", "sdc_fault")
-        kind = str if f.name in text else type(default)
+        kind = _pair(FAULT_FORMS[f.name]) if f.name in FAULT_FORMS else str if f.name == "checkpoint_dir" else type(default)
         ap.add_argument(flag, type=kind, default=default)
     return TrainConfig(**vars(ap.parse_args(argv)))
 

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from slurmtools.fsutil import write_json_atomic
+from slurmtools.runtime import FLIGHT_RECORDER_REQUEST_FILE
+
 MAX_DUMP_BYTES = 64 * 1024 * 1024
 _RANK_FILE = re.compile(r"^rank_(\d{1,7})$")
 
@@ -124,16 +127,18 @@ def collect(control_dir: Path, recorder_dir: Path, ranks: int, wait_s: float = D
             ) -> Dict[int, Dict[str, Any]]:
     """Ask every rank of the step for its dump (their keep-alive threads look once a second)
     and wait up to wait_s until `ranks` dumps are there; what is there then."""
-    from slurmtools.fsutil import write_json_atomic
-    from slurmtools.runtime import FLIGHT_RECORDER_REQUEST_FILE
-
     try:
         write_json_atomic(control_dir / FLIGHT_RECORDER_REQUEST_FILE, {"t": time.time()}, durable=False)
     except OSError:
         return read_dumps(recorder_dir)
     deadline = time.monotonic() + wait_s
-    dumps = read_dumps(recorder_dir)
-    while len(dumps) < ranks and time.monotonic() < deadline:
-        time.sleep(0.2)
-        dumps = read_dumps(recorder_dir)
-    return dumps
+    while _dump_files(recorder_dir) < ranks and time.monotonic() < deadline:
+        time.sleep(0.2)                  # count names while waiting; read the (large) dumps once
+    return read_dumps(recorder_dir)
+
+
+def _dump_files(directory: Path) -> int:
+    try:
+        return sum(1 for path in directory.iterdir() if _RANK_FILE.match(path.name))
+    except OSError:
+        return 0

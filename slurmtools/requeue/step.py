@@ -17,6 +17,7 @@ from typing import IO, Deque, List, Mapping, Optional, Sequence, Tuple
 
 from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError, UsageError
+from slurmtools.fsutil import read_small_regular
 from slurmtools.runtime import (COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, HEARTBEAT_DIR, REQUEST_FILE, SDC_FILE,
                                 STOPPED_FILE)
 
@@ -138,11 +139,10 @@ def prepare_control_dir(control_dir: Path) -> None:
 
 def sdc_record(control_dir: Path) -> Optional[Tuple[Optional[str], str]]:
     """(node to blame or None, detail) from the SDC canary's marker, when a well-formed one is there."""
-    if not marker(control_dir / SDC_FILE):
-        return None
+    raw = read_small_regular(control_dir / SDC_FILE, 65536)
     try:
-        data = json.loads((control_dir / SDC_FILE).read_text()[:65536])
-    except (OSError, ValueError):
+        data = json.loads(raw) if raw is not None else None
+    except ValueError:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("detail"), str):
         return None

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import stat
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from slurmtools.fsutil import read_small_regular
 from slurmtools.runtime import HEARTBEAT_DIR
 
 
@@ -94,23 +93,6 @@ def _is_time(value: Any, now_s: float) -> bool:
     return _is_number(value) and 0 < value <= now_s + FUTURE_TOLERANCE_S
 
 
-def _read_small_regular(path: Path) -> Optional[bytes]:
-    """The bytes of a small regular file; None for anything else (directory, FIFO, symlink, huge)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        raw = os.read(fd, MAX_HEARTBEAT_BYTES + 1)
-        return raw if len(raw) <= MAX_HEARTBEAT_BYTES else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def scan_heartbeats(control_dir: Path, now_s: Optional[float] = None, attempt_id: Optional[str] = None
                     ) -> Tuple[List[Beat], int]:
     """(valid heartbeats by rank, number of invalid entries). An invalid one is no evidence:
@@ -127,7 +109,7 @@ def scan_heartbeats(control_dir: Path, now_s: Optional[float] = None, attempt_id
     for path in entries:
         if not path.name.endswith(".json"):
             continue
-        raw = _read_small_regular(path)
+        raw = read_small_regular(path, MAX_HEARTBEAT_BYTES)
         beat = None
         if raw is not None:
             try:

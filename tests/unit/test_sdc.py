@@ -91,3 +91,12 @@ def test_real_ranks_stop_before_sealing_the_corrupted_state_and_name_the_rank(tm
     record = json.loads((control / SDC_FILE).read_text())
     assert (record["step"], record["ranks"], record["node"]) == (3, [2], socket.gethostname())
     assert CheckpointManager(tmp_path / "ckpt").latest().step == 2          # step 3's state never sealed
+
+
+@pytest.mark.parametrize("flag,value,form", [("--sdc-fault", "3", "RANK:STEP"), ("--skip-collective-at", "a:6", "RANK:STEP"),
+                                             ("--slow-node", "node2:x", "HOST:SECONDS")])
+def test_a_malformed_fault_flag_of_the_example_trainer_is_a_one_line_usage_error(flag, value, form):
+    train = Path(__file__).resolve().parents[2] / "examples" / "tiny_fsdp" / "train.py"
+    out = subprocess.run([sys.executable, str(train), flag, value], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == f"train.py: error: argument {flag}: expected {form}, got {value!r}"
