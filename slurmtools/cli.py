@@ -55,6 +55,10 @@ def cmd_minicluster(args: argparse.Namespace) -> int:
     else:
         if args.node not in layout.node_names:
             raise UsageError(f"unknown node {args.node!r}; cluster {name} has {layout.nodelist}")
+        if args.action == "degrade":
+            done = cluster.degrade_node(layout, args.node, rate_mbit=args.rate_mbit, cpu_percent=args.cpu_percent)
+            print(f"degrade: {args.node}: {', '.join(done)}")
+            return 0
         actions = {"kill": cluster.kill_node, "partition": cluster.partition_node,
                    "heal": cluster.heal_node, "restart": cluster.restart_node}
         actions[args.action](layout, args.node)
@@ -93,10 +97,16 @@ def _add_minicluster(sub: Any) -> None:
     acts.add_parser("list", help="the named clusters on this machine")
     acts.add_parser("restart-controller", help="stop and start slurmctld (clients ride through)")
     for name, what in (("kill", "kill the node: its slurmd and every process in its namespace"),
-                       ("partition", "take the node's link down"), ("heal", "bring the node's link back up"),
-                       ("restart", "restart the node's slurmd")):
+                       ("partition", "take the node's link down"),
+                       ("heal", "undo partition and degrade: link up, no rate limit, no CPU quota"),
+                       ("restart", "restart the node's slurmd"),
+                       ("degrade", "slow the node down: its link (tc tbf, both ways) and/or its CPU (cgroup quota)")):
         action_parser = acts.add_parser(name, help=what)
         action_parser.add_argument("node")
+        if name == "degrade":
+            action_parser.add_argument("--rate-mbit", type=int, help="link rate in Mbit/s, each way")
+            action_parser.add_argument("--cpu-percent", type=int, help="CPU time of the node's processes, in "
+                                                                       "percent of one core")
     parser.set_defaults(func=cmd_minicluster)
 
 
@@ -181,7 +191,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = supervisor.SupervisorConfig(
         requeue=flags.from_args(args),
         control_dir=Path(args.control_dir) if args.control_dir else default_control_dir(os.environ),
-        checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None)
+        checkpoint_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None,
+        preflight=flags.preflight_from_args(args))
     return supervisor.run(config, argv)
 
 

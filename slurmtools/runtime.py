@@ -56,6 +56,7 @@ FLIGHT_RECORDER_REQUEST_FILE = "flight-recorder-request"
 REQUEST_FILE = "checkpoint-request"
 COMPLETE_FILE = "complete"
 SDC_FILE = "silent-data-corruption"     # rank 0: the canary's verdict (slurmtools.sdc)
+PREFLIGHT_REPORT_FILE = "preflight.json"  # rank 0 of the preflight step: its report (slurmtools.preflight)
 SDC_CHECK_EVERY_ENV = "SLURMTOOLS_SDC_CHECK_EVERY"   # the spec's distributed.sdc_check_every
 STOPPED_FILE = "stopped-for-requeue"
 # signals a trainer turns into a checkpoint request: Slurm ending or requeueing the job

@@ -140,7 +140,8 @@ def launch_argv(spec: JobSpec) -> List[str]:
 
 
 def supervisor_argv(spec: JobSpec, slurmtools_cmd: Sequence[str]) -> List[str]:
-    argv = [*(q(part) for part in slurmtools_cmd), "run", *(q(arg) for arg in requeue_flags.render(spec.requeue))]
+    argv = [*(q(part) for part in slurmtools_cmd), "run", *(q(arg) for arg in requeue_flags.render(spec.requeue)),
+            *(q(arg) for arg in requeue_flags.render_preflight(spec))]
     if spec.checkpoint_dir:
         argv.append(f"--checkpoint-dir={q(spec.checkpoint_dir)}")
     # per-job control dir (heartbeats, requests, ledger) on the shared filesystem, kept across requeues

@@ -142,6 +142,18 @@ class JobSpec:
     network: NetworkSpec = doc("Interconnect preset.", default_factory=NetworkSpec)
     distributed: DistributedSpec = doc("torch.distributed settings.", default_factory=DistributedSpec)
     requeue: RequeueSpec = doc("Auto-requeue behaviour.", default_factory=RequeueSpec)
+    preflight: Optional[bool] = doc("Check every node of the allocation before training (`slurmtools preflight`: "
+                                    "compute canary, device throughput, all-reduce bandwidth pairwise); a node "
+                                    "it names is drained and replaced by a spare, or the job requeues without "
+                                    "it. Default: on for multi-node jobs.", None)
+    preflight_budget_s: int = doc("Seconds the preflight may take; past them it is stopped and training starts "
+                                  "(reported, never blocking).", 300, min=30, max=86400)
+    preflight_slow_factor: float = doc("A device this many times slower than the job's median device, or a node "
+                                       "whose best link is this many times below the median node's, is named.",
+                                       2.0, min=1.01, max=100.0)
+    preflight_min_busbw_gbps: Optional[float] = doc("Floor for the all-reduce bus bandwidth in Gb/s (every pair "
+                                                    "and the whole ring); default: relative to the median node "
+                                                    "only.", None, min=0.0, max=1e6)
 
     def __post_init__(self) -> None:
         check_limits(self, ())
@@ -169,6 +181,10 @@ class JobSpec:
     def recovers_in_place(self) -> bool:
         """A node can be lost without losing the allocation (sbatch --no-kill): spares, or fewer nodes allowed."""
         return self.requeue.spare_nodes > 0 or 0 < self.requeue.min_nodes < self.nodes
+
+    @property
+    def preflight_enabled(self) -> bool:
+        return self.preflight if self.preflight is not None else self.allocated_nodes > 1
 
     @property
     def world_size(self) -> int:

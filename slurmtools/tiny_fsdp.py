@@ -27,6 +27,7 @@ from torch.distributed.fsdp import fully_shard
 
 from slurmtools import checkpoint_torch, sdc
 from slurmtools.checkpoint import CheckpointManager
+from slurmtools.preflight import canary as preflight_canary
 from slurmtools.runtime import SDC_CHECK_EVERY_ENV, TrainingControl, agree, attempt_number
 
 
@@ -234,6 +235,10 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
             if slower_s:
                 time.sleep(slower_s)
     sdc_rank, _, sdc_from = cfg.sdc_fault.partition(":") if faults else ("", "", "")
+    # the test-only wrong-results node (preflight.canary's setting): its first rank, from a step on
+    node_fault_from = preflight_canary.fault_from_step(os.environ, socket.gethostname())
+    if node_fault_from is not None and int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        sdc_rank, sdc_from = str(rank), str(node_fault_from)
     sdc_every = cfg.sdc_check_every if cfg.sdc_check_every >= 0 else int(os.environ.get(SDC_CHECK_EVERY_ENV) or 0)
     control.install_signal_handlers()
     step = start

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from slurmtools import slurm
 from slurmtools.errors import MiniClusterError, SlurmCommandError, UsageError
-from slurmtools.minicluster import daemons, netns
+from slurmtools.minicluster import daemons, degrade, netns
 from slurmtools.minicluster import record as record_mod
 from slurmtools.minicluster.record import (ETC_SLURM_CONF, allocate_slot, find_layout, held_by_others,
                                            layout_from_record, load_record, registered, save_record)
@@ -218,6 +218,7 @@ def down(layout: MiniClusterLayout, *, purge: bool = False) -> None:
         daemons.stop_pid(pid if pid else pids.get(name))
     for node in layout.node_names:
         kill_namespace(layout, node)
+        degrade.restore(layout, node)
     daemons.stop_pid(pids.get("mariadbd") or daemons.read_pidfile(layout.run_dir / "mysqld" / "mysqld.pid"), 60)
     daemons.stop_pid(pids.get("munged") or daemons.read_pidfile(layout.munge_dir / "munged.pid"))
     netns.net_down(layout)
@@ -257,8 +258,16 @@ def partition_node(layout: MiniClusterLayout, node: str) -> None:
 
 
 def heal_node(layout: MiniClusterLayout, node: str) -> None:
+    """Undo partition and degrade: the link up, no rate limit, no CPU quota."""
     require_root()
     netns.set_link(layout, node, up=True)
+    degrade.restore(layout, node)
+
+
+def degrade_node(layout: MiniClusterLayout, node: str, *, rate_mbit: Optional[int] = None,
+                 cpu_percent: Optional[int] = None) -> List[str]:
+    require_root()
+    return degrade.degrade(layout, node, rate_mbit=rate_mbit, cpu_percent=cpu_percent)
 
 
 def restart_controller(layout: MiniClusterLayout) -> None:

@@ -31,7 +31,7 @@ def emit(event: str, attempt_id: str, **fields: object) -> None:
 
 
 def drain_node(job_id: Optional[int], attempt_id: str, node: str, diag: policy.Diagnosis) -> None:
-    reason = drain.DrainReason("CRITICAL", f"job.{diag.cause.value}", diag.detail, str(job_id))
+    reason = drain.DrainReason("CRITICAL", diag.check or f"job.{diag.cause.value}", diag.detail, str(job_id))
     try:
         drained = drain.drain(node, reason)
         emit("drain", attempt_id, node=node, reason=reason.render(), applied=drained)

@@ -64,8 +64,21 @@ class NodeSlowdown:
     action: str = ""                         # with a straggler: "swap" (a spare is left) or "report"
 
 
-Event = Union[AttemptStart, AttemptEnd, NodeSlowdown]
-_KINDS: Dict[str, Any] = {cls.KIND: cls for cls in (AttemptStart, AttemptEnd, NodeSlowdown)}
+@dataclass(frozen=True)
+class PreflightCheck:
+    """The check of an allocation's nodes before its first training step."""
+    KIND: ClassVar[str] = "preflight"
+    attempt_id: str
+    time_s: float
+    status: str                              # passed | failed | error | skipped
+    nodes: str = ""
+    wall_s: float = 0.0
+    named: Dict[str, str] = dataclasses.field(default_factory=dict)   # node -> check and measurements
+    detail: str = ""
+
+
+Event = Union[AttemptStart, AttemptEnd, NodeSlowdown, PreflightCheck]
+_KINDS: Dict[str, Any] = {cls.KIND: cls for cls in (AttemptStart, AttemptEnd, NodeSlowdown, PreflightCheck)}
 
 
 def append(control_dir: Path, event: Event) -> None:
@@ -111,7 +124,7 @@ def parse(record: Dict[str, Any]) -> Optional[Event]:
             if not _valid(hints[field.name], record[field.name]):
                 return None
             values[field.name] = record[field.name]
-        elif field.default is dataclasses.MISSING:
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             return None
     event: Event = cls(**values)
     if isinstance(event, AttemptEnd) and event.cause not in _CAUSES:

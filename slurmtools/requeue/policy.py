@@ -5,7 +5,7 @@ No I/O, no clock: every row is a table-driven unit test. The matrix (README, sec
 completed -> done; warning / preemption / a person's requeue -> requeue, not counted;
 a failure no node is blamed for (crash after progress, collective timeout, unattributed hang,
 OOM when allowed) -> restart in the allocation (a new step, no queue wait); a blamed node
-(node death, fatal XID, hung rank, silent data corruption) -> restart without it on a spare or on fewer nodes when the
+(node death, fatal XID, hung rank, silent data corruption, a node preflight named) -> restart without it on a spare or on fewer nodes when the
 allocation allows, else requeue excluding it (and drain it when the evidence is strong); a
 straggler the supervisor checkpointed away from -> the same, drained, not counted;
 user error before progress -> stop; OOM -> stop unless allowed; budget spent, same failure N
@@ -36,6 +36,7 @@ class Cause(str, Enum):
     CANCELLED = "cancelled"
     STRAGGLER = "straggler"              # checkpointed away from a persistently slow node
     SDC = "sdc"                          # the canary found ranks computing wrong results
+    PREFLIGHT = "preflight"              # the check before training named a node (wrong, slow, slow link)
 
 
 class Action(str, Enum):
@@ -70,6 +71,9 @@ class Evidence:
     sdc_detail: str = ""
     straggler_node: Optional[str] = None     # the supervisor asked for a checkpoint to swap it out
     straggler_detail: str = ""
+    preflight_node: Optional[str] = None     # the preflight before training named it
+    preflight_check: str = ""                # e.g. preflight.busbw
+    preflight_detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,7 @@ class Diagnosis:
     node: Optional[str] = None       # attributed node, when known
     detail: str = ""
     fatal_for_node: bool = False     # evidence strong enough to drain the node
+    check: str = ""                  # the drain reason's check (default: job.<cause>)
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,9 @@ def classify(evidence: Evidence) -> Diagnosis:
     ev = evidence
     down = sorted(node for node, state in ev.node_states.items() if state in ("down", "fail", "failing"))
     node_fail = _NODE_FAIL.search(ev.log_tail)
+    if ev.preflight_node:
+        return Diagnosis(Cause.PREFLIGHT, node=ev.preflight_node, detail=ev.preflight_detail,
+                         fatal_for_node=True, check=ev.preflight_check)
     if ev.complete_marker:
         # training finished and its final checkpoint is committed; a non-zero exit here comes
         # from teardown (e.g. a rendezvous shutdown race), not from training
@@ -220,7 +228,7 @@ def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: RequeueSpe
                        f"(stuck at step {checkpoint_step})", counted=True)
     backoff = limits.backoff_s * (2 ** (same - 1))
     node = diag.node if diag.cause in (Cause.NODE_FAILURE, Cause.COLLECTIVE_TIMEOUT, Cause.HANG,
-                                       Cause.GPU_FATAL, Cause.SDC) else None
+                                       Cause.GPU_FATAL, Cause.SDC, Cause.PREFLIGHT) else None
     # Slurm marks a node it saw fail down itself; a node we found dead first is drained by us
     drain = node if diag.fatal_for_node else None
     reason = f"{diag.cause.value} ({diag.detail})"

@@ -23,6 +23,8 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 from slurmtools import slurm
 from slurmtools.checkpoint import Checkpoint, CheckpointManager
 from slurmtools.errors import SlurmCommandError
+from slurmtools.preflight import launch as preflight
+from slurmtools.preflight.judge import Settings as PreflightSettings
 from slurmtools.requeue import actions, ledger, nodecheck, observe, policy, step, straggler, watchdog
 from slurmtools.requeue.actions import Run, emit
 from slurmtools.requeue.topology import step_argv, topology_of
@@ -45,6 +47,7 @@ class SupervisorConfig:
     checkpoint_dir: Optional[Path] = None
     poll_s: float = 0.5
     stop_timeout_s: float = 8.0
+    preflight: Optional[PreflightSettings] = None     # check the allocation before the first step
 
 
 @dataclass(frozen=True)
@@ -354,6 +357,14 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
         # would not fit beside the dead step's; without it the step shares the job's memory
         for name in OVERLAP_DROPPED_ENV:
             child_env.pop(name, None)
+    if attempt.seq == 0 and config.preflight is not None and attempt.job_id is not None:
+        blamed = _preflight(config, attempt, this_run, argv, child_env)
+        if blamed is not None:
+            evidence, in_place = blamed
+            capacity = (_capacity(attempt, this_run, this_run.topology.allocation, flags) if in_place
+                        else policy.Capacity())
+            diag, verdict, checkpoint_step = _decide(config, attempt, evidence, [], events, manager, None, capacity)
+            return diag, verdict, checkpoint_step, events
     start_t = time.time()
     try:
         launched = step.launch(step_argv(argv, nodes, overlap=bool(this_run.lost)), child_env)
@@ -382,3 +393,18 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
     return diag, verdict, checkpoint_step, events
 
 
+
+
+def _preflight(config: SupervisorConfig, attempt: Attempt, this_run: Run, argv: Sequence[str],
+               env: Dict[str, str]) -> "Optional[tuple[policy.Evidence, bool]]":
+    """Check every node of the allocation (spares too) before training; the evidence against a
+    node it named, and whether the run can go on here without the named nodes."""
+    assert config.preflight is not None
+    checked = [node for node in this_run.topology.allocation if node not in this_run.lost]
+    outcome = preflight.run(argv, checked, env, config.control_dir, config.preflight, attempt.attempt_id,
+                            config.stop_timeout_s)
+    ledger.append(config.control_dir, ledger.PreflightCheck(
+        attempt.attempt_id, time.time(), outcome.status, ",".join(checked), outcome.wall_s,
+        {node: f"preflight.{finding.test} {finding.words()}" for node, finding in outcome.named.items()},
+        outcome.detail))
+    return preflight.blame(outcome, this_run, attempt.job_id, attempt.attempt_id)
