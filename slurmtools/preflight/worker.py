@@ -88,9 +88,10 @@ def check(settings: judge.Settings, environ: Dict[str, str], size_bytes: int = L
     try:
         kind = "cuda" if backend == "nccl" else "cpu"
         shape = canary.SHAPES[kind]
-        fault = canary.faulty_here(environ, host)
+        fault = canary.fault_from_step(environ, host) == 0 and local_rank == 0
         dist.barrier()                  # the devices start their canaries together
-        mine = [canary.run_on(device, shape, fault=fault, rank=rank) for device in devices]
+        mine = [canary.run_on(device, shape, fault=fault and index == 0, rank=rank)
+                for index, device in enumerate(devices)]
         gathered: List[Any] = [None] * world
         dist.all_gather_object(gathered, (host, mine))
         results = [result for _, batch in gathered for result in batch]
