@@ -37,9 +37,10 @@ from typing import Any, Dict, List, Optional, Union
 
 from slurmtools import sbatch, slurm
 from slurmtools.errors import SlurmCommandError, SpecError, UsageError
+from slurmtools.preflight import inprocess
 from slurmtools.requeue import ledger
 from slurmtools.runtime import (ATTEMPT_ID_ENV, CHECKPOINT_DIR_ENV, CHECKPOINT_GRACE_ENV, COLLECTIVE_TIMEOUT_ENV,
-                                LOCAL_JOB_ID, TrainingControl, attempt_of, control_dir_for)
+                                LOCAL_JOB_ID, PREFLIGHT_ENV, TrainingControl, attempt_of, control_dir_for)
 from slurmtools.spec import JobSpec, load_spec, spec_from_dict
 
 SpecLike = Union[JobSpec, Dict[str, Any], str, Path]
@@ -89,6 +90,9 @@ def executor_parameters(spec: JobSpec) -> Dict[str, Any]:
     """submitit parameters for a spec (pure): one task per training process, Slurm options, env."""
     refuse_unhonoured(spec)
     exports = sbatch.environment(spec) + [(CHECKPOINT_GRACE_ENV, str(spec.requeue.checkpoint_grace_s))]
+    preflight_settings = inprocess.env_value(spec)
+    if preflight_settings is not None:
+        exports.append((PREFLIGHT_ENV, preflight_settings))
     params: Dict[str, Any] = {
         "name": spec.name, "nodes": spec.nodes, "tasks_per_node": spec.procs_per_node,
         "timeout_min": spec.time_limit_min or DEFAULT_TIME_LIMIT_MIN,
@@ -180,6 +184,8 @@ class CheckpointableTrainer(_Checkpointable):
         os.environ[ATTEMPT_ID_ENV] = attempt_id
         self.checkpoint_dir = self.checkpoint_dir or os.environ.get(CHECKPOINT_DIR_ENV) or None
         control_dir = control_dir_for(self.checkpoint_dir, "", job_id) if self.checkpoint_dir else None
+        if not inprocess.before_training(os.environ, env.rank, job_id, attempt_id, control_dir):
+            _wait_to_be_ended()         # requeued without the nodes preflight named
         backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         timeout_s = int(os.environ.get(COLLECTIVE_TIMEOUT_ENV, "1800"))
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))

@@ -58,6 +58,7 @@ COMPLETE_FILE = "complete"
 SDC_FILE = "silent-data-corruption"     # rank 0: the canary's verdict (slurmtools.sdc)
 PREFLIGHT_REPORT_FILE = "preflight.json"  # rank 0 of the preflight step: its report (slurmtools.preflight)
 SDC_CHECK_EVERY_ENV = "SLURMTOOLS_SDC_CHECK_EVERY"   # the spec's distributed.sdc_check_every
+PREFLIGHT_ENV = "SLURMTOOLS_PREFLIGHT"   # notebook path: the spec's preflight settings (JSON); unset: off
 STOPPED_FILE = "stopped-for-requeue"
 # signals a trainer turns into a checkpoint request: Slurm ending or requeueing the job
 # (SIGTERM, also forwarded by torchrun) and the time-limit / preemption warning (USR1/USR2)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurmtools.preflight.judge import Finding, Settings, named
-from slurmtools.requeue import actions, policy, step
+from slurmtools.requeue import actions, ledger, policy, step
 from slurmtools.requeue.actions import emit
 from slurmtools.requeue.topology import step_argv
 from slurmtools.runtime import PREFLIGHT_REPORT_FILE
@@ -110,15 +110,27 @@ def run(train_argv: Sequence[str], nodes: Sequence[str], env: Mapping[str, str],
         outcome = Outcome("error", why, wall_s=wall_s)
         emit("preflight", attempt_id, status="error", detail=why, wall_s=wall_s)
         return outcome
+    return announce(report, attempt_id, wall_s)
+
+
+def announce(report: Mapping[str, Any], attempt_id: str, wall_s: float) -> Outcome:
+    """The report as JSON lines in the job's output: one per measurement, then the verdict."""
     for result in report.get("canary", []):
         emit("preflight_canary", attempt_id, **result)
     for link in ([report["ring"]] if report.get("ring") else []) + report.get("pairs", []):
         emit("preflight_link", attempt_id, **link)
     findings = findings_of(report)
-    outcome = Outcome("failed" if findings else "passed", findings=findings, report=report, wall_s=wall_s)
+    outcome = Outcome("failed" if findings else "passed", findings=findings, report=dict(report), wall_s=wall_s)
     emit("preflight", attempt_id, status=outcome.status, wall_s=wall_s, rounds=report.get("rounds"),
          findings=[finding.to_json() for finding in findings], named=sorted(outcome.named))
     return outcome
+
+
+def ledger_event(outcome: Outcome, attempt_id: str, nodes: Sequence[str]) -> "ledger.PreflightCheck":
+    return ledger.PreflightCheck(
+        attempt_id, time.time(), outcome.status, ",".join(nodes), outcome.wall_s,
+        {node: f"preflight.{finding.test} {finding.words()}" for node, finding in outcome.named.items()},
+        outcome.detail)
 
 
 def blame(outcome: Outcome, this_run: "actions.Run", job_id: Optional[int], attempt_id: str

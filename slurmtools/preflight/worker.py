@@ -16,7 +16,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurmtools.fsutil import write_json_atomic
 from slurmtools.preflight import canary, judge
@@ -64,8 +64,8 @@ def measure_link(group: Any, members: Sequence[int], device: str, size_bytes: in
     return busbw, statistics.median(times) * 1e6
 
 
-def check(settings: judge.Settings, environ: Dict[str, str], size_bytes: int = LINK_BYTES) -> Optional[Dict[str, Any]]:
-    """Run the whole preflight in this rank; rank 0 gets the report, the others None."""
+def check(settings: judge.Settings, environ: Mapping[str, str], size_bytes: int = LINK_BYTES) -> Dict[str, Any]:
+    """Run the whole preflight in this rank; every rank returns the same report."""
     import torch
     import torch.distributed as dist
 
@@ -106,11 +106,10 @@ def check(settings: judge.Settings, environ: Dict[str, str], size_bytes: int = L
         rounds = judge.pair_rounds(nodes)
         for pair_round in rounds if len(nodes) >= 3 or settings.min_busbw_gbps is not None else []:
             pairs += _round(rank, [tuple(pair) for pair in pair_round], leaders, devices[0], size_bytes, world)
-        if rank != 0:
-            return None
         findings = (judge.judge_canary(results, shape.size, shape.chain, canary.DTYPE)
                     + judge.judge_throughput(results, settings.slow_factor)
                     + judge.judge_links(nodes, pairs, ring, settings))
+        # every rank has the same inputs, hence the same report
         return {"nodes": nodes, "backend": backend, "canary": [result.to_json() for result in results],
                 "ring": ring.to_json() if ring else None, "pairs": [pair.to_json() for pair in pairs],
                 "rounds": len(rounds), "findings": [finding.to_json() for finding in findings],
@@ -147,8 +146,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--min-busbw-gbps", type=float, default=None)
     args = parser.parse_args(argv)
     settings = judge.Settings(args.budget_s, args.slow_factor, args.min_busbw_gbps)
-    report = check(settings, dict(os.environ))
-    if report is not None:
+    report = check(settings, os.environ)
+    if int(os.environ["SLURM_PROCID"]) == 0:
         write_json_atomic(Path(args.report), report)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -403,8 +403,5 @@ def _preflight(config: SupervisorConfig, attempt: Attempt, this_run: Run, argv: 
     checked = [node for node in this_run.topology.allocation if node not in this_run.lost]
     outcome = preflight.run(argv, checked, env, config.control_dir, config.preflight, attempt.attempt_id,
                             config.stop_timeout_s)
-    ledger.append(config.control_dir, ledger.PreflightCheck(
-        attempt.attempt_id, time.time(), outcome.status, ",".join(checked), outcome.wall_s,
-        {node: f"preflight.{finding.test} {finding.words()}" for node, finding in outcome.named.items()},
-        outcome.detail))
+    ledger.append(config.control_dir, preflight.ledger_event(outcome, attempt.attempt_id, checked))
     return preflight.blame(outcome, this_run, attempt.job_id, attempt.attempt_id)
