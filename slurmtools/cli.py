@@ -392,7 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_ADDERS = [_add_minicluster, _add_jobs, _add_health]
+def _add_preflight(sub: Any) -> None:
+    from slurmtools.preflight.command import add_preflight
+    add_preflight(sub)
+
+
+_ADDERS = [_add_minicluster, _add_jobs, _add_health, _add_preflight]
 
 
 def main(argv: Optional[List[str]] = None) -> int:

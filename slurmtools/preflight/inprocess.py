@@ -22,9 +22,8 @@ from slurmtools.preflight.judge import Settings, named
 from slurmtools.requeue import actions, ledger, policy
 from slurmtools.requeue.actions import emit
 from slurmtools.runtime import PREFLIGHT_ENV
+from slurmtools.sbatch import RDZV_PORT_BASE, RDZV_PORT_SPAN
 from slurmtools.spec import JobSpec, RequeueSpec
-
-RDZV_PORT_BASE, RDZV_PORT_SPAN = 20000, 12000       # sbatch.master_port_expr's range
 
 
 def env_value(spec: JobSpec) -> Optional[str]:

@@ -101,9 +101,10 @@ def judge_canary(results: Sequence[CanaryResult], size: int, chain: int, dtype: 
                                         f"rank {member.rank} {member.device} ({kind}) misses the float64 "
                                         f"reference"))
         elif off or len(counts) > 1:
-            findings.append(Finding("canary", None, f"{len(counts)}-checksums", "one-checksum",
-                                    f"{kind}: devices disagree and no single one is to blame"
-                                    + (" (all miss the float64 reference)" if off else "")))
+            what = (f"all {len(members)} devices agree but miss the float64 reference" if len(counts) == 1
+                    else "devices disagree and no single one is to blame"
+                    + (" (all miss the float64 reference)" if off else ""))
+            findings.append(Finding("canary", None, f"{len(counts)}-checksums", "one-checksum", f"{kind}: {what}"))
     return findings
 
 

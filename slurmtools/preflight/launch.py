@@ -158,3 +158,15 @@ def blame(outcome: Outcome, this_run: "actions.Run", job_id: Optional[int], atte
 def diagnosis(finding: Finding) -> "policy.Diagnosis":
     return policy.Diagnosis(policy.Cause.PREFLIGHT, node=finding.node, detail=finding.words(), fatal_for_node=True,
                             check=f"preflight.{finding.test}")
+
+
+def check_allocation(train_argv: Sequence[str], this_run: "actions.Run", env: Mapping[str, str], control_dir: Path,
+                     settings: Settings, attempt_id: str, job_id: Optional[int], stop_timeout_s: float
+                     ) -> "Optional[Tuple[policy.Evidence, bool]]":
+    """The supervisor's preflight: every node of the allocation (spares too) before training,
+    recorded in the ledger; the evidence against a node it named, and whether the run can go
+    on in this allocation without the named nodes."""
+    checked = [node for node in this_run.topology.allocation if node not in this_run.lost]
+    outcome = run(train_argv, checked, env, control_dir, settings, attempt_id, stop_timeout_s)
+    ledger.append(control_dir, ledger_event(outcome, attempt_id, checked))
+    return blame(outcome, this_run, job_id, attempt_id)

@@ -67,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add(parser, RequeueSpec, None)
     parser.add_argument("--preflight", dest="preflight", action=argparse.BooleanOptionalAction, default=False,
                         help="check the allocation's nodes before the first training step")
+    add_preflight_arguments(parser)
+
+
+def add_preflight_arguments(parser: argparse.ArgumentParser) -> None:
     _add(parser, JobSpec, PREFLIGHT_FIELDS)
 
 

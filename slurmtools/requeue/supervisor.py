@@ -358,7 +358,8 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
         for name in OVERLAP_DROPPED_ENV:
             child_env.pop(name, None)
     if attempt.seq == 0 and config.preflight is not None and attempt.job_id is not None:
-        blamed = _preflight(config, attempt, this_run, argv, child_env)
+        blamed = preflight.check_allocation(argv, this_run, child_env, config.control_dir, config.preflight,
+                                            attempt.attempt_id, attempt.job_id, config.stop_timeout_s)
         if blamed is not None:
             evidence, in_place = blamed
             capacity = (_capacity(attempt, this_run, this_run.topology.allocation, flags) if in_place
@@ -394,14 +395,3 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
 
 
 
-
-def _preflight(config: SupervisorConfig, attempt: Attempt, this_run: Run, argv: Sequence[str],
-               env: Dict[str, str]) -> "Optional[tuple[policy.Evidence, bool]]":
-    """Check every node of the allocation (spares too) before training; the evidence against a
-    node it named, and whether the run can go on here without the named nodes."""
-    assert config.preflight is not None
-    checked = [node for node in this_run.topology.allocation if node not in this_run.lost]
-    outcome = preflight.run(argv, checked, env, config.control_dir, config.preflight, attempt.attempt_id,
-                            config.stop_timeout_s)
-    ledger.append(config.control_dir, preflight.ledger_event(outcome, attempt.attempt_id, checked))
-    return preflight.blame(outcome, this_run, attempt.job_id, attempt.attempt_id)
