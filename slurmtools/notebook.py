@@ -184,6 +184,10 @@ class CheckpointableTrainer(_Checkpointable):
         os.environ[ATTEMPT_ID_ENV] = attempt_id
         self.checkpoint_dir = self.checkpoint_dir or os.environ.get(CHECKPOINT_DIR_ENV) or None
         control_dir = control_dir_for(self.checkpoint_dir, "", job_id) if self.checkpoint_dir else None
+        if env.rank == 0 and control_dir is not None:
+            ledger.append(control_dir, ledger.AttemptStart(attempt_id, time.time(), restart,
+                                                           os.environ.get("SLURM_JOB_NODELIST", ""),
+                                                           _latest_step(self.checkpoint_dir)))
         if not inprocess.before_training(os.environ, env.rank, job_id, attempt_id, control_dir):
             _wait_to_be_ended()         # requeued without the nodes preflight named
         backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -193,10 +197,6 @@ class CheckpointableTrainer(_Checkpointable):
             torch.cuda.set_device(env.local_rank)
         control = TrainingControl(control_dir=control_dir, rank=env.rank)
         control.install_signal_handlers()   # replaces submitit's handlers in every rank; unblocks the warning
-        if env.rank == 0 and control_dir is not None:
-            ledger.append(control_dir, ledger.AttemptStart(attempt_id, time.time(), restart,
-                                                           os.environ.get("SLURM_JOB_NODELIST", ""),
-                                                           _latest_step(self.checkpoint_dir)))
         finished = threading.Event()
         if env.rank == 0:
             _start_grace_timer(control, job_id, finished)

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import notebook, slurm
+from slurmtools import drain, notebook, slurm
 from slurmtools.errors import SpecError
+from slurmtools.preflight.canary import CANARY_FAULT_ENV
 from slurmtools.requeue import ledger
 from slurmtools.runtime import control_dir_for
 from tests.cluster import training
@@ -101,3 +102,29 @@ def test_time_limit_warning_checkpoints_requeues_and_completes(cluster, shared_t
     stops = [e["step"] for e in evts if e.get("event") == "stopped_for_requeue"]
     resumes = [e["step"] for e in evts if e.get("event") == "resumed"]
     assert resumes[:len(stops)] == stops
+
+
+def test_preflight_in_the_tasks_names_a_wrong_node_and_requeues_without_it(cluster, shared_tmp, reference_run,
+                                                                           monkeypatch):
+    """node2's first device computes a wrong canary: rank 0 drains node2 and requeues the job
+    without it; the next allocation passes preflight and trains to the reference state."""
+    training.settle()
+    monkeypatch.setenv(CANARY_FAULT_ENV, "node2")
+    try:
+        ex = notebook.executor(spec(shared_tmp), folder=shared_tmp / "sub" / "%j")
+        job = ex.submit(job_for())
+        results = job.results()
+        assert results[0]["state_sha256"] == reference_run["hash"]
+        assert results[0]["attempt_id"] == f"{job.job_id}.1"
+        verdicts = [e for e in stdout_events(job) if e.get("slurmtools") == "preflight"]
+        assert [(v["status"], v["named"]) for v in verdicts] == [("failed", ["node2"]), ("passed", [])]
+        reason = slurm.nodes("node2")[0].reason
+        assert reason.startswith("slurmtools: CRITICAL preflight.canary node=node2 measured=sha256:"), reason
+        events = ledger.read(control_dir(shared_tmp, job))
+        assert [(e.cause, e.action, e.node) for e in events if isinstance(e, ledger.AttemptEnd)] == [
+            ("preflight", "requeue", "node2"), ("completed", None, None)]
+        assert [e.status for e in events if isinstance(e, ledger.PreflightCheck)] == ["failed", "passed"]
+    finally:
+        for node in slurm.nodes():
+            if node.drained and drain.is_ours(node.reason):
+                drain.resume(node.name)

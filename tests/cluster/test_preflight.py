@@ -97,3 +97,23 @@ def test_d_the_same_node_going_wrong_mid_run_is_caught_by_the_training_canary(cl
     assert [(e["step"], e["node"]) for e in training.trainer_events(evts, "sdc")] == [(6, "node2")]
     assert training.trainer_events(evts, "resumed")[0]["step"] == 4
     assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+
+
+def test_e_without_a_spare_the_job_requeues_without_the_named_node(cluster, workdir, reference_run, monkeypatch):
+    """Two nodes and no spare: node2's canary misses the float64 reference (two devices have no
+    majority), so it is named; the job requeues excluding it and trains on node1 and node3."""
+    monkeypatch.setenv(CANARY_FAULT_ENV, "node2")
+    spec = training.training_spec(workdir, "pf-requeue")
+    job = training.submit(spec)
+    info = training.wait_finished(job, 300)
+    evts = training.events(spec, job)
+    assert info.state == "COMPLETED", training.describe(spec, job)
+    assert [(v["status"], v["named"]) for v in training.supervisor_events(evts, "preflight")] == [
+        ("failed", ["node2"]), ("passed", [])]
+    assert [(d["cause"], d["action"], d["node"]) for d in training.supervisor_events(evts, "decision")] == [
+        ("preflight", "requeue", "node2"), ("completed", "complete", None)]
+    assert "node2" in slurm.show_job(job)["ExcNodeList"]
+    assert slurm.nodes("node2")[0].reason.startswith("slurmtools: CRITICAL preflight.canary node=node2 ")
+    starts = training.supervisor_events(evts, "start")
+    assert [_expand(s["nodes"]) for s in starts] == [["node1", "node2"], ["node1", "node3"]]
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]

@@ -227,3 +227,18 @@ def test_degrade_refuses_out_of_range_values_before_touching_anything():
         degrade.cap_cpu(layout, "node1", 101)
     with pytest.raises(MiniClusterError, match="give --rate-mbit N, --cpu-percent P or both"):
         degrade.degrade(layout, "node1")
+
+
+def test_the_command_outside_an_allocation_is_a_one_line_error(monkeypatch, capsys):
+    from slurmtools.cli import main
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    assert main(["preflight"]) == 2
+    assert capsys.readouterr().err == ("slurmtools: error: preflight: run it inside an allocation (salloc or an "
+                                       "sbatch script): SLURM_JOB_ID / SLURM_JOB_NODELIST are not set\n")
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    assert main(["preflight", "--tasks-per-node", "0"]) == 2
+    assert "--tasks-per-node must be at least 1, got 0" in capsys.readouterr().err
+    assert main(["preflight", "--preflight-slow-factor", "1"]) == 2
+    assert "preflight_slow_factor" in capsys.readouterr().err
