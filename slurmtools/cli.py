@@ -27,87 +27,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 # ---- minicluster -------------------------------------------------------------------
-def cmd_minicluster(args: argparse.Namespace) -> int:
-    from slurmtools import slurm
-    from slurmtools.minicluster import cluster
-
-    name = args.name
-    state_dir = Path(args.state_dir) if args.state_dir else None
-    if args.action == "list":
-        print(cluster.format_list())
-        return 0
-    if args.action == "up":
-        layout = cluster.layout_for_up(name, state_dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                                       prolog_dir=Path(args.prolog_dir), epilog_dir=Path(args.epilog_dir),
-                                       cgroups=not args.no_cgroups)
-        print(cluster.format_table(cluster.up(layout, install=not args.no_install, wait_s=args.wait_s)))
-        return 0
-    layout = cluster.find_layout(name, state_dir)
-    if args.action == "down":
-        cluster.down(layout, purge=args.purge)
-        print(f"mini-cluster {name} is down" + (" and its state removed" if args.purge else ""))
-    elif args.action == "status":
-        with slurm.using_conf(layout.slurm_conf):
-            print(cluster.format_table(slurm.nodes()))
-    elif args.action == "restart-controller":
-        cluster.restart_controller(layout)
-        print(f"restart-controller: {name}")
-    else:
-        if args.node not in layout.node_names:
-            raise UsageError(f"unknown node {args.node!r}; cluster {name} has {layout.nodelist}")
-        if args.action == "degrade":
-            done = cluster.degrade_node(layout, args.node, rate_mbit=args.rate_mbit, cpu_percent=args.cpu_percent)
-            print(f"degrade: {args.node}: {', '.join(done)}")
-            return 0
-        actions = {"kill": cluster.kill_node, "partition": cluster.partition_node,
-                   "heal": cluster.heal_node, "restart": cluster.restart_node}
-        actions[args.action](layout, args.node)
-        print(f"{args.action}: {args.node}")
-    return 0
-
-
-def _cluster_name(text: str) -> str:
-    from slurmtools.minicluster.layout import NAME_PATTERN
-    if not NAME_PATTERN.match(text):
-        raise argparse.ArgumentTypeError(f"not a cluster name (1-8 lower-case letters or digits): {text[:20]!r}")
-    return text
-
-
 def _add_minicluster(sub: Any) -> None:
-    from slurmtools.minicluster.layout import BASE_DIR, NAME_ENV, default_name
-
-    parser = sub.add_parser("minicluster", help="a real multi-node Slurm on this machine (root, Debian)")
-    parser.add_argument("--name", type=_cluster_name, default=default_name(),
-                        help=f"which cluster (default: ${NAME_ENV}, else mini); each has its own everything")
-    parser.add_argument("--state-dir", help=f"where its config, logs and state live (default {BASE_DIR}/NAME; "
-                                            "base from $SLURMTOOLS_MINICLUSTER_DIR)")
-    acts = parser.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    up = acts.add_parser("up", help="install (if missing) and start the cluster; wait until nodes are idle")
-    up.add_argument("--nodes", type=int, default=3)
-    up.add_argument("--gpus-per-node", type=int, default=4)
-    up.add_argument("--prolog-dir", default=str(REPO_ROOT / "prolog.d"))
-    up.add_argument("--epilog-dir", default=str(REPO_ROOT / "epilog.d"))
-    up.add_argument("--no-install", action="store_true", help="do not apt-get install missing packages")
-    up.add_argument("--no-cgroups", action="store_true", help="no job confinement (task/none): only where the "
-                                                                  "machine has no usable cgroup v1 hierarchy")
-    up.add_argument("--wait-s", type=float, default=60.0)
-    down = acts.add_parser("down", help="stop everything `up` started and undo its system changes")
-    down.add_argument("--purge", action="store_true", help="also delete the state directory")
-    acts.add_parser("status", help="node table")
-    acts.add_parser("list", help="the named clusters on this machine")
-    acts.add_parser("restart-controller", help="stop and start slurmctld (clients ride through)")
-    for name, what in (("kill", "kill the node: its slurmd and every process in its namespace"),
-                       ("partition", "take the node's link down"),
-                       ("heal", "undo partition and degrade: link up, no rate limit, no CPU quota"),
-                       ("restart", "restart the node's slurmd"),
-                       ("degrade", "slow the node down: its link (tc tbf, both ways) and/or its CPU (cgroup quota)")):
-        action_parser = acts.add_parser(name, help=what)
-        action_parser.add_argument("node")
-        if name == "degrade":
-            action_parser.add_argument("--rate-mbit", type=int, help="link rate in Mbit/s, each way")
-            action_parser.add_argument("--cpu-percent", type=int, help="CPU time of the node's processes, in "
-                                                                       "percent of one core")
-    parser.set_defaults(func=cmd_minicluster)
+    from slurmtools.minicluster.command import add_minicluster
+    add_minicluster(sub, _Parser)
 
 
 # ---- jobs --------------------------------------------------------------------------
