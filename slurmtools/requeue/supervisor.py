@@ -366,6 +366,12 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
                         else policy.Capacity())
             diag, verdict, checkpoint_step = _decide(config, attempt, evidence, [], events, manager, None, capacity)
             return diag, verdict, checkpoint_step, events
+        if flags.any():        # warned or ended during the preflight: no training to start now
+            evidence = policy.Evidence(exit_code=None, progressed=False, warning_received=True, cancelled=flags.seen(
+                signal.SIGTERM) and _ended_for_good(attempt.job_id, attempt.restart))
+            diag, verdict, checkpoint_step = _decide(config, attempt, evidence, [], events, manager, None,
+                                                     policy.Capacity())
+            return diag, verdict, checkpoint_step, events
     start_t = time.time()
     try:
         launched = step.launch(step_argv(argv, nodes, overlap=bool(this_run.lost)), child_env)

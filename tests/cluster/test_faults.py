@@ -43,13 +43,14 @@ def assert_zero_steps_lost(evts):
 
 
 def test_a_time_limit_warning_checkpoints_requeues_and_completes(workdir, reference_run):
-    # --time=1 with the warning 30 s ahead: Slurm sends it at its first 30-s tick after the start,
-    # its periodic check (every ~30 s, seen arriving 4-35 s after the start) fires inside every attempt
-    # only if an attempt outlives it: 20 steps of 2 s (+ ~8 s start-up) cannot finish before the warning.
-    spec = training.training_spec(workdir, "timelimit", extra=["--step-sleep-s", "2.0"], time_limit_min=1,
+    # --time=1 with the warning 30 s ahead: Slurm checks time limits every ~30 s, so the warning
+    # comes at the one tick that falls 30 to 60 s after the start. An attempt that ends sooner gets
+    # none (seen once: 20 steps of 2 s plus start-up ended after 55 s, before the tick): 20 steps of
+    # 3 s cannot finish inside one minute, so the first attempt is always warned.
+    spec = training.training_spec(workdir, "timelimit", extra=["--step-sleep-s", "3.0"], time_limit_min=1,
                                   requeue={"warning_lead_s": 30, "checkpoint_grace_s": 20})
     job = training.submit(spec)
-    info = training.wait_finished(job, 420)
+    info = training.wait_finished(job, 600)     # ~10 attempts of ~25 s (a warning lands 20-35 s in)
     evts = training.events(spec, job)
     assert info.state == "COMPLETED", training.describe(spec, job)
     decisions = training.supervisor_events(evts, "decision")
