@@ -36,14 +36,17 @@ TRANSIENT_ERRORS = re.compile(r"Socket timed out|Unable to contact slurm control
 # the ones that mean the request never reached slurmctld: safe to retry even for sbatch
 NOT_DELIVERED = re.compile(r"Unable to contact slurm controller|Connection refused")
 RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 8.0)
-_CONF: "contextvars.ContextVar[Optional[str]]" = contextvars.ContextVar("slurm_conf", default=None)
+# (slurm.conf, directory of the cluster's client commands or None)
+_CONF: "contextvars.ContextVar[Optional[Tuple[str, Optional[str]]]]" = contextvars.ContextVar("slurm_conf", default=None)
 
 
 @contextlib.contextmanager
-def using_conf(path: Union[str, Path]) -> Iterator[None]:
+def using_conf(path: Union[str, Path], bin_dir: Optional[Path] = None) -> Iterator[None]:
     """Every Slurm command inside the block talks to the cluster of this slurm.conf (SLURM_CONF),
-    whatever /etc/slurm or the environment say: the mini-cluster's tools address one named cluster."""
-    token = _CONF.set(str(path))
+    whatever /etc/slurm or the environment say: the mini-cluster's tools address one named cluster.
+    bin_dir: that cluster's own client commands (a mini-cluster of another Slurm release), run
+    instead of those on PATH."""
+    token = _CONF.set((str(path), str(bin_dir) if bin_dir else None))
     try:
         yield
     finally:
@@ -76,9 +79,13 @@ def run_slurm(argv: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, inpu
 
 def _run_once(argv: Sequence[str], timeout_s: float, input_text: Optional[str], env: Optional[Mapping[str, str]],
               survive_sigterm: bool) -> str:
-    conf = _CONF.get()
-    if conf is not None:
+    cluster = _CONF.get()
+    if cluster is not None:
+        conf, bin_dir = cluster
         env = dict(os.environ if env is None else env, SLURM_CONF=conf)
+        if bin_dir:
+            env["PATH"] = bin_dir + os.pathsep + env.get("PATH", os.defpath)
+            argv = [os.path.join(bin_dir, argv[0]), *argv[1:]]
     try:
         proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, input=input_text,
                               env=dict(env) if env is not None else None,

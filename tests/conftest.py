@@ -13,6 +13,9 @@ REPO = Path(__file__).resolve().parent.parent
 TEST_STATE_DIR = Path(os.environ.get("SLURMTOOLS_TEST_CLUSTER_DIR", "/var/tmp/slurmtools-test-cluster"))
 # The suite's own named cluster: a user's (the demo's `mini`, say) is never touched.
 TEST_CLUSTER_NAME = os.environ.get("SLURMTOOLS_TEST_CLUSTER_NAME", "test")
+# The Slurm release the cluster tests run against (unset: the machine's own packages); another
+# release runs from its Debian root, its client commands first on PATH (scripts/test.sh).
+TEST_SLURM_RELEASE = os.environ.get("SLURMTOOLS_TEST_SLURM") or None
 
 
 def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.5):
@@ -40,9 +43,12 @@ def cluster() -> Iterator["object"]:
     etc_slurm_before = os.path.realpath(mc.ETC_SLURM_CONF)
     mc.down(mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR), purge=True)  # a killed session leaves nothing
     layout = mc.layout_for_up(TEST_CLUSTER_NAME, TEST_STATE_DIR, nodes=3, gpus_per_node=4,
-                              prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
-    previous_conf = os.environ.get("SLURM_CONF")
+                              prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d",
+                              slurm_release=TEST_SLURM_RELEASE)
+    previous_conf, previous_path = os.environ.get("SLURM_CONF"), os.environ["PATH"]
     os.environ["SLURM_CONF"] = str(layout.slurm_conf)
+    if layout.client_bin_dir:
+        os.environ["PATH"] = f"{layout.client_bin_dir}{os.pathsep}{previous_path}"
     try:
         mc.up(layout, install=True, wait_s=90)
         yield layout
@@ -50,6 +56,7 @@ def cluster() -> Iterator["object"]:
         record = mc.load_record(layout)
         started = dict(record.get("pids", {}))
         mc.down(layout, purge=True)
+        os.environ["PATH"] = previous_path
         if previous_conf is None:
             os.environ.pop("SLURM_CONF", None)
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -20,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from slurmtools import slurm
 from slurmtools.errors import MiniClusterError, SlurmCommandError, UsageError
-from slurmtools.minicluster import daemons, degrade, netns
+from slurmtools.minicluster import daemons, debroot, degrade, netns, release
 from slurmtools.minicluster import record as record_mod
 from slurmtools.minicluster.record import (ETC_SLURM_CONF, allocate_slot, find_layout, held_by_others,
                                            layout_from_record, load_record, registered, save_record)
@@ -45,10 +46,19 @@ def cgroup_problem() -> Optional[str]:
 
 
 def layout_for_up(name: str, state_dir: Optional[Path], *, nodes: int, gpus_per_node: int, prolog_dir: Path,
-                  epilog_dir: Path, cgroups: bool = True) -> MiniClusterLayout:
+                  epilog_dir: Path, cgroups: bool = True, slurm_release: Optional[str] = None) -> MiniClusterLayout:
     """The layout `up` will use. With cgroups a node has as many CPUs as the machine (they are
-    really bound); without, four (Slurm's config_overrides lets them outnumber the machine's)."""
+    really bound); without, four (Slurm's config_overrides lets them outnumber the machine's).
+    slurm_release: None or the machine's own release runs the machine's packages; another one
+    runs from a Debian root (debroot.py)."""
     require_root()
+    if slurm_release is not None:
+        try:
+            release.check_release(slurm_release)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if slurm_release == debroot.host_release():
+            slurm_release = None
     if cgroups:
         problem = cgroup_problem()
         if problem:
@@ -58,7 +68,8 @@ def layout_for_up(name: str, state_dir: Optional[Path], *, nodes: int, gpus_per_
         return MiniClusterLayout(name=name, slot=allocate_slot(name, state_dir), state_dir=state_dir, nodes=nodes,
                                  gpus_per_node=gpus_per_node, controller_host=default_controller_host(),
                                  prolog_dir=prolog_dir.resolve(), epilog_dir=epilog_dir.resolve(), cgroups=cgroups,
-                                 cpus_per_node=(os.cpu_count() or 1) if cgroups else 4)
+                                 cpus_per_node=(os.cpu_count() or 1) if cgroups else 4,
+                                 slurm_release=slurm_release or "")
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -68,18 +79,18 @@ def require_root() -> None:
         raise MiniClusterError("the mini-cluster needs root (namespaces, daemons, cgroups); run it as root")
 
 
-def missing_packages() -> List[str]:
-    out = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${db:Status-Abbrev}\n", *REQUIRED_PACKAGES],
+def missing_packages(packages: Tuple[str, ...] = REQUIRED_PACKAGES) -> List[str]:
+    out = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${db:Status-Abbrev}\n", *packages],
                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
     installed = {ln.split()[0] for ln in out.stdout.splitlines() if len(ln.split()) > 1 and ln.split()[1] == "ii"}
-    return [p for p in REQUIRED_PACKAGES if p not in installed]
+    return [p for p in packages if p not in installed]
 
 
-def install_packages() -> List[str]:
-    """Install Debian's Slurm, munge and MariaDB only where missing (daemons are not started by apt)."""
+def install_packages(extra: Tuple[str, ...] = ()) -> List[str]:
+    """Install Debian's Slurm, munge and MariaDB (and extra) only where missing (apt starts no daemon here)."""
     if not shutil.which("dpkg-query") or not shutil.which("apt-get"):
         raise MiniClusterError("apt-get/dpkg not found: the mini-cluster installs Debian packages (Debian 12 or newer)")
-    missing = missing_packages()
+    missing = missing_packages(REQUIRED_PACKAGES + extra)
     if not missing:
         return []
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
@@ -132,7 +143,7 @@ def link_etc_slurm(layout: MiniClusterLayout, record: Dict[str, Any]) -> None:
 def up(layout: MiniClusterLayout, *, install: bool = True, wait_s: float = 60.0) -> List[slurm.NodeInfo]:
     require_root()
     if install:
-        install_packages()
+        install_packages(("mmdebstrap",) if layout.slurm_root else ())
     record = load_record(layout)
     conflict = held_by_others(layout, record)
     if conflict:
@@ -140,9 +151,11 @@ def up(layout: MiniClusterLayout, *, install: bool = True, wait_s: float = 60.0)
     record["layout"] = {"name": layout.name, "slot": layout.slot, "nodes": layout.nodes,
                         "cgroups": layout.cgroups, "cpus_per_node": layout.cpus_per_node,
                         "gpus_per_node": layout.gpus_per_node, "controller_host": layout.controller_host,
-                        "prolog_dir": str(layout.prolog_dir), "epilog_dir": str(layout.epilog_dir)}
+                        "prolog_dir": str(layout.prolog_dir), "epilog_dir": str(layout.epilog_dir),
+                        "slurm_release": layout.slurm_release}
     save_record(layout, record)
     record_mod.register(layout)
+    debroot.ensure_root(layout)
     write_configs(layout)
     link_etc_slurm(layout, record)
     record["net"] = True
@@ -160,7 +173,7 @@ def up(layout: MiniClusterLayout, *, install: bool = True, wait_s: float = 60.0)
         if pid:
             pids[name] = pid
             save_record(layout, record)
-    with slurm.using_conf(layout.slurm_conf):
+    with slurm.using_conf(layout.slurm_conf, layout.client_bin_dir):
         resume_our_stale_states(layout)
         return wait_until_idle(layout, wait_s)
 
@@ -311,6 +324,14 @@ def format_list() -> str:
                      str(layout.root)))
     widths = [max(len(row[col]) for row in rows) for col in range(5)]
     return "\n".join("  ".join(f"{row[col]:<{widths[col]}}" for col in range(5)) + "  " + row[5] for row in rows)
+
+
+def format_env(layout: MiniClusterLayout) -> str:
+    """`export` lines a shell evaluates to address this cluster with Slurm's own commands."""
+    lines = [f"export SLURM_CONF={shlex.quote(str(layout.slurm_conf))}"]
+    if layout.client_bin_dir:
+        lines.append(f"export PATH={shlex.quote(str(layout.client_bin_dir))}:\"$PATH\"")
+    return "\n".join(lines)
 
 
 def default_controller_host() -> str:

@@ -22,16 +22,21 @@ def cmd_minicluster(args: argparse.Namespace) -> int:
     if args.action == "up":
         layout = cluster.layout_for_up(name, state_dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                                        prolog_dir=Path(args.prolog_dir), epilog_dir=Path(args.epilog_dir),
-                                       cgroups=not args.no_cgroups)
+                                       cgroups=not args.no_cgroups, slurm_release=args.slurm)
         print(cluster.format_table(cluster.up(layout, install=not args.no_install, wait_s=args.wait_s)))
+        if layout.client_bin_dir:
+            print(f"Slurm {layout.slurm_release} runs from {layout.slurm_root}; its commands: "
+                  f"eval \"$(slurmtools minicluster --name {name} env)\"")
         return 0
     layout = cluster.find_layout(name, state_dir)
     if args.action == "down":
         cluster.down(layout, purge=args.purge)
         print(f"mini-cluster {name} is down" + (" and its state removed" if args.purge else ""))
     elif args.action == "status":
-        with slurm.using_conf(layout.slurm_conf):
+        with slurm.using_conf(layout.slurm_conf, layout.client_bin_dir):
             print(cluster.format_table(slurm.nodes()))
+    elif args.action == "env":
+        print(cluster.format_env(layout))
     elif args.action == "restart-controller":
         cluster.restart_controller(layout)
         print(f"restart-controller: {name}")
@@ -58,6 +63,7 @@ def _cluster_name(text: str) -> str:
 
 def add_minicluster(sub: Any, parser_class: Any) -> None:
     from slurmtools.minicluster.layout import BASE_DIR, NAME_ENV, default_name
+    from slurmtools.minicluster.release import RELEASES
 
     parser = sub.add_parser("minicluster", help="a real multi-node Slurm on this machine (root, Debian)")
     parser.add_argument("--name", type=_cluster_name, default=default_name(),
@@ -74,10 +80,15 @@ def add_minicluster(sub: Any, parser_class: Any) -> None:
     up.add_argument("--no-cgroups", action="store_true", help="no job confinement (task/none): only where the "
                                                                   "machine has no usable cgroup v1 hierarchy")
     up.add_argument("--wait-s", type=float, default=60.0)
+    up.add_argument("--slurm", choices=list(RELEASES), help="the Slurm release to run (default: the machine's "
+                                                            "own packages); another runs from a Debian root "
+                                                            "built once into the state dir")
     down = acts.add_parser("down", help="stop everything `up` started and undo its system changes")
     down.add_argument("--purge", action="store_true", help="also delete the state directory")
     acts.add_parser("status", help="node table")
     acts.add_parser("list", help="the named clusters on this machine")
+    acts.add_parser("env", help="shell exports (SLURM_CONF, and PATH for another release's commands) that "
+                                "point Slurm's commands at this cluster")
     acts.add_parser("restart-controller", help="stop and start slurmctld (clients ride through)")
     for name, what in (("kill", "kill the node: its slurmd and every process in its namespace"),
                        ("partition", "take the node's link down"),

@@ -115,34 +115,40 @@ def start_mariadb(layout: MiniClusterLayout) -> Optional[int]:
     if not (layout.db_dir / "mysql").exists():
         layout.db_dir.mkdir(parents=True, exist_ok=True)
         shutil.chown(layout.db_dir, "mysql", "mysql")
-        run(["mariadb-install-db", "--user=mysql", f"--datadir={layout.db_dir}",
-             "--auth-root-authentication-method=socket", "--skip-test-db"], timeout_s=180)
+        run(layout.command(["/usr/bin/mariadb-install-db", "--user=mysql", f"--datadir={layout.db_dir}",
+             "--auth-root-authentication-method=socket", "--skip-test-db"]), timeout_s=180)
     # start-stop-daemon (dpkg) detaches it properly: own session, no parent waiting on it. It is
     # matched by this cluster's pid file only: another MariaDB (the machine's own, another
     # cluster's) is never taken for this one.
     pidfile.unlink(missing_ok=True)
-    run(["start-stop-daemon", "--start", "--background", "--output", str(layout.log_dir / "mariadb.out"),
+    run(layout.command(["/usr/sbin/start-stop-daemon", "--start", "--background", "--output", str(layout.log_dir / "mariadb.out"),
          "--pidfile", str(pidfile), "--exec", "/usr/sbin/mariadbd", "--",
          "--no-defaults", "--user=mysql", f"--datadir={layout.db_dir}",
          f"--socket={sock_dir}/mysqld.sock", f"--pid-file={pidfile}", "--bind-address=127.0.0.1",
          f"--port={layout.db_port}", f"--log-error={layout.log_dir}/mariadb.err",
-         "--innodb-buffer-pool-size=512M", "--innodb-lock-wait-timeout=900", "--skip-name-resolve"])
+         "--innodb-buffer-pool-size=512M", "--innodb-lock-wait-timeout=900", "--skip-name-resolve"]))
     wait_for(lambda: port_open("127.0.0.1", layout.db_port) and pid_alive(read_pidfile(pidfile)), 120,
              f"MariaDB (see {layout.log_dir}/mariadb.err)")
     password = db_password(layout)
-    sql = (f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+    # the database made here, not by slurmdbd: slurmdbd 24.11 creating it with MariaDB 11.8's
+    # Connector/C reuses the failed connection's handle and dies on its first query
+    # ("Number of columns in result (=1) set execeeds maxmimum allowed number of columns (=0)")
+    sql = ("CREATE DATABASE IF NOT EXISTS slurm_acct_db; "
+           f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
            f"CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '{password}'; "
            "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';")
-    run(["mariadb", "--no-defaults", f"--socket={sock_dir}/mysqld.sock", "-u", "root", "-e", sql])
+    run(layout.command(["/usr/bin/mariadb", "--no-defaults", f"--socket={sock_dir}/mysqld.sock", "-u", "root", "-e",
+                        sql]))
     return read_pidfile(pidfile)
 
 
 # ---- munge -----------------------------------------------------------------
-def munge_works(socket_path: Path) -> bool:
-    if not shutil.which("munge"):
+def munge_works(layout: MiniClusterLayout) -> bool:
+    try:
+        proc = subprocess.run(layout.command(["/usr/bin/munge", "-n", f"--socket={layout.munge_socket}"]),
+                              capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
         return False
-    proc = subprocess.run(["munge", "-n", f"--socket={socket_path}"], capture_output=True, timeout=10,
-                          stdin=subprocess.DEVNULL)
     return proc.returncode == 0
 
 
@@ -150,7 +156,7 @@ def start_munged(layout: MiniClusterLayout) -> Optional[int]:
     """This cluster's own munged: its own key, socket, pid and log (the machine's munged, if any,
     is never used or touched). munged runs as user munge and insists on owning its files."""
     pidfile = layout.munge_dir / "munged.pid"
-    if pid_alive(read_pidfile(pidfile)) and munge_works(layout.munge_socket):
+    if pid_alive(read_pidfile(pidfile)) and munge_works(layout):
         return None
     layout.munge_dir.mkdir(parents=True, exist_ok=True)
     shutil.chown(layout.munge_dir, "munge", "munge")
@@ -161,10 +167,10 @@ def start_munged(layout: MiniClusterLayout) -> Optional[int]:
     shutil.chown(key, "munge", "munge")
     key.chmod(0o400)
     pidfile.unlink(missing_ok=True)
-    run(["runuser", "-u", "munge", "--", "/usr/sbin/munged", f"--socket={layout.munge_socket}",
+    run(layout.command(["/usr/sbin/runuser", "-u", "munge", "--", "/usr/sbin/munged", f"--socket={layout.munge_socket}",
          f"--key-file={key}", f"--pid-file={pidfile}", f"--log-file={layout.munge_dir / 'munged.log'}",
-         f"--seed-file={layout.munge_dir / 'munged.seed'}"])
-    wait_for(lambda: munge_works(layout.munge_socket), 15, f"munged (see {layout.munge_dir}/munged.log)")
+         f"--seed-file={layout.munge_dir / 'munged.seed'}"]))
+    wait_for(lambda: munge_works(layout), 15, f"munged (see {layout.munge_dir}/munged.log)")
     return read_pidfile(pidfile)
 
 
@@ -174,7 +180,7 @@ def _start_listener(layout: MiniClusterLayout, daemon: str, host: str, port: int
     pidfile = layout.run_dir / f"{daemon}.pid"
     if pid_alive(read_pidfile(pidfile)):
         return None
-    run([daemon], env=daemon_env(layout))
+    run(layout.command([f"/usr/sbin/{daemon}"]), env=daemon_env(layout))
     wait_for(lambda: port_open(host, port), 30, f"{daemon} (port {port})")
     return read_pidfile(pidfile)
 
@@ -201,7 +207,7 @@ def start_slurmd(layout: MiniClusterLayout, node: str) -> Optional[int]:
     layout.slurmd_spool_dir(node).mkdir(parents=True, exist_ok=True)
     pidfile.unlink(missing_ok=True)
     run(["nsenter", f"--net=/run/netns/{layout.netns(node)}", "unshare", "--uts", "--mount", "--propagation",
-         "private", "sh", "-c", 'mount --bind "$1" /etc/hosts && hostname "$2" && exec slurmd -N "$2"', "sh",
-         str(layout.hosts_file), node], env=daemon_env(layout))
+         "private", "sh", "-c", 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"', "sh",
+         str(layout.hosts_file), node, *layout.command(["/usr/sbin/slurmd", "-N", node])], env=daemon_env(layout))
     wait_for(lambda: pid_alive(read_pidfile(pidfile)), 15, f"slurmd on {node}")
     return read_pidfile(pidfile)

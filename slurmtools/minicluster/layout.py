@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from slurmtools.minicluster import release
+
 # Named clusters, like kind's: each name has its own state dir, slot (subnet, ports), bridge,
 # namespaces, munged and MariaDB, so several run side by side and never touch each other.
 DEFAULT_NAME = "mini"
@@ -52,6 +54,8 @@ class MiniClusterLayout:
     # real per-node cgroups as production runs them (cores, memory, devices); off only on request
     cgroups: bool = True
     partition: str = "gpu"
+    # "" runs the machine's own Slurm packages; a release (release.RELEASES) runs from a Debian root
+    slurm_release: str = ""
     extra_env: Dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -66,6 +70,10 @@ class MiniClusterLayout:
             raise ValueError(f"nodes must be between 1 and {MAX_NODES}, got {self.nodes}")
         if not 0 <= self.gpus_per_node <= 16:
             raise ValueError(f"gpus_per_node must be between 0 and 16, got {self.gpus_per_node}")
+        if self.slurm_release:
+            release.check_release(self.slurm_release)
+        if re.search(r"[\s'\"\\$`]", str(self.state_dir)):
+            raise ValueError(f"state dir must not contain spaces, quotes, $ or backslashes: {str(self.state_dir)!r}")
 
     @property
     def root(self) -> Path:
@@ -137,6 +145,30 @@ class MiniClusterLayout:
         return f"st{self.name}v{self.node_index(node)}"
 
     # ---- paths ---------------------------------------------------------------
+    @property
+    def slurm_root(self) -> Optional[Path]:
+        """The Debian root this cluster's Slurm runs from (None: the machine's own packages)."""
+        return self.root / "slurm-root" if self.slurm_release else None
+
+    @property
+    def bin_dir(self) -> Path:
+        """Wrappers of every Slurm client command that run them from slurm_root (put it first on
+        PATH); only a cluster with a root has them."""
+        return self.root / "bin"
+
+    @property
+    def client_bin_dir(self) -> Optional[Path]:
+        """Where this cluster's Slurm client commands are (None: the machine's own, on PATH)."""
+        return self.bin_dir if self.slurm_root else None
+
+    @property
+    def in_root(self) -> Path:
+        return self.bin_dir / "in-root"
+
+    def command(self, argv: List[str]) -> List[str]:
+        """argv (an absolute path under /usr first) run from this cluster's Slurm root, if any."""
+        return [str(self.in_root), *argv] if self.slurm_root else list(argv)
+
     @property
     def etc_dir(self) -> Path:
         return self.root / "etc"

@@ -39,7 +39,7 @@ def layout_from_record(state_dir: Path, name: str = DEFAULT_NAME) -> MiniCluster
                                  cgroups=bool(saved.get("cgroups", True)),
                                  cpus_per_node=int(saved.get("cpus_per_node", 4)),
                                  controller_host=saved["controller_host"], prolog_dir=Path(saved["prolog_dir"]),
-                                 epilog_dir=Path(saved["epilog_dir"]))
+                                 epilog_dir=Path(saved["epilog_dir"]), slurm_release=str(saved.get("slurm_release", "")))
     except (OSError, ValueError, KeyError, TypeError):
         return MiniClusterLayout(name=name, state_dir=state_dir)
 
