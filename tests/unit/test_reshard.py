@@ -5,6 +5,7 @@ Ranks are local processes over gloo on CPU."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 from pathlib import Path
 
@@ -21,9 +22,16 @@ STEPS = 3
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port below Linux's ephemeral range (32768+): an ephemeral one, free when asked, may be
+    taken by any outgoing connection before rank 0's store binds it (seen once in a full run)."""
+    for port in random.sample(range(20000, 32000), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port between 20000 and 32000")
 
 
 def _flatten(prefix, obj, out):
