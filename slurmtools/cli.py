@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, List, Optional, TypeVar
+from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
 from slurmtools.errors import SlurmToolsError, UsageError, one_line
 
@@ -44,13 +45,20 @@ def _job_id(text: str) -> int:
     return int(text)
 
 
+def _slurm_release(text: str) -> Tuple[int, int]:
+    match = re.fullmatch(r"(\d{2})\.(\d{2})", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a Slurm release (MAJOR.MINOR, like 24.11): {text[:20]!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     from slurmtools import sbatch
     from slurmtools.spec import load_spec
 
     spec = load_spec(args.spec)
     cmd = ["slurmtools"] if args.portable else _slurmtools_cmd()
-    sys.stdout.write(sbatch.render(spec, slurmtools_cmd=cmd, source=args.spec))
+    sys.stdout.write(sbatch.render(spec, slurmtools_cmd=cmd, source=args.spec, slurm_release=args.slurm))
     return 0
 
 
@@ -166,6 +174,8 @@ def _add_jobs(sub: Any) -> None:
     parser = sub.add_parser("render", help="print the sbatch script for a job spec")
     parser.add_argument("spec")
     parser.add_argument("--portable", action="store_true", help="call `slurmtools` from PATH, not this interpreter")
+    parser.add_argument("--slurm", type=_slurm_release, metavar="MAJOR.MINOR",
+                        help="the Slurm release the script is for (default: any; `submit` asks the cluster)")
     parser.set_defaults(func=cmd_render)
     parser = sub.add_parser("submit", help="render and submit a job spec; prints the job id")
     parser.add_argument("spec")

@@ -18,7 +18,8 @@ from slurmtools.spec import JobSpec
 
 def submit_spec(spec: JobSpec, *, slurmtools_cmd: Sequence[str], source: str = "") -> int:
     """Render, create the output/checkpoint dirs (Slurm will not), submit with --parsable."""
-    script = sbatch.render(spec, slurmtools_cmd=slurmtools_cmd, source=source)
+    script = sbatch.render(spec, slurmtools_cmd=slurmtools_cmd, source=source,
+                           slurm_release=slurm.release() if spec.expedite_requeue else None)
     for directory in (spec.output_dir, spec.checkpoint_dir):
         if directory:
             try:
@@ -82,7 +83,7 @@ def wait_for_job(job_id: int, *, out: TextIO = sys.stdout, poll_s: float = 0.5,
         if state != last_state:
             print(f"job {job_id}: {state}" + (f" on {info.nodes}" if info.nodes else ""), file=out, flush=True)
             last_state, changed = state, True
-        stdout_path = Path(info.raw["StdOut"]) if info.raw.get("StdOut") else None
+        stdout_path = Path(info.stdout) if info.stdout else None
         if stdout_path is not None and stdout_path.is_file():
             progress = progress_from_log(_tail_text(stdout_path))
             if progress and progress != last_progress:

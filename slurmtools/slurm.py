@@ -1,31 +1,33 @@
 """The ONLY module that runs Slurm client commands (sbatch, squeue, sacct, scontrol, sinfo, scancel).
 
 Every call has a timeout and raises SlurmCommandError carrying argv, exit code and stderr.
-Version differences live here: Slurm 22.05's scontrol has no --json, so node and job
-records come from `scontrol -o show` (one line, key=value) or `sinfo/squeue/sacct --json`.
+Version differences live here: the cluster's release is asked once (`scontrol --version`);
+where scontrol has --json (23.02+) node and job records come from `scontrol show ... --json`,
+else (22.05) from `scontrol -o show` (one line, key=value). slurm_parse reads every release's shapes.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import os
 import re
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from slurmtools.errors import SlurmCommandError
+# the parsers live in slurm_parse (pure); their names are part of this module's interface
+from slurmtools.slurm_parse import (SCONTROL_JSON_SINCE, TERMINAL_STATES, JobInfo, NodeInfo, parse_job_id,
+                                    parse_job_record, parse_jobs_json, parse_node_record, parse_nodes_json,
+                                    parse_release, parse_sacct_json, parse_sacct_row, parse_scontrol_record,
+                                    parse_time)
+
+__all__ = ["TERMINAL_STATES", "JobInfo", "NodeInfo", "SlurmCommandError", "parse_job_id", "parse_job_record",
+           "parse_node_record", "parse_sacct_json", "parse_scontrol_record", "parse_time", "release"]
 
 DEFAULT_TIMEOUT_S = 30.0
-# Job states in which a job will not change any more.
-TERMINAL_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-    "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT",
-})
 
 
 # A controller that restarts or is briefly overloaded answers with these; the command is
@@ -100,126 +102,6 @@ def _run_once(argv: Sequence[str], timeout_s: float, input_text: Optional[str], 
     return proc.stdout
 
 
-# ---- parsing (pure) ----------------------------------------------------------
-def parse_scontrol_record(line: str) -> Dict[str, str]:
-    """Parse one `scontrol -o show` line into a dict.
-
-    Values may contain spaces (Reason=..., Command=...): a token that does not start
-    a new `Key=` belongs to the previous value.
-    """
-    record: Dict[str, str] = {}
-    key: Optional[str] = None
-    for token in line.strip().split(" "):
-        match = re.match(r"^([A-Za-z][A-Za-z0-9_:/]*)=(.*)$", token)
-        if match and (key is None or match.group(1)[0].isupper()):
-            key = match.group(1)
-            record[key] = match.group(2)
-        elif key is not None:
-            record[key] += " " + token
-    return record
-
-
-def parse_job_id(sbatch_stdout: str) -> int:
-    """`sbatch --parsable` prints `ID` or `ID;cluster`."""
-    text = sbatch_stdout.strip().split(";")[0]
-    if not text.isdigit():
-        raise SlurmCommandError(["sbatch", "--parsable"], 0, f"unexpected output: {sbatch_stdout.strip()!r}")
-    return int(text)
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    name: str
-    state: str                 # base state, lower case: idle, allocated, mixed, down, ...
-    flags: Tuple[str, ...]     # DRAIN, NOT_RESPONDING, ...
-    reason: str
-    reason_user: str
-    reason_time: str
-    gres: str
-
-    @property
-    def drained(self) -> bool:
-        return "DRAIN" in self.flags
-
-    @property
-    def display_state(self) -> str:
-        """A sinfo-like word: idle, alloc, drained, draining, down*, ..."""
-        base = self.state
-        if self.drained:
-            base = "draining" if self.state in ("allocated", "mixed") else "drained"
-        return base + ("*" if "NOT_RESPONDING" in self.flags else "")
-
-
-def _strip_reason_suffix(reason: str) -> str:
-    # scontrol appends " [user@time]" to the reason.
-    return re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", reason)
-
-
-def parse_node_record(record: Mapping[str, str]) -> NodeInfo:
-    state_parts = record.get("State", "UNKNOWN").split("+")
-    reason = record.get("Reason", "")
-    match = re.search(r"\[([^@\]]*)@([^\]]*)\]$", reason)
-    return NodeInfo(
-        name=record.get("NodeName", ""),
-        state=state_parts[0].lower(),
-        flags=tuple(s.upper() for s in state_parts[1:]),
-        reason="" if reason in ("", "(null)") else _strip_reason_suffix(reason),
-        reason_user=match.group(1) if match else "",
-        reason_time=match.group(2) if match else "",
-        gres=record.get("Gres", ""),
-    )
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    job_id: int
-    state: str
-    reason: str = ""
-    nodes: str = ""
-    exit_code: str = ""
-    restarts: int = 0
-    raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def finished(self) -> bool:
-        return self.state in TERMINAL_STATES
-
-
-def _first_state(value: Any) -> str:
-    if isinstance(value, list):
-        return str(value[0]) if value else "UNKNOWN"
-    if isinstance(value, dict):
-        return str(value.get("current", "UNKNOWN"))
-    return str(value or "UNKNOWN")
-
-
-def parse_job_record(record: Mapping[str, str], job_id: int) -> JobInfo:
-    """One `scontrol -o show job` record (a few hundred bytes, this job only) as a JobInfo."""
-    state = record.get("JobState", "UNKNOWN").split("+")[0].upper() or "UNKNOWN"
-    nodes = record.get("NodeList", "")
-    restarts = record.get("Restarts", "0")
-    return JobInfo(job_id=job_id, state=state, reason=record.get("Reason", ""),
-                   nodes="" if nodes in ("(null)", "None") else nodes, exit_code=record.get("ExitCode", ""),
-                   restarts=int(restarts) if restarts.isdigit() else 0, raw=dict(record))
-
-
-def parse_sacct_json(text: str, job_id: int) -> Optional[JobInfo]:
-    data = json.loads(text)
-    best = None
-    for job in data.get("jobs", []):
-        if int(job.get("job_id", -1)) != job_id:
-            continue
-        best = job  # the last record is the newest attempt
-    if best is None:
-        return None
-    code = best.get("exit_code", {}) or {}
-    status = code.get("return_code", "")
-    sig = (code.get("signal", {}) or {}).get("signal_id", 0)
-    return JobInfo(job_id=job_id, state=_first_state(best.get("state")).upper(),
-                   reason=str((best.get("state") or {}).get("reason", "")) if isinstance(best.get("state"), dict) else "",
-                   nodes=str(best.get("nodes", "")), exit_code=f"{status}:{sig}", raw=best)
-
-
 # ---- commands (effects) --------------------------------------------------------
 def ping(timeout_s: float = 10.0) -> bool:
     try:
@@ -248,29 +130,51 @@ def show_job(job_id: int, *, survive_sigterm: bool = False) -> Optional[Dict[str
     return parse_scontrol_record(lines[0]) if lines else None
 
 
-def parse_time(value: str) -> Optional[float]:
-    """scontrol's local `2026-11-30T12:00:00` as a Unix time; `Unknown`, `None`, `N/A` as None."""
-    import datetime
-    try:
-        return datetime.datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        return None
-
-
 def job_end_time(job_id: int) -> Optional[float]:
     """When the job's time limit runs out (None: no limit, or the job is gone)."""
     record = show_job(job_id, survive_sigterm=True)
     return parse_time(record.get("EndTime", "")) if record else None
 
 
+_RELEASES: Dict[Tuple[str, str, str], Tuple[int, int]] = {}
+
+
+def release() -> Tuple[int, int]:
+    """(major, minor) of the Slurm the commands talk to, asked once per cluster and client path."""
+    cluster = _CONF.get()
+    key = (cluster[0] if cluster else os.environ.get("SLURM_CONF", ""),
+           (cluster[1] or "") if cluster else "", os.environ.get("PATH", ""))
+    if key not in _RELEASES:
+        _RELEASES[key] = parse_release(run_slurm(["scontrol", "--version"]))
+    return _RELEASES[key]
+
+
+def has_scontrol_json() -> bool:
+    return release() >= SCONTROL_JSON_SINCE
+
+
 def job_state(job_id: int) -> JobInfo:
-    """Live state of one job from `scontrol -o show job` (this job's one line: Slurm 22.05's
-    `squeue --json` ignores -j and returns every job on the cluster, ~6 KB each); a job slurmctld
-    has forgotten (MinJobAge) comes from sacct (slurmdbd)."""
-    record = show_job(job_id)
-    if record is not None:
-        return parse_job_record(record, job_id)
-    acct = parse_sacct_json(run_slurm(["sacct", "--json", "-j", str(job_id)]), job_id)
+    """Live state of one job: `scontrol show job N --json` where it exists, else `scontrol -o show
+    job` (this job's one line: 22.05's `squeue --json` ignores -j and returns every job on the
+    cluster, ~6 KB each); a job slurmctld has forgotten (MinJobAge) comes from sacct (slurmdbd)."""
+    if has_scontrol_json():
+        try:
+            live = parse_jobs_json(run_slurm(["scontrol", "show", "job", str(job_id), "--json"]), job_id)
+        except SlurmCommandError as exc:
+            if "Invalid job id" not in exc.stderr:
+                raise
+            live = None
+        if live is not None:
+            return live
+    else:
+        record = show_job(job_id)
+        if record is not None:
+            return parse_job_record(record, job_id)
+    if has_scontrol_json():
+        acct = parse_sacct_json(run_slurm(["sacct", "--json", "-j", str(job_id)]), job_id)
+    else:   # 22.05's sacct --json loses a batch job's exit code (says SUCCESS, 0): its columns keep it
+        rows = [row for row in sacct_rows(job_id) if row["JobID"] == str(job_id)]
+        acct = parse_sacct_row(rows[-1], job_id) if rows else None
     if acct is None:
         raise SlurmCommandError(["sacct", "-j", str(job_id)], 0, f"job {job_id} is unknown to squeue and sacct")
     return acct
@@ -329,8 +233,10 @@ def slurmd_endpoint(node: str) -> Tuple[str, int]:
 
 
 def nodes(names: Optional[str] = None) -> List[NodeInfo]:
-    argv = ["scontrol", "-o", "show", "node"] + ([names] if names else [])
-    out = run_slurm(argv)
+    """Every node (or those named: a hostlist) from `scontrol show node [--json]`."""
+    if has_scontrol_json():
+        return parse_nodes_json(run_slurm(["scontrol", "show", "node", *([names] if names else []), "--json"]))
+    out = run_slurm(["scontrol", "-o", "show", "node"] + ([names] if names else []))
     return [parse_node_record(parse_scontrol_record(ln)) for ln in out.splitlines() if ln.strip()]
 
 

@@ -134,6 +134,10 @@ class JobSpec:
     reservation: Optional[str] = doc("Slurm reservation.", None)
     exclude: Optional[str] = doc("Nodes never to use, as a hostlist (`gpu[001-004]`).", None, hostlist=True)
     nodelist: Optional[str] = doc("Nodes to use, as a hostlist.", None, hostlist=True)
+    expedite_requeue: bool = doc("Ask for `--requeue=expedite`: a requeued job is eligible at once and first in "
+                                 "the queue. Needs Slurm 25.11+ and SlurmctldParameters=enable_expedited_requeue "
+                                 "(sbatch refuses it otherwise); rendered for an older or unknown release it is a "
+                                 "plain --requeue.", False)
     output_dir: str = doc("Directory for the job's stdout/stderr files (%x-%j.out / .err).", "slurm-logs")
     env: Dict[str, str] = doc("Extra environment variables for the training processes.", default_factory=dict,
                               multiline_ok=True)

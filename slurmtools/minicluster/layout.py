@@ -268,6 +268,7 @@ class MiniClusterLayout:
             "KillWait=10",
             "MinJobAge=300",
             "JobRequeue=1",
+            *self._release_lines(),
             f"Prolog={self.prolog_dir}/*",
             f"Epilog={self.epilog_dir}/*",
             "PrologFlags=Alloc",
@@ -283,6 +284,12 @@ class MiniClusterLayout:
             f"PartitionName={self.partition} Nodes={self.nodelist} Default=YES MaxTime=INFINITE State=UP",
         ]
         return "\n".join(lines) + "\n"
+
+    def _release_lines(self) -> List[str]:
+        """Settings only some releases know: expedited requeue (sbatch --requeue=expedite) from 25.11."""
+        if self.slurm_release and release.release_tuple(self.slurm_release) >= (25, 11):
+            return ["SlurmctldParameters=enable_expedited_requeue"]
+        return []
 
     def _confinement_lines(self) -> List[str]:
         """cgroups: each job is confined to its CPUs (and bound to them), its memory (a step past

@@ -59,6 +59,11 @@ def release_of_suite(os_release: str) -> Optional[str]:
     return next((rel for rel, suite in RELEASES.items() if suite.suite == codename), None)
 
 
+def release_tuple(release: str) -> Tuple[int, int]:
+    major, minor = release.split(".")
+    return int(major), int(minor)
+
+
 def check_release(release: str) -> str:
     if release not in RELEASES:
         raise ValueError(f"unknown Slurm release {release!r}; choose one of {', '.join(RELEASES)}")

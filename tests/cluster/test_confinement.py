@@ -65,6 +65,7 @@ def test_torchrun_agent_and_its_workers_get_the_cpus_the_spec_asked_for(cluster,
     assert all(len(r["cpus"]) == cpus and r["parent_cpus"] == r["cpus"] for r in seen), seen
 
 
+@pytest.mark.every_release
 def test_srun_launcher_binds_each_rank_to_its_own_cpu(cluster, shared_tmp: Path):
     training.settle()
     spec, job, info = run_spec(shared_tmp, "aff-srun", AFFINITY, ["srun"], nodes=2, processes_per_node=2,
@@ -78,6 +79,7 @@ def test_srun_launcher_binds_each_rank_to_its_own_cpu(cluster, shared_tmp: Path)
         assert len(on_host) == 2 and len(set(on_host)) == 2, seen        # two ranks, two different CPUs
 
 
+@pytest.mark.every_release
 def test_a_job_past_its_memory_is_oom_killed_and_the_supervisor_says_oom(cluster, shared_tmp: Path):
     training.settle()
     spec, job, info = run_spec(shared_tmp, "oom", HOG, ["1200"], nodes=1, processes_per_node=1, mem_gb=0.5,
@@ -92,6 +94,7 @@ def test_a_job_past_its_memory_is_oom_killed_and_the_supervisor_says_oom(cluster
     assert steps
 
 
+@pytest.mark.every_release
 def test_a_job_opens_only_its_own_gpu_devices(cluster, shared_tmp: Path):
     training.settle()
     out = shared_tmp / "devices.out"

@@ -62,6 +62,7 @@ def test_a_time_limit_warning_checkpoints_requeues_and_completes(workdir, refere
     assert training.leftover_trainers(job) == []
 
 
+@pytest.mark.every_release
 def test_b_requeue_by_a_person_checkpoints_and_resumes(workdir, reference_run):
     spec = training.training_spec(workdir, "preempt", extra=["--step-sleep-s", "0.5"])
     job = training.submit(spec)
@@ -103,6 +104,7 @@ def _kill_node_and_finish(cluster, spec, job: int):
     return evts, victim
 
 
+@pytest.mark.every_release
 def test_c_node_killed_mid_step_requeues_without_it_and_resumes(cluster, workdir, reference_run):
     spec = training.training_spec(workdir, "nodekill", extra=["--step-sleep-s", "0.5"])
     job = training.submit(spec)

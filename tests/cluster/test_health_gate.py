@@ -55,6 +55,7 @@ def faults(tmp: Path):
     }
 
 
+@pytest.mark.every_release
 @pytest.mark.parametrize("fault", ["ecc", "xid79", "ib-port-down", "hung-probe"])
 def test_faulty_node_is_drained_by_its_prolog_and_the_job_runs_elsewhere(health_config, shared_tmp, fault):
     setting, reason = faults(shared_tmp)[fault]
@@ -69,6 +70,7 @@ def test_faulty_node_is_drained_by_its_prolog_and_the_job_runs_elsewhere(health_
     assert [n.name for n in slurm.nodes() if n.drained] == ["node2"]
 
 
+@pytest.mark.every_release
 def test_a_persons_drain_is_left_alone_by_resume_and_auto_resume(health_config):
     health_config("  - match: node3\n    auto_resume_after: 1\n")
     slurm.drain_node("node3", "manual: bad HBM ECC")

@@ -19,6 +19,7 @@ def finished(job_id: int):
     return info if info.finished else None
 
 
+@pytest.mark.every_release
 def test_three_idle_nodes_with_four_gpus(cluster):
     nodes = slurm.nodes()
     assert [(n.name, n.state, n.gres) for n in nodes] == [
@@ -33,6 +34,7 @@ def test_second_up_is_harmless(cluster):
     assert all(n.state == "idle" for n in slurm.nodes())
 
 
+@pytest.mark.every_release
 def test_two_node_job_hostnames_gpus_and_cross_node_tcp(cluster, shared_tmp: Path):
     out = shared_tmp / "job.out"
     script = f"""#!/bin/bash
@@ -67,6 +69,7 @@ wait
     assert slurm.parse_sacct_json(slurm.run_slurm(["sacct", "--json", "-j", str(job)]), job).state == "COMPLETED"
 
 
+@pytest.mark.every_release
 def test_killed_node_goes_down_and_requeue_job_reruns_elsewhere(cluster, shared_tmp: Path):
     out = shared_tmp / "requeue.out"
     script = f"""#!/bin/bash

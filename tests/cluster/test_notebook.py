@@ -50,6 +50,7 @@ def test_bad_spec_gives_the_same_clear_error(shared_tmp):
         notebook.executor({"name": "x", "nodez": 2}, folder=shared_tmp)
 
 
+@pytest.mark.every_release
 def test_submit_from_python_and_get_the_result(cluster, shared_tmp, reference_run):
     training.settle()
     ex = notebook.executor(spec(shared_tmp), folder=shared_tmp / "sub" / "%j")
@@ -68,6 +69,7 @@ def test_submit_from_python_and_get_the_result(cluster, shared_tmp, reference_ru
     assert "goodput" in st.goodput
 
 
+@pytest.mark.every_release
 def test_requeue_mid_run_resumes_from_the_checkpoint(cluster, shared_tmp, reference_run):
     training.settle()
     ex = notebook.executor(spec(shared_tmp), folder=shared_tmp / "sub" / "%j")

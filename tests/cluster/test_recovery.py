@@ -87,6 +87,7 @@ def _second_node_killed(cluster, spec):
         _restore(cluster, victim)
 
 
+@pytest.mark.every_release
 def test_b_node_killed_is_replaced_by_the_hot_spare_without_requeue(cluster, workdir, reference_run):
     spec = training.training_spec(workdir, "spare", extra=["--step-sleep-s", "0.5"], requeue={"spare_nodes": 1})
     with _second_node_killed(cluster, spec) as (job, nodes, victim, evts):

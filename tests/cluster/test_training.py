@@ -13,6 +13,7 @@ from tests.cluster import training
 pytestmark = pytest.mark.cluster
 
 
+@pytest.mark.every_release
 def test_two_nodes_two_processes_train_to_completion(reference_run):
     spec, evts = reference_run["spec"], reference_run["events"]
     steps = [e for e in evts if "loss" in e]
@@ -28,11 +29,13 @@ def test_two_nodes_two_processes_train_to_completion(reference_run):
     assert slurm.job_state(reference_run["job"]).state == "COMPLETED"
 
 
+@pytest.mark.every_release
 def test_rendered_job_ran_on_two_nodes(reference_run):
     start = training.supervisor_events(reference_run["events"], "start")
     assert len(start) == 1 and start[0]["nodes"].startswith("node[")
 
 
+@pytest.mark.every_release
 def test_cli_submit_wait_status_and_logs(cluster, shared_tmp: Path):
     import subprocess
     import sys
@@ -85,3 +88,15 @@ def test_submit_wait_and_the_supervisor_ride_through_a_controller_restart(cluste
     finals = training.trainer_events(training.events(spec, job), "final")
     assert finals and finals[-1]["state_sha256"] == reference_run["hash"], training.describe(spec, job)
     assert [e["action"] for e in training.supervisor_events(training.events(spec, job), "decision")] == ["complete"]
+
+
+@pytest.mark.every_release
+def test_expedited_requeue_is_asked_exactly_where_the_release_has_it(cluster, shared_tmp: Path):
+    """expedite_requeue renders --requeue=expedite on 25.11+ (the mini-cluster enables it there),
+    a plain --requeue before; the job's record says which it got."""
+    spec = training.training_spec(shared_tmp, "expedite", steps=2, expedite_requeue=True)
+    job = training.submit(spec)
+    expedited = (slurm.show_job(job) or {}).get("ExpeditedRequeue")
+    training.wait_finished(job, 180)
+    assert expedited == ("Yes" if slurm.release() >= (25, 11) else None)
+    assert slurm.job_state(job).state == "COMPLETED"
