@@ -4,12 +4,24 @@
 # tiny FSDP2 job (2 nodes x 2 processes) from its spec, follow it to completion, then show
 # its checkpoints, its goodput ledger and the node table.
 # The cluster stays up afterwards; `.venv/bin/slurmtools minicluster down` stops it.
+# `bash scripts/demo.sh --slurm 24.11` (or 26.05) runs it on that Slurm release instead of the
+# machine's own, from a Debian root the mini-cluster builds (the `mini` cluster must be down --purge'd
+# when it was made with another release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+release=()
+if [ $# -gt 0 ]; then
+  if [ $# -ne 2 ] || [ "$1" != --slurm ]; then
+    echo "usage: bash scripts/demo.sh [--slurm 22.05|24.11|26.05]" >&2; exit 2
+  fi
+  release=(--slurm "$2")
+fi
 bash scripts/bootstrap.sh
 st=.venv/bin/slurmtools
 echo "== bringing up the mini-cluster"
-$st minicluster up
+$st minicluster up "${release[@]}"
+# Slurm's own commands of this cluster (another release's are wrappers in its state dir)
+eval "$($st minicluster env)"
 rm -rf runs/tiny-fsdp
 echo
 echo "== the sbatch script slurmtools renders for examples/tiny_fsdp/job.yaml (head)"

@@ -103,6 +103,10 @@ def install_packages(extra: Tuple[str, ...] = ()) -> List[str]:
     return missing
 
 
+def release_name(slurm_release: str) -> str:
+    return f"Slurm {slurm_release}" if slurm_release else "the machine's own Slurm"
+
+
 # ---- up ----------------------------------------------------------------------------
 def write_configs(layout: MiniClusterLayout) -> None:
     for directory in (layout.etc_dir, layout.log_dir, layout.run_dir, layout.fake_gpu_dir, layout.ctld_state_dir):
@@ -148,6 +152,12 @@ def up(layout: MiniClusterLayout, *, install: bool = True, wait_s: float = 60.0)
     conflict = held_by_others(layout, record)
     if conflict:
         raise MiniClusterError(f"cluster {layout.name!r} not started: {conflict}")
+    made_with = record.get("layout", {}).get("slurm_release")
+    if made_with is not None and made_with != layout.slurm_release:
+        # its state (slurmctld's, the accounting database) belongs to that release
+        raise MiniClusterError(f"cluster {layout.name!r} was made with {release_name(made_with)}, not "
+                               f"{release_name(layout.slurm_release)}: `slurmtools minicluster --name {layout.name} "
+                               "down --purge` it first")
     record["layout"] = {"name": layout.name, "slot": layout.slot, "nodes": layout.nodes,
                         "cgroups": layout.cgroups, "cpus_per_node": layout.cpus_per_node,
                         "gpus_per_node": layout.gpus_per_node, "controller_host": layout.controller_host,

@@ -18,7 +18,6 @@ the tests can show that a wrong-results node is named. Never set it on a real jo
 from __future__ import annotations
 
 import hashlib
-import os
 import socket
 import time
 from dataclasses import dataclass

@@ -168,7 +168,7 @@ def judge_links(nodes: Sequence[str], pairs: Sequence[LinkResult], ring: Optiona
     if (ring is not None and settings.min_busbw_gbps is not None and ring.busbw_gbps < settings.min_busbw_gbps
             and not any(finding.test == "busbw" for finding in findings)):
         findings.append(Finding("busbw", None, f"{ring.busbw_gbps:.3g}Gbps", f">={settings.min_busbw_gbps:.3g}Gbps",
-                                f"the all-node ring is below the floor but no node's pairs are"))
+                                "the all-node ring is below the floor but no node's pairs are"))
     return findings
 
 

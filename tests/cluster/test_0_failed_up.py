@@ -40,3 +40,20 @@ def test_failed_up_is_cleaned_by_down():
     assert Path("/etc/hosts").read_text() == hosts_before
     assert not (mc.ETC_SLURM_CONF.is_symlink() and str(mc.ETC_SLURM_CONF.resolve()).startswith(str(layout.root)))
     assert not layout.root.exists() and not layout.registry_file.exists()
+
+
+def test_a_failed_root_build_leaves_nothing_half_made_and_says_why(tmp_path, monkeypatch):
+    """mmdebstrap against an archive nobody serves: one line naming the suite and mmdebstrap's
+    reason; neither the partial nor a root is left for a later `up` to take."""
+    from slurmtools.minicluster import debroot
+
+    mc.install_packages(("mmdebstrap",))
+    monkeypatch.setattr(debroot, "host_archive", lambda: "http://127.0.0.1:9/debian")
+    root = tmp_path / "slurm-root"
+    with pytest.raises(MiniClusterError) as failed:
+        debroot.build_root(root, "24.11")
+    message = str(failed.value)
+    assert message.startswith("building the Debian trixie root for Slurm 24.11 failed (mmdebstrap exited ")
+    assert "\n" not in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert not debroot.root_ready(root, "24.11")

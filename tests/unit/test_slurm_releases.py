@@ -125,3 +125,19 @@ def test_a_sacct_row_as_job_info():
     assert (info.state, info.nodes, info.exit_code, info.finished) == ("CANCELLED", "node[1-2]", "0:15", True)
     pending = sp.parse_sacct_row({"JobID": "8", "State": "PENDING", "NodeList": "None assigned", "ExitCode": "0:0"}, 8)
     assert (pending.state, pending.nodes, pending.finished) == ("PENDING", "", False)
+
+
+@pytest.mark.parametrize("release,line", [(None, "#SBATCH --requeue"), ((22, 5), "#SBATCH --requeue"),
+                                          ((24, 11), "#SBATCH --requeue"), ((25, 11), "#SBATCH --requeue=expedite"),
+                                          ((26, 5), "#SBATCH --requeue=expedite")])
+def test_expedite_requeue_is_rendered_only_for_releases_that_take_it(release, line):
+    from slurmtools import sbatch
+    from slurmtools.spec import spec_from_dict
+
+    spec = spec_from_dict({"name": "x", "nodes": 2, "command": ["t.py"], "expedite_requeue": True})
+    script = sbatch.render(spec, slurm_release=release)
+    assert [ln for ln in script.splitlines() if ln.startswith("#SBATCH --requeue")] == [line]
+    noted = [ln for ln in script.splitlines() if ln.startswith("# expedite_requeue:")]
+    assert len(noted) == (0 if line.endswith("expedite") else 1)
+    plain = sbatch.render(spec_from_dict({"name": "x", "nodes": 2, "command": ["t.py"]}), slurm_release=release)
+    assert "#SBATCH --requeue\n" in plain and "expedite" not in plain
