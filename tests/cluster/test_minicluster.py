@@ -120,18 +120,20 @@ srun bash -c 'echo "$(hostname) $(getent hosts "$(hostname)" | cut -d" " -f1)"' 
 def test_a_second_named_cluster_runs_beside_this_one_and_touches_nothing(cluster, shared_tmp: Path):
     from slurmtools.errors import MiniClusterError
     from slurmtools.minicluster.layout import MiniClusterLayout
-    from tests.conftest import REPO
+    from tests.conftest import REPO, TEST_SLURM_RELEASE
 
+    # the suite's release (its client commands are first on PATH): another release's root of its own
     side = mc.layout_for_up("side", Path("/var/tmp/slurmtools-side-cluster"), nodes=2, gpus_per_node=0,
-                            prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
+                            prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d",
+                            slurm_release=TEST_SLURM_RELEASE)
     other_dir = Path("/var/tmp/slurmtools-side-other")
     try:
         mc.up(side, install=False, wait_s=60)
         assert side.slot != cluster.slot and {side.bridge, side.subnet}.isdisjoint({cluster.bridge, cluster.subnet})
-        with slurm.using_conf(side.slurm_conf):
+        with slurm.using_conf(side.slurm_conf, side.client_bin_dir):
             side_job = slurm.submit(_hosts_job(shared_tmp / "side.out"))
         test_job = slurm.submit(_hosts_job(shared_tmp / "test.out"))
-        with slurm.using_conf(side.slurm_conf):
+        with slurm.using_conf(side.slurm_conf, side.client_bin_dir):
             assert wait_for(lambda: finished(side_job), 60, "the side cluster's job").state == "COMPLETED"
         assert wait_for(lambda: finished(test_job), 60, "the suite cluster's job").state == "COMPLETED"
         # both clusters have a node1 and a node2; each job resolves its own cluster's addresses
