@@ -36,11 +36,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 from slurmtools import sbatch, slurm
+from slurmtools.deadline import WarningClock
 from slurmtools.errors import SlurmCommandError, SpecError, UsageError
 from slurmtools.preflight import inprocess
 from slurmtools.requeue import ledger
 from slurmtools.runtime import (ATTEMPT_ID_ENV, CHECKPOINT_DIR_ENV, CHECKPOINT_GRACE_ENV, COLLECTIVE_TIMEOUT_ENV,
-                                LOCAL_JOB_ID, PREFLIGHT_ENV, TrainingControl, attempt_of, control_dir_for)
+                                LOCAL_JOB_ID, PREFLIGHT_ENV, WARNING_LEAD_ENV, TrainingControl, attempt_of,
+                                control_dir_for)
+from slurmtools.signals import signal_number
 from slurmtools.spec import JobSpec, load_spec, spec_from_dict
 
 SpecLike = Union[JobSpec, Dict[str, Any], str, Path]
@@ -89,7 +92,8 @@ def refuse_unhonoured(spec: JobSpec) -> None:
 def executor_parameters(spec: JobSpec) -> Dict[str, Any]:
     """submitit parameters for a spec (pure): one task per training process, Slurm options, env."""
     refuse_unhonoured(spec)
-    exports = sbatch.environment(spec) + [(CHECKPOINT_GRACE_ENV, str(spec.requeue.checkpoint_grace_s))]
+    exports = sbatch.environment(spec) + [(CHECKPOINT_GRACE_ENV, str(spec.requeue.checkpoint_grace_s)),
+                                          (WARNING_LEAD_ENV, str(spec.requeue.warning_lead_s))]
     preflight_settings = inprocess.env_value(spec)
     if preflight_settings is not None:
         exports.append((PREFLIGHT_ENV, preflight_settings))
@@ -254,23 +258,36 @@ def _requeue(job_id: str) -> None:
 
 
 def _start_grace_timer(control: TrainingControl, job_id: str, finished: threading.Event) -> None:
-    """requeue.checkpoint_grace_s: after a warning, the checkpoint has this long; then rank 0
-    requeues anyway (as the sbatch path's supervisor does), so a stuck save never eats the
-    rest of the allocation."""
+    """Rank 0 keeps the warning clock (slurmtools.deadline: Slurm's warning can be lost) and,
+    requeue.checkpoint_grace_s after a warning, requeues anyway (as the sbatch path's supervisor
+    does), so a stuck save never eats the rest of the allocation."""
     grace_s = float(os.environ.get(CHECKPOINT_GRACE_ENV, "0") or 0)
-    if grace_s <= 0:
-        return
+    lead_s = float(os.environ.get(WARNING_LEAD_ENV, "0") or 0)
+    clock = WarningClock(int(job_id), lead_s) if lead_s > 0 and job_id.isdigit() else None
 
     def watch() -> None:
         while not finished.wait(0.5):
-            if control.signal_names() & {"SIGUSR1", "SIGUSR2"}:
-                if not finished.wait(grace_s):
+            warned = control.signal_names() & {"SIGUSR1", "SIGUSR2"}
+            if not warned and not control.signal_names() and clock is not None and clock.due(time.time()):
+                print(f"slurmtools: {lead_s:g} s left and no warning from Slurm; acting as warned",
+                      file=sys.stderr, flush=True)
+                os.kill(os.getpid(), _submitit_warning_signal())   # agree() carries it to every rank
+                continue
+            if warned:
+                if grace_s > 0 and not finished.wait(grace_s):
                     print(f"slurmtools: checkpoint not done {grace_s:g} s after the warning; requeueing",
                           file=sys.stderr, flush=True)
                     _requeue(job_id)
                 return
 
-    threading.Thread(target=watch, name="slurmtools-grace", daemon=True).start()
+    if grace_s > 0 or clock is not None:
+        threading.Thread(target=watch, name="slurmtools-grace", daemon=True).start()
+
+
+def _submitit_warning_signal() -> int:
+    """The signal submitit asks Slurm for (--signal=USR2@slurm_signal_delay_s unless overridden)."""
+    from submitit.slurm.slurm import SlurmJobEnvironment
+    return signal_number(SlurmJobEnvironment.USR_SIG)
 
 
 def _latest_step(checkpoint_dir: Optional[str]) -> Optional[int]:

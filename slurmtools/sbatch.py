@@ -14,6 +14,7 @@ from slurmtools import __version__
 from slurmtools.errors import SpecError
 from slurmtools.requeue import flags as requeue_flags
 from slurmtools.runtime import CHECKPOINT_DIR_ENV, COLLECTIVE_TIMEOUT_ENV, SDC_CHECK_EVERY_ENV, control_root
+from slurmtools.slurm_parse import EXPEDITE_SINCE
 from slurmtools.spec import JobSpec
 
 # Fields whose values end up in #SBATCH lines: sbatch's own parser drops backslashes there.
@@ -38,10 +39,6 @@ def format_time_limit(minutes: int) -> str:
     days, rest = divmod(minutes, 24 * 60)
     hours, mins = divmod(rest, 60)
     return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours:02d}:{mins:02d}:00"
-
-
-# The first Slurm release whose sbatch takes --requeue=expedite.
-EXPEDITE_SINCE = (25, 11)
 
 
 def directives(spec: JobSpec, slurm_release: Optional[Tuple[int, int]] = None) -> List[Tuple[str, str]]:

@@ -36,7 +36,9 @@ class SignalFlags:
 
     def __init__(self) -> None:
         self._seen: Dict[int, int] = {}
-        self._lock = threading.Lock()
+        # re-entrant: the handler runs in the main thread, possibly while that thread holds the
+        # lock in any()/seen()/names(); a plain Lock would deadlock the process on that signal
+        self._lock = threading.RLock()
         self._previous: Dict[int, object] = {}
 
     def install(self, signals: Iterable[int]) -> "SignalFlags":
@@ -67,7 +69,7 @@ class SignalFlags:
 
     def names(self) -> List[str]:
         with self._lock:
-            return sorted(signal.Signals(sig).name for sig in self._seen)
+            return sorted(signal.Signals(sig).name for sig in list(self._seen))
 
 
 def signal_number(name: str) -> int:

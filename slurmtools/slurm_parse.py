@@ -31,14 +31,23 @@ TERMINAL_STATES = frozenset({
 NODE_BASE_STATES = frozenset({"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN"})
 # The first release whose scontrol has --json (scontrol show job|node --json).
 SCONTROL_JSON_SINCE = (23, 2)
+# The first release whose sbatch takes --requeue=expedite (slurmctld: enable_expedited_requeue).
+EXPEDITE_SINCE = (25, 11)
+_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.\d+)?")
+
+
+def version_tuple(text: str) -> Optional[Tuple[int, int]]:
+    """The first MAJOR.MINOR[.MICRO] in text ('slurm-wlm 24.11.5', '22.05.8-4+deb12u1') -> (24, 11)."""
+    match = _VERSION.search(text)
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def parse_release(version_text: str) -> Tuple[int, int]:
     """`slurm 22.05.8` / `slurm-wlm 24.11.5` (scontrol --version) -> (22, 5)."""
-    match = re.search(r"(\d+)\.(\d+)(?:\.\d+)?", version_text)
-    if not match:
+    found = version_tuple(version_text)
+    if found is None:
         raise SlurmCommandError(["scontrol", "--version"], 0, f"unexpected output: {version_text.strip()[:80]!r}")
-    return int(match.group(1)), int(match.group(2))
+    return found
 
 
 def parse_scontrol_record(line: str) -> Dict[str, str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from slurmtools.minicluster import release
+from slurmtools.slurm_parse import EXPEDITE_SINCE
 
 # Named clusters, like kind's: each name has its own state dir, slot (subnet, ports), bridge,
 # namespaces, munged and MariaDB, so several run side by side and never touch each other.
@@ -287,7 +288,7 @@ class MiniClusterLayout:
 
     def _release_lines(self) -> List[str]:
         """Settings only some releases know: expedited requeue (sbatch --requeue=expedite) from 25.11."""
-        if self.slurm_release and release.release_tuple(self.slurm_release) >= (25, 11):
+        if self.slurm_release and release.release_tuple(self.slurm_release) >= EXPEDITE_SINCE:
             return ["SlurmctldParameters=enable_expedited_requeue"]
         return []
 

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from slurmtools.slurm_parse import version_tuple
+
 
 @dataclass(frozen=True)
 class DebianSuite:
@@ -46,10 +48,10 @@ ROOT_STAMP = ".slurmtools-root.json"
 
 def release_of_version(version: str) -> str:
     """'22.05.8-4+deb12u1' or 'slurm-wlm 24.11.5' -> '22.05' (major.minor)."""
-    match = re.search(r"(\d+)\.(\d+)(?:\.\d+)?", version)
-    if not match:
+    found = version_tuple(version)
+    if found is None:
         raise ValueError(f"not a Slurm version: {version!r}")
-    return f"{int(match.group(1)):02d}.{int(match.group(2)):02d}"
+    return f"{found[0]:02d}.{found[1]:02d}"
 
 
 def release_of_suite(os_release: str) -> Optional[str]:
@@ -60,8 +62,11 @@ def release_of_suite(os_release: str) -> Optional[str]:
 
 
 def release_tuple(release: str) -> Tuple[int, int]:
-    major, minor = release.split(".")
-    return int(major), int(minor)
+    """'24.11' -> (24, 11)."""
+    found = version_tuple(release)
+    if found is None:
+        raise ValueError(f"not a Slurm release: {release!r}")
+    return found
 
 
 def check_release(release: str) -> str:

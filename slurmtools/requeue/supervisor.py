@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from slurmtools import slurm
 from slurmtools.checkpoint import Checkpoint, CheckpointManager
+from slurmtools.deadline import WarningClock
 from slurmtools.errors import SlurmCommandError
 from slurmtools.preflight import launch as preflight
 from slurmtools.preflight.judge import Settings as PreflightSettings
@@ -126,17 +127,13 @@ def _close_dangling_attempt(control: Path, events: List[ledger.Event],
     return end
 
 
-def _warned_before_start(job_id: Optional[int], lead_s: int) -> bool:
-    """The script ignores the warning signal until this process handles it (a warning landing
-    during bash's prelude or Python's start-up would otherwise kill the job): when the time
-    left is already inside the warning lead, the warning was due, and is treated as received."""
-    if job_id is None:
-        return False
-    try:
-        end_s = slurm.job_end_time(job_id)
-    except SlurmCommandError:
-        return False
-    return end_s is not None and end_s - time.time() <= lead_s
+def _warn_when_due(clock: WarningClock, attempt: Attempt, flags: SignalFlags, warn_sig: int) -> None:
+    """No warning yet, but the time left is inside the lead: Slurm's was lost or is late
+    (slurmtools.deadline) -- raise it ourselves; the flag handler records it like Slurm's."""
+    if flags.any() or not clock.due(time.time()):
+        return
+    emit("warning_self_timed", attempt.attempt_id, end_s=clock.end_s, lead_s=clock.lead_s)
+    os.kill(os.getpid(), warn_sig)
 
 
 def _begin(config: SupervisorConfig, attempt: Attempt, manager: Optional[CheckpointManager]
@@ -159,10 +156,11 @@ def _begin(config: SupervisorConfig, attempt: Attempt, manager: Optional[Checkpo
 
 def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flags: SignalFlags,
            start_t: float, node_watch: Optional[nodecheck.NodeWatch],
-           stragglers: Optional[straggler.StragglerWatch], can_swap: Callable[[str], bool]) -> Watch:
-    """Until the step ends: warning -> checkpoint request (and the grace timer), heartbeats ->
-    hang, silent node + unreachable slurmd -> node death, a persistently slow node -> a
-    checkpoint request to swap it out."""
+           stragglers: Optional[straggler.StragglerWatch], can_swap: Callable[[str], bool],
+           keep_clock: Callable[[], None]) -> Watch:
+    """Until the step ends: warning (Slurm's, or ours when due) -> checkpoint request (and the
+    grace timer), heartbeats -> hang, silent node + unreachable slurmd -> node death, a
+    persistently slow node -> a checkpoint request to swap it out."""
     control = config.control_dir
     requeue = config.requeue
     child = launched.child
@@ -171,6 +169,7 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
     invalid_seen = 0
     reported: List[str] = []
     while child.poll() is None:
+        keep_clock()
         now = time.time()
         if flags.any() and requested_at is None:
             requested_at = now
@@ -336,8 +335,8 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
               ) -> "int | tuple[policy.Diagnosis, policy.Verdict, Optional[int], List[ledger.Event]]":
     """Begin, launch, watch and judge one step; an int is the exit code when it could not start."""
     events, resume = _begin(config, attempt, manager)
-    if attempt.seq == 0 and _warned_before_start(attempt.job_id, config.requeue.warning_lead_s):
-        os.kill(os.getpid(), warn_sig)      # the flag handler records it like the real one
+    clock = WarningClock(attempt.job_id, config.requeue.warning_lead_s)
+    _warn_when_due(clock, attempt, flags, warn_sig)
     number = sum(1 for event in events if isinstance(event, ledger.AttemptStart))
     child_env = dict(env, **{CONTROL_DIR_ENV: str(config.control_dir), ATTEMPT_ID_ENV: attempt.attempt_id,
                              ATTEMPT_NUMBER_ENV: str(number)})
@@ -389,7 +388,8 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
         return (attempt.job_id is not None and requeue.in_allocation and not flags.seen(signal.SIGTERM)
                 and bool(this_run.topology.spares(this_run.lost)) and this_run.topology.can_lose(node, this_run.lost))
     try:
-        watch = _watch(config, attempt, launched, flags, start_t, node_watch, stragglers, can_swap)
+        watch = _watch(config, attempt, launched, flags, start_t, node_watch, stragglers, can_swap,
+                       lambda: _warn_when_due(clock, attempt, flags, warn_sig))
     finally:
         launched.finish(config.stop_timeout_s)
     emit("step_end", attempt.attempt_id, exit_code=watch.exit_code, run_s=round(time.time() - start_t, 3))
