@@ -264,7 +264,10 @@ class MiniClusterLayout:
             "GresTypes=gpu",
             "SlurmdParameters=config_overrides",
             "ReturnToService=2",
-            "SlurmdTimeout=10",
+            # a ping round waits for its slowest node (up to MessageTimeout, 10 s, for a killed one)
+            # before it records the others' answers: 10 s let Slurm 24.11 mark every node not
+            # responding at once and requeue a job from a healthy one (docs/minicluster.md)
+            "SlurmdTimeout=30",
             "InactiveLimit=0",
             "KillWait=10",
             "MinJobAge=300",

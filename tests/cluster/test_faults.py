@@ -47,8 +47,9 @@ def test_a_time_limit_warning_checkpoints_requeues_and_completes(workdir, refere
     # to 60 s early, so its warning lands anywhere in the first 30 s -- or is lost, when it lands
     # during the prolog or the script's start-up (seen in CI: that attempt ended TIMEOUT). The
     # supervisor's own clock warns at 30 s left when Slurm's did not come (slurmtools.deadline).
-    # 20 steps of 3 s cannot finish inside one minute, so the first attempt is always warned.
-    spec = training.training_spec(workdir, "timelimit", extra=["--step-sleep-s", "3.0"], time_limit_min=1,
+    # 20 steps of 1.5 s and the start-up cannot finish within the first 30 s, so the first attempt is
+    # always warned. (3-s steps made a run of 10 to 18 attempts of a few steps each: 5 to 9 minutes.)
+    spec = training.training_spec(workdir, "timelimit", extra=["--step-sleep-s", "1.5"], time_limit_min=1,
                                   requeue={"warning_lead_s": 30, "checkpoint_grace_s": 20})
     job = training.submit(spec)
     info = training.wait_finished(job, 600)     # attempts of up to ~45 s, each a few steps further

@@ -84,7 +84,7 @@ srun sleep 300
     time.sleep(1)
     assert mc.kill_node(cluster, "node2")
     try:
-        wait_for(lambda: any(n.name == "node2" and n.state == "down" for n in slurm.nodes()), 60, "node2 DOWN")
+        wait_for(lambda: any(n.name == "node2" and n.state == "down" for n in slurm.nodes()), 120, "node2 DOWN")
         # -w node[1-2] can no longer be satisfied: drop the pin so Slurm places the rerun.
         slurm.update_job(job, ReqNodeList="", ExcNodeList="node2")
         wait_for(lambda: "restart=1" in out.read_text(), 90, "the job to rerun")
