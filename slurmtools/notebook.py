@@ -43,7 +43,7 @@ from slurmtools.requeue import ledger
 from slurmtools.runtime import (ATTEMPT_ID_ENV, CHECKPOINT_DIR_ENV, CHECKPOINT_GRACE_ENV, COLLECTIVE_TIMEOUT_ENV,
                                 LOCAL_JOB_ID, PREFLIGHT_ENV, WARNING_LEAD_ENV, TrainingControl, attempt_of,
                                 control_dir_for)
-from slurmtools.signals import signal_number
+from slurmtools.signals import WARNING_SIGNAL_NAMES, signal_number
 from slurmtools.spec import JobSpec, load_spec, spec_from_dict
 
 SpecLike = Union[JobSpec, Dict[str, Any], str, Path]
@@ -218,7 +218,7 @@ class CheckpointableTrainer(_Checkpointable):
             return outcome
         self._record_end(control_dir, env.rank, attempt_id, "preempted", outcome.get("step"))
         dist.barrier()
-        warned = control.signal_names() & {"SIGUSR1", "SIGUSR2"}
+        warned = control.signal_names() & WARNING_SIGNAL_NAMES
         if env.rank == 0 and warned and "SIGTERM" not in control.signal_names():
             _requeue(job_id)       # a warning: we requeue; a SIGTERM: Slurm already is
         _wait_to_be_ended()
@@ -267,7 +267,7 @@ def _start_grace_timer(control: TrainingControl, job_id: str, finished: threadin
 
     def watch() -> None:
         while not finished.wait(0.5):
-            warned = control.signal_names() & {"SIGUSR1", "SIGUSR2"}
+            warned = control.signal_names() & WARNING_SIGNAL_NAMES
             if not warned and not control.signal_names() and clock is not None and clock.due(time.time()):
                 print(f"slurmtools: {lead_s:g} s left and no warning from Slurm; acting as warned",
                       file=sys.stderr, flush=True)

@@ -20,6 +20,7 @@ from types import FrameType
 from typing import Dict, Iterable, List, Optional
 
 WARNING_SIGNALS = frozenset({signal.SIGUSR1, signal.SIGUSR2})
+WARNING_SIGNAL_NAMES = frozenset(signal.Signals(number).name for number in WARNING_SIGNALS)
 
 
 def block_warning_signals() -> None:
