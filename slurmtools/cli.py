@@ -263,6 +263,17 @@ def cmd_health_record_gpu(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_health_record_ib(args: argparse.Namespace) -> int:
+    from slurmtools.health.record_ib import record
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"--out {out}: not empty (a recording goes into a new directory)")
+    hcas = record(Path(args.sysfs_root), out)
+    print(f"recorded {len(hcas)} HCAs ({', '.join(hcas)}) into {out}; replay with `sysfs_root: {out}`")
+    return 0
+
+
 def cmd_nodes(args: argparse.Namespace) -> int:
     from slurmtools import drain, slurm
 
@@ -298,6 +309,10 @@ def _add_health(sub: Any) -> None:
     rec = acts.add_parser("record-gpu", help="record this node's NVML readings as a fixture (JSON)")
     rec.add_argument("--out")
     rec.set_defaults(func=cmd_health_record_gpu)
+    rib = acts.add_parser("record-ib", help="copy this node's InfiniBand sysfs (kernel layout) into a directory")
+    rib.add_argument("--out", required=True, help="a new or empty directory")
+    rib.add_argument("--sysfs-root", default="/", help="where /sys is (default: /)")
+    rib.set_defaults(func=cmd_health_record_ib)
 
     nodes_parser = sub.add_parser("nodes", help="drained/down nodes with reason, who and since; drain and resume")
     nodes_parser.add_argument("--json", action="store_true")

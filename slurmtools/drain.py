@@ -77,6 +77,16 @@ def drain(node: str, reason: DrainReason) -> bool:
     return True
 
 
+def reboot(node: str, reason: DrainReason) -> bool:
+    """Like drain(), but ask Slurm to reboot the node once idle and resume it (health/remedy.py);
+    a node already drained (a person's reason, or our earlier evidence) is left as it is."""
+    current = slurm.nodes(node)
+    if current and current[0].drained:
+        return False
+    slurm.reboot_node(node, reason.render())
+    return True
+
+
 def drain_manual(node: str, text: str) -> None:
     """A person draining through slurmtools: our prefix with status MANUAL, so `nodes resume`
     can undo it, while automatic resume (which only touches CRITICAL drains) never does."""

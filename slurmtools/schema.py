@@ -117,7 +117,8 @@ def _type_name(tp: Any) -> str:
     if origin in (list, List):
         return "a list of " + {int: "integers", float: "numbers"}.get(_item_type(tp), "strings")
     if origin in (dict, Dict):
-        return "a mapping of strings"
+        key_type = (get_args(tp) or (str,))[0]
+        return "a mapping of strings" if key_type is str else "a mapping of integers to strings"
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return "a mapping"
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
@@ -183,11 +184,14 @@ def _convert(tp: Any, value: Any, path: KeyPath) -> Any:
     if origin in (dict, Dict):
         if not isinstance(value, Mapping):
             raise err(f"must be {_type_name(tp)}, got {type(value).__name__}", path)
-        out: Dict[str, str] = {}
+        key_type = (get_args(tp) or (str,))[0]
+        out: Dict[Any, str] = {}
         for key, item in value.items():
             if isinstance(item, bool):
                 item = "1" if item else "0"
-            if not isinstance(key, str):
+            if key_type is int:     # an XID table: its keys stay integers
+                key = _scalar(int, key, path, f"key {_shown(key)}")
+            elif not isinstance(key, str):
                 raise err(f"key {_shown(key)} must be a string", path)
             out[key] = _scalar(str, item, path, repr(key))
         return out

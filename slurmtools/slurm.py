@@ -244,6 +244,12 @@ def drain_node(node: str, reason: str) -> None:
     run_slurm(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
 
 
+def reboot_node(node: str, reason: str) -> None:
+    """Drain node now and reboot it once its jobs end (ASAP), then return it to service when its
+    slurmd registers again (nextstate=RESUME); Slurm runs the cluster's RebootProgram."""
+    run_slurm(["scontrol", "reboot", "ASAP", "nextstate=RESUME", f"reason={reason}", node])
+
+
 def resume_node(node: str) -> None:
     run_slurm(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
 

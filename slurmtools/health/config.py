@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from slurmtools.errors import ConfigError, SpecError
-from slurmtools.xid import FATAL_XIDS, MONITOR_XIDS
+from slurmtools import xid as xid_policy
 from slurmtools.schema import (MAX_YAML_BYTES, attach_line, build, check_hostlist, check_limits, doc, err,
                                load_yaml_with_lines)
 
@@ -68,10 +68,18 @@ class GpuMemory(CheckParams):
 
 @dataclass(frozen=True)
 class GpuXid(CheckParams):
-    fatal: List[int] = doc("XIDs that drain the node (NVIDIA recovery action: reset, reboot or RMA).",
-                           default_factory=lambda: sorted(FATAL_XIDS))
-    monitor: List[int] = doc("XIDs reported as WARN only (application-level).",
-                             default_factory=lambda: sorted(MONITOR_XIDS))
+    """Each XID's action comes from NVIDIA's XID catalogue (slurmtools/xid.py): drain (CRITICAL),
+    reboot (CRITICAL, the node is rebooted and returns by itself), restart_app (WARN: the job's
+    fault) or ignore (OK)."""
+
+    actions: Dict[int, str] = doc("Per-code overrides of the catalogue's action, e.g. {79: drain, 94: ignore}; "
+                                  "actions: drain, reboot, restart_app, ignore.", default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        problem = xid_policy.check_overrides(self.actions.items())
+        if problem:
+            raise err(problem, ("actions",))
 
 
 @dataclass(frozen=True)
@@ -123,21 +131,37 @@ class IbPorts(CheckParams):
     min_rate_gbps: Optional[float] = doc("Lowest acceptable link rate, e.g. 400 for NDR.", None, min=0.0)
     link_layer: Optional[str] = doc("Required link layer.", None, choices=("InfiniBand", "Ethernet"))
     ignore_hcas: List[str] = doc("HCAs not checked (e.g. a management NIC's mlx5_bond_0).", default_factory=list)
+    expected_hcas: List[str] = doc("HCA names this node must have, e.g. [mlx5_0, ..., mlx5_7] (empty: any).",
+                                   default_factory=list)
+    hca_pci_slots: Dict[str, str] = doc("HCA name -> the PCI address it must be bound to, e.g. "
+                                        "{mlx5_0: '0000:1a:00.0'} (a renumbered or moved HCA is CRITICAL).",
+                                        default_factory=dict)
+    fw_ver: Optional[str] = doc("Firmware version every HCA must run, e.g. 28.39.1002 (unset: not checked).", None)
+    check_netdev: bool = doc("Check the operstate of each port's IPoIB/RoCE network interface.", True)
+    init_grace_s: float = doc("A port in INIT (the subnet manager has not configured it yet) is WARN for this "
+                              "long, then CRITICAL.", 300.0, min=0.0, max=86400.0)
 
 
 @dataclass(frozen=True)
 class IbCounters(CheckParams):
     critical_on_increase: List[str] = doc("Counters whose any increase is CRITICAL.", default_factory=lambda: [
-        "link_downed", "excessive_buffer_overrun_errors", "local_link_integrity_errors"])
-    warn_increase: int = doc("Increase of symbol_error / link_error_recovery / port_rcv_errors that is WARN.", 10,
-                             min=1)
-    critical_increase: int = doc("Increase of those counters that is CRITICAL.", 1000, min=1)
+        "excessive_buffer_overrun_errors", "local_link_integrity_errors"])
+    warn_increase: int = doc("Growth per hour of symbol_error / port_rcv_errors that is WARN.", 10, min=1)
+    critical_increase: int = doc("Growth per hour of those counters that is CRITICAL.", 1000, min=1)
+
+
+@dataclass(frozen=True)
+class IbFlap(CheckParams):
+    critical_per_hour: int = doc("Link flaps (link_downed / link_error_recovery growth and mlx5 port-change "
+                                 "kernel messages) per hour above which the node is CRITICAL; any flap is WARN.",
+                                 3, min=1, max=100000)
 
 
 @dataclass(frozen=True)
 class IbChecks:
     ports: IbPorts = doc("HCA ports: count, state, physical state, rate, link layer.", default_factory=IbPorts)
-    counters: IbCounters = doc("Error counter increases since the previous run.", default_factory=IbCounters)
+    counters: IbCounters = doc("Error counter growth per hour since the previous run.", default_factory=IbCounters)
+    flap: IbFlap = doc("Link flaps since the previous run.", default_factory=IbFlap)
 
 
 @dataclass(frozen=True)
@@ -236,6 +260,9 @@ class NodeSettings:
     auto_resume_after: int = doc("Periodic: resume a node drained by slurmtools after this many consecutive clean "
                                  "runs (0: never).", 0, min=0, max=1000)
     drain: bool = doc("Drain on CRITICAL (false: report only).", True)
+    max_reboots_per_day: int = doc("When every CRITICAL finding is one a reboot clears (a reset-class XID), ask "
+                                   "Slurm to reboot the node when idle and resume it, at most this many times in "
+                                   "24 h; then drain for a person (0: always drain).", 1, min=0, max=24)
     textfile: Optional[str] = doc("Prometheus textfile to write (node_exporter textfile collector).", None)
     syslog: bool = doc("Log non-OK results to syslog.", True)
     checks: Checks = doc("Per-check switches and thresholds.", default_factory=Checks)

@@ -84,27 +84,68 @@ def xid_line(seq: int, xid: int, bus: str = "0000:5d:00") -> str:
     return kmsg_line(seq, f"NVRM: Xid (PCI:{bus}): {xid}, pid=4242, name=python, Ch 00000008")
 
 
+# an 8-HCA NDR node (ConnectX-7): PCI slots as on a typical 8-GPU HGX board, one IPoIB netdev per port
+IB_PCI_SLOTS = ["0000:1a:00.0", "0000:3c:00.0", "0000:4d:00.0", "0000:5e:00.0",
+                "0000:9c:00.0", "0000:bc:00.0", "0000:cc:00.0", "0000:dc:00.0"]
+IB_FW_VER = "28.39.1002"
+IB_FAULTS = ("port-down", "polling", "init", "slow", "link-downed", "netdev-down")
+
+
 def write_ib_tree(root: Path, hcas: int = 8, *, rate: str = "400 Gb/sec (4X NDR)", link_layer: str = "InfiniBand",
-                  faults: Iterable[str] = (), counters: Optional[Dict[str, int]] = None) -> Path:
-    """/sys/class/infiniband/mlx5_<i>/ports/1/ under root; faults: port-down, polling, slow, link-downed."""
-    faults = set(faults)
+                  faults: Iterable[str] = (), counters: Optional[Dict[str, int]] = None, bad: Iterable[int] = (3,),
+                  names: Optional[Dict[int, str]] = None, fw_ver: str = IB_FW_VER) -> Path:
+    """A sysfs tree under root laid out as the kernel lays it out: the HCA and its netdev are
+    directories under their PCI device, /sys/class/infiniband/<hca> and /sys/class/net/<if> are
+    symbolic links to them (sysfs.py documents the paths read). faults (IB_FAULTS) apply to the
+    HCAs numbered in bad; names renames HCAs ({2: "mlx5_12"}: an HCA enumerated out of order)."""
+    faults, bad_hcas = set(faults), set(bad)
+    unknown = faults - set(IB_FAULTS)
+    if unknown:
+        raise ValueError(f"unknown IB fault(s) {sorted(unknown)}; known: {', '.join(IB_FAULTS)}")
+    sys_dir = root / "sys"
     for hca in range(hcas):
-        port = root / "sys" / "class" / "infiniband" / f"mlx5_{hca}" / "ports" / "1"
+        name = (names or {}).get(hca, f"mlx5_{hca}")
+        slot = IB_PCI_SLOTS[hca % len(IB_PCI_SLOTS)]
+        pci = sys_dir / "devices" / "pci0000:00" / slot
+        device = pci / "infiniband" / name
+        port = device / "ports" / "1"
         (port / "counters").mkdir(parents=True, exist_ok=True)
-        bad = hca == 3
-        state = "1: DOWN" if bad and "port-down" in faults else "4: ACTIVE"
-        phys = ("3: Disabled" if bad and "port-down" in faults else
-                "2: Polling" if bad and "polling" in faults else "5: LinkUp")
+        is_bad = hca in bad_hcas
+        state, phys = "4: ACTIVE", "5: LinkUp"
+        if is_bad and "port-down" in faults:
+            state, phys = "1: DOWN", "3: Disabled"
+        elif is_bad and "polling" in faults:
+            state, phys = "1: DOWN", "2: Polling"
+        elif is_bad and "init" in faults:
+            state = "2: INIT"
         (port / "state").write_text(state + "\n")
         (port / "phys_state").write_text(phys + "\n")
-        (port / "rate").write_text(("200 Gb/sec (4X HDR)" if bad and "slow" in faults else rate) + "\n")
+        (port / "rate").write_text(("200 Gb/sec (4X HDR)" if is_bad and "slow" in faults else rate) + "\n")
         (port / "link_layer").write_text(link_layer + "\n")
+        (device / "fw_ver").write_text(fw_ver + "\n")
+        (device / "node_type").write_text("1: CA\n")
         values = {"link_downed": 0, "symbol_error": 0, "link_error_recovery": 0, "port_rcv_errors": 0,
                   "excessive_buffer_overrun_errors": 0, "local_link_integrity_errors": 0,
                   "port_xmit_discards": 0, "port_rcv_data": 123456789 + hca}
         values.update(counters or {})
-        if bad and "link-downed" in faults:
+        if is_bad and "link-downed" in faults:
             values["link_downed"] += 1
-        for name, value in values.items():
-            (port / "counters" / name).write_text(f"{value}\n")
+        for counter, value in values.items():
+            (port / "counters" / counter).write_text(f"{value}\n")
+        iface = f"ibp{int(slot.split(':')[1], 16)}s0"
+        netdev = pci / "net" / iface
+        netdev.mkdir(parents=True, exist_ok=True)
+        (netdev / "dev_port").write_text("0\n")
+        (netdev / "operstate").write_text(("down" if is_bad and "netdev-down" in faults else "up") + "\n")
+        (netdev / "type").write_text("32\n")                     # ARPHRD_INFINIBAND
+        _link(device / "device", Path("../../../") / slot)
+        _link(sys_dir / "class" / "infiniband" / name, Path("../../devices/pci0000:00") / slot / "infiniband" / name)
+        _link(sys_dir / "class" / "net" / iface, Path("../../devices/pci0000:00") / slot / "net" / iface)
     return root
+
+
+def _link(path: Path, target: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink():
+        path.unlink()
+    path.symlink_to(target)

@@ -18,10 +18,12 @@ from slurmtools import drain as drains
 from slurmtools import slurm
 from slurmtools.errors import ConfigError, SlurmCommandError, SlurmToolsError, one_line
 from slurmtools.fsutil import write_json_atomic
-from slurmtools.health import active_probe, report, runner, state
+from slurmtools.health import active_probe, remedy, report, runner, state
+from slurmtools.health.checks.ib import IbHistory
 from slurmtools.health.config import NodeSettings
 from slurmtools.health.gpu_probe import FixtureProbe, ProbeError, make_gpu_probe
 from slurmtools.health.model import CheckResult, Status, worst
+from slurmtools.xid import REBOOT
 
 EXIT_HEALTHY = 0
 EXIT_CRITICAL = 3
@@ -85,6 +87,7 @@ def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional
         st.kmsg_seq = -1     # the kernel log restarted (a reboot): every record in it is new
     baseline = st.baseline_for(job_id) if phase == "epilog" else None
     prev_ib = baseline["ib_counters"] if baseline else st.ib_counters
+    prev_ib_t = float(baseline["t"]) if baseline else st.ib_t
     prev_nvlink = baseline["nvlink_counters"] if baseline else st.nvlink_counters
     after_seq = int(baseline["kmsg_seq"]) if baseline else st.kmsg_seq
     if newest_seq is not None and after_seq > newest_seq:
@@ -95,7 +98,9 @@ def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional
         facts.gpu_skipped = True
     else:
         runner.gather_gpu(settings, phase, deadline, facts)
-    results = runner.judge(settings, phase, facts, after_kmsg_seq=after_seq, previous_ib=prev_ib or None,
+    history = IbHistory(counters=prev_ib or None, elapsed_s=now_s - prev_ib_t if prev_ib_t else None,
+                        init_since=st.ib_init_since, now_s=now_s)
+    results = runner.judge(settings, phase, facts, after_kmsg_seq=after_seq, ib_history=history,
                            previous_nvlink=prev_nvlink or None)
     if phase == "active":
         results += active_probe.active_results(settings, deadline)
@@ -108,13 +113,7 @@ def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional
 
     drained_reason = None
     if overall is Status.CRITICAL and settings.drain and allow_drain:
-        first = next(r for r in results if r.status is Status.CRITICAL)
-        reason = drains.DrainReason("CRITICAL", first.name, first.summary, job_id)
-        try:
-            if drains.drain(host, reason):
-                drained_reason = reason.render()
-        except SlurmCommandError as exc:
-            results.append(CheckResult("slurmtools.drain", Status.UNKNOWN, f"drain failed: {exc}"))
+        drained_reason = _take_out_of_service(settings, host, results, st, job_id, now_s)
     if phase == "periodic" and settings.auto_resume_after > 0:
         _auto_resume(settings, host, st, overall, results)
 
@@ -131,9 +130,31 @@ def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional
     return Outcome(results, overall, drained_reason, cached, duration, doc)
 
 
+def _take_out_of_service(settings: NodeSettings, host: str, results: List[CheckResult], st: state.HealthState,
+                         job_id: Optional[str], now_s: float) -> Optional[str]:
+    """Drain with our reason, or (remedy.py) ask Slurm to reboot the node when idle and resume it;
+    the reason set, or None when the node was already drained (a person's reason is kept)."""
+    first = next(r for r in results if r.status is Status.CRITICAL)
+    chosen = remedy.decide(results, st.reboot_times, now_s, settings.max_reboots_per_day)
+    rebooting = chosen.action == REBOOT
+    reason = drains.DrainReason("CRITICAL", first.name, first.summary + (" remedy=reboot" if rebooting else ""), job_id)
+    try:
+        done = drains.reboot(host, reason) if rebooting else drains.drain(host, reason)
+    except SlurmCommandError as exc:
+        results.append(CheckResult("slurmtools.drain", Status.UNKNOWN, f"drain failed: {exc}"))
+        return None
+    if remedy.reboot_class(results):
+        said = ("already drained, not rebooted" if not done else
+                f"reboot requested: {chosen.why}" if rebooting else f"drained: {chosen.why}")
+        results.append(CheckResult("slurmtools.remedy", Status.WARN, said, {"action": chosen.action}))
+    if rebooting and done:
+        st.reboot_times = remedy.recent(st.reboot_times, now_s) + [now_s]
+    return reason.render() if done else None
+
+
 # checks that compare with a previous reading: in the epilog that reading is the job's prolog
 # baseline, so what they find happened during the job
-DELTA_CHECKS = frozenset({"gpu.xid", "ib.counters", "gpu.nvlink"})
+DELTA_CHECKS = frozenset({"gpu.xid", "ib.counters", "ib.flap", "gpu.nvlink"})
 
 
 def _attributed(result: CheckResult, job_id: Optional[str]) -> CheckResult:
@@ -145,10 +166,12 @@ def _attributed(result: CheckResult, job_id: Optional[str]) -> CheckResult:
 def _remember(st: state.HealthState, facts: runner.Facts, overall: Status, phase: str, job_id: Optional[str],
               now_s: float) -> None:
     from slurmtools.health.checks.gpu import nvlink_counters
-    from slurmtools.health.checks.ib import counter_state
+    from slurmtools.health.checks.ib import counter_state, init_since_now
     from slurmtools.health.model import GpuSnapshot
     if isinstance(facts.ib.value, list):
         st.ib_counters = counter_state(facts.ib.value)
+        st.ib_t = now_s
+        st.ib_init_since = init_since_now(facts.ib.value, st.ib_init_since, now_s)
     if isinstance(facts.gpu.value, GpuSnapshot):
         st.nvlink_counters = nvlink_counters(facts.gpu.value)
     if facts.kernel.value:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from pathlib import Path
 from typing import List, Tuple
 
@@ -60,3 +61,13 @@ def read_records(path: Path) -> List[Tuple[int, str]]:
     finally:
         os.close(fd)
     return parse_records(lines)
+
+
+# mlx5 port changes in the kernel log: "mlx5_core 0000:1a:00.0 ibp26s0: Link down",
+# "mlx5_ib: ... port 1 ... link down"; each is one flap seen by the driver
+MLX5_LINK_DOWN = re.compile(r"\bmlx5\w*\b.*\blink\s+down\b", re.IGNORECASE)
+
+
+def link_down_count(records: List[Tuple[int, str]], after_seq: int) -> int:
+    """mlx5 link-down lines newer than after_seq."""
+    return sum(1 for seq, msg in records if seq > after_seq and MLX5_LINK_DOWN.search(msg))

@@ -98,6 +98,9 @@ class IbPort:
     rate_gbps: Optional[float]
     link_layer: str      # "InfiniBand" or "Ethernet"
     counters: Dict[str, int] = field(default_factory=dict)
+    fw_ver: str = ""                          # the HCA's firmware (/sys/class/infiniband/<hca>/fw_ver)
+    pci_slot: str = ""                        # the PCI address the HCA is bound to ("0000:1a:00.0")
+    netdevs: Tuple[Tuple[str, str], ...] = ()  # this port's IPoIB/RoCE interfaces: (name, operstate)
 
     @property
     def key(self) -> str:

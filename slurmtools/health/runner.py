@@ -6,6 +6,7 @@ waiting for such a thread.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -81,7 +82,8 @@ def gather_cheap(settings: NodeSettings, phase: str, deadline: float) -> Facts:
     if registry.enabled(settings.checks, phase, "ib"):
         probes["ib"] = lambda: sysfs.read_ib_ports(Path(settings.sysfs_root))
     kernel_log = settings.kernel_log
-    if kernel_log and registry.runs(settings.checks.gpu.xid, phase) and settings.gpu_probe != "none":
+    wants_xids = registry.runs(settings.checks.gpu.xid, phase) and settings.gpu_probe != "none"
+    if kernel_log and (wants_xids or registry.runs(settings.checks.ib.flap, phase)):
         probes["kernel"] = lambda: kmsg.read_records(Path(kernel_log))
     if registry.enabled(settings.checks, phase, "system"):
         sc = settings.checks.system
@@ -111,14 +113,15 @@ def _failed(names: Sequence[str], outcome: ProbeOutcome, settings: NodeSettings,
 
 
 def judge(settings: NodeSettings, phase: str, facts: Facts, *, after_kmsg_seq: int,
-          previous_ib: Optional[Dict[str, Dict[str, int]]],
-          previous_nvlink: Optional[Dict[str, int]]) -> List[CheckResult]:
+          ib_history: ib_checks.IbHistory, previous_nvlink: Optional[Dict[str, int]]) -> List[CheckResult]:
     results: List[CheckResult] = []
     events: List[XidEvent] = []
-    if facts.kernel.error:
+    if facts.kernel.error and settings.gpu_probe != "none":
         results += _failed(["gpu.xid"], facts.kernel, settings, "kernel log")
     elif facts.kernel.value is not None:
         events = kmsg.xid_events(facts.kernel.value, after_kmsg_seq)
+        ib_history = dataclasses.replace(ib_history, kernel_link_downs=kmsg.link_down_count(facts.kernel.value,
+                                                                                            after_kmsg_seq))
     if settings.gpu_probe != "none" and not facts.gpu_skipped:
         if facts.gpu.error:
             results += _failed(registry.enabled(settings.checks, phase, "gpu"), facts.gpu, settings, "NVML")
@@ -130,7 +133,7 @@ def judge(settings: NodeSettings, phase: str, facts: Facts, *, after_kmsg_seq: i
     if facts.ib.error:
         results += _failed(registry.enabled(settings.checks, phase, "ib"), facts.ib, settings, "sysfs")
     elif facts.ib.value is not None:
-        results += ib_checks.ib_results(settings.checks, facts.ib.value, phase, previous_ib)
+        results += ib_checks.ib_results(settings.checks, facts.ib.value, phase, ib_history)
     if facts.system.error:
         results += _failed(registry.enabled(settings.checks, phase, "system"), facts.system, settings, "system")
     elif isinstance(facts.system.value, SystemFacts):

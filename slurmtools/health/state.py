@@ -9,7 +9,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from slurmtools.errors import ConfigError
 from slurmtools.fsutil import write_json_atomic
@@ -22,9 +22,12 @@ MAX_STATE_BYTES = 8 << 20
 class HealthState:
     ib_counters: Dict[str, Dict[str, int]] = field(default_factory=dict)
     nvlink_counters: Dict[str, int] = field(default_factory=dict)
+    ib_t: float = 0.0                   # when ib_counters were read (rates per hour)
+    ib_init_since: Dict[str, float] = field(default_factory=dict)   # port -> first seen in INIT
     kmsg_seq: int = -1
     last_clean_t: float = 0.0
     clean_runs: int = 0
+    reboot_times: List[float] = field(default_factory=list)   # reboots we requested (remedy.py's bound)
     jobs: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
     def baseline_for(self, job_id: Optional[str]) -> Optional[Dict[str, Any]]:
@@ -71,8 +74,13 @@ def problem_of(data: Any) -> Optional[str]:
     checks: Dict[str, Callable[[Any], bool]] = {
         "ib_counters": _ib, "nvlink_counters": _counts,
         "kmsg_seq": lambda value: _small_int(value, -1, 1 << 62),
+        "ib_t": lambda value: _number(value) and value >= 0,
+        "ib_init_since": lambda value: isinstance(value, dict) and len(value) <= 1024 and all(
+            isinstance(key, str) and _number(t) for key, t in value.items()),
         "last_clean_t": lambda value: _number(value) and value >= 0,
         "clean_runs": lambda value: _small_int(value, 0, 1 << 31),
+        "reboot_times": lambda value: isinstance(value, list) and len(value) <= 1000 and all(
+            _number(t) for t in value),
         "jobs": lambda value: isinstance(value, dict) and len(value) <= 10000 and all(
             isinstance(key, str) and _baseline(baseline) for key, baseline in value.items())}
     for key, valid in checks.items():
@@ -103,7 +111,8 @@ def load(path: Path) -> Tuple[HealthState, Optional[str]]:
     if problem:
         return HealthState(), problem
     loaded = HealthState()
-    for key in ("ib_counters", "nvlink_counters", "kmsg_seq", "last_clean_t", "clean_runs", "jobs"):
+    for key in ("ib_counters", "ib_t", "ib_init_since", "nvlink_counters", "kmsg_seq", "last_clean_t", "clean_runs",
+                "reboot_times", "jobs"):
         if key in data:
             setattr(loaded, key, data[key])
     return loaded, None
@@ -128,6 +137,7 @@ def check_state_dir(state_dir: Path) -> None:
 
 def save(path: Path, state: HealthState) -> None:
     path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    write_json_atomic(path, {"ib_counters": state.ib_counters, "nvlink_counters": state.nvlink_counters,
+    write_json_atomic(path, {"ib_counters": state.ib_counters, "ib_t": state.ib_t,
+                             "ib_init_since": state.ib_init_since, "nvlink_counters": state.nvlink_counters,
                              "kmsg_seq": state.kmsg_seq, "last_clean_t": state.last_clean_t,
-                             "clean_runs": state.clean_runs, "jobs": state.jobs, "saved_t": time.time()})
+                             "clean_runs": state.clean_runs, "reboot_times": state.reboot_times, "jobs": state.jobs, "saved_t": time.time()})

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from slurmtools import slurm
 from slurmtools.errors import MiniClusterError, SlurmCommandError, UsageError
-from slurmtools.minicluster import daemons, debroot, degrade, netns, release
+from slurmtools.minicluster import daemons, debroot, degrade, jobcgroups, netns, release
 from slurmtools.minicluster import record as record_mod
 from slurmtools.minicluster.record import (ETC_SLURM_CONF, allocate_slot, find_layout, held_by_others,
                                            layout_from_record, load_record, registered, save_record)
@@ -30,7 +30,7 @@ __all__ = ["ETC_SLURM_CONF", "find_layout", "load_record", "layout_for_up", "up"
 from slurmtools.minicluster.layout import DEFAULT_NAME, REQUIRED_PACKAGES, MiniClusterLayout
 
 FAKE_GPU_MAJOR = 195
-CGROUP_CONTROLLERS = ("cpuset", "memory", "devices", "freezer")
+CGROUP_CONTROLLERS = jobcgroups.SLURM_CONTROLLERS
 
 
 # ---- preconditions -----------------------------------------------------------------
@@ -116,6 +116,9 @@ def write_configs(layout: MiniClusterLayout) -> None:
     layout.hosts_file.write_text(layout.render_hosts())
     layout.hosts_file.chmod(0o644)
     (layout.etc_dir / "cgroup.conf").write_text(layout.render_cgroup_conf())
+    from slurmtools.minicluster.reboot import program_text
+    layout.reboot_program.write_text(program_text(layout))
+    layout.reboot_program.chmod(0o755)
     dbd = layout.etc_dir / "slurmdbd.conf"
     dbd.write_text(layout.render_slurmdbd_conf(daemons.db_password(layout)))
     dbd.chmod(0o600)
@@ -171,6 +174,7 @@ def up(layout: MiniClusterLayout, *, install: bool = True, wait_s: float = 60.0)
     record["net"] = True
     save_record(layout, record)
     netns.net_up(layout)
+    _remove_stale_job_cgroups(layout, top=False)
     pids = record.setdefault("pids", {})
     steps: List[Tuple[str, Callable[[], Optional[int]]]] = [
         ("mariadbd", lambda: daemons.start_mariadb(layout)),
@@ -236,12 +240,13 @@ def down(layout: MiniClusterLayout, *, purge: bool = False) -> None:
     slurm_pids["slurmctld"] = daemons.read_pidfile(layout.run_dir / "slurmctld.pid")
     slurm_pids["slurmdbd"] = daemons.read_pidfile(layout.run_dir / "slurmdbd.pid")
     for name, pid in slurm_pids.items():
-        if pid and name in pids and pids[name] != pid:
+        if pid and name in pids and pids[name] != pid and not _restarted_slurmd(layout, name, pid):
             continue  # pidfile points at a process we did not start
         daemons.stop_pid(pid if pid else pids.get(name))
     for node in layout.node_names:
         kill_namespace(layout, node)
         degrade.restore(layout, node)
+    _remove_stale_job_cgroups(layout, top=True)
     daemons.stop_pid(pids.get("mariadbd") or daemons.read_pidfile(layout.run_dir / "mysqld" / "mysqld.pid"), 60)
     daemons.stop_pid(pids.get("munged") or daemons.read_pidfile(layout.munge_dir / "munged.pid"))
     netns.net_down(layout)
@@ -255,6 +260,24 @@ def down(layout: MiniClusterLayout, *, purge: bool = False) -> None:
         save_record(layout, record)
     if purge and layout.root.exists():
         shutil.rmtree(layout.root)
+
+
+def _restarted_slurmd(layout: MiniClusterLayout, name: str, pid: int) -> bool:
+    """A node's slurmd that the RebootProgram started (reboot.py): its pid is not the one `up`
+    recorded, but it lives in that node's network namespace."""
+    node = name[len("slurmd-"):] if name.startswith("slurmd-") else ""
+    return node in layout.node_names and pid in netns.namespace_pids(layout, node)
+
+
+def _remove_stale_job_cgroups(layout: MiniClusterLayout, *, top: bool) -> None:
+    """The job cgroups a killed slurmd left (jobcgroups.py says why they break the next cluster):
+    for nodes whose slurmd is not running, and only while no other mini-cluster is registered on
+    this machine (theirs use the same node names)."""
+    if not layout.cgroups or any(entry["name"] != layout.name for entry in registered()):
+        return
+    for node in layout.node_names:
+        if not daemons.pid_alive(daemons.read_pidfile(layout.slurmd_pidfile(node))):
+            jobcgroups.remove_job_cgroups(node, top=top)
 
 
 # ---- faults --------------------------------------------------------------------------

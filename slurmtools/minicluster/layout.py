@@ -175,6 +175,10 @@ class MiniClusterLayout:
         return self.root / "etc"
 
     @property
+    def reboot_program(self) -> Path:
+        return self.etc_dir / "reboot-program"
+
+    @property
     def slurm_conf(self) -> Path:
         return self.etc_dir / "slurm.conf"
 
@@ -276,6 +280,10 @@ class MiniClusterLayout:
             f"Prolog={self.prolog_dir}/*",
             f"Epilog={self.epilog_dir}/*",
             "PrologFlags=Alloc",
+            "# `scontrol reboot` restarts the node's slurmd in a new time namespace (minicluster/reboot.py);",
+            "# a node not back within ResumeTimeout is marked DOWN (reboot timed out)",
+            f"RebootProgram={self.reboot_program}",
+            "ResumeTimeout=60",
             "AccountingStorageType=accounting_storage/slurmdbd",
             "AccountingStorageHost=127.0.0.1",
             f"AccountingStoragePort={self.slurmdbd_port}",

@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Dict, FrozenSet, Optional, Pattern, Sequence
 
 from slurmtools.spec import RequeueSpec
-from slurmtools.xid import FATAL_XIDS, XID_LINE, xid_codes
+from slurmtools.xid import XID_LINE, node_fault_xids
 
 
 class Cause(str, Enum):
@@ -155,7 +155,7 @@ def classify(evidence: Evidence) -> Diagnosis:
     if node_fail or down:
         node = node_fail.group(1).rstrip(":,") if node_fail else down[0]
         return Diagnosis(Cause.NODE_FAILURE, node=node, detail=f"node {node} failed")
-    fatal = [x for x in xid_codes(ev.log_tail) if x in FATAL_XIDS]
+    fatal = node_fault_xids(ev.log_tail)     # drain- or reboot-class in NVIDIA's catalogue
     if fatal:
         return Diagnosis(Cause.GPU_FATAL, node=_blamed_host(ev.log_tail, XID_LINE), detail=f"xid={fatal[0]}",
                          fatal_for_node=True)

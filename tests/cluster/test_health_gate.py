@@ -44,19 +44,19 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 def faults(tmp: Path):
     tree = write_ib_tree(tmp / "ibroot", 4, faults=["port-down"])  # the fault is on mlx5_3
     log = tmp / "kmsg"
-    log.write_text(xid_line(7, 79))
+    log.write_text(xid_line(7, 54))
     return {
         "ecc": ('    gpu_probe: "fixture:minicluster-4gpu-ecc-uncorrected"\n',
                 "slurmtools: CRITICAL gpu.ecc gpu=3 uncorrected=2 job="),
-        "xid79": (f"    kernel_log: {log}\n", "slurmtools: CRITICAL gpu.xid xid=79 gpu=3 pci=0000:5d:00 job="),
-        "ib-port-down": (f"    sysfs_root: {tree}\n", "slurmtools: CRITICAL ib.ports port=mlx5_3/1 state=DOWN job="),
+        "xid54": (f"    kernel_log: {log}\n", "slurmtools: CRITICAL gpu.xid xid=54 action=drain gpu=3 pci=0000:5d:00 job="),
+        "ib-port-down": (f"    sysfs_root: {tree}\n", "slurmtools: CRITICAL ib.ports ports=mlx5_3/1 state=DOWN phys_state=Disabled job="),
         "hung-probe": ('    gpu_probe: "fixture:minicluster-4gpu-hang"\n    probe_timeout_s: 1\n',
                        "slurmtools: CRITICAL gpu.count NVML probe: timed out after 1 s job="),
     }
 
 
 @pytest.mark.every_release
-@pytest.mark.parametrize("fault", ["ecc", "xid79", "ib-port-down", "hung-probe"])
+@pytest.mark.parametrize("fault", ["ecc", "xid54", "ib-port-down", "hung-probe"])
 def test_faulty_node_is_drained_by_its_prolog_and_the_job_runs_elsewhere(health_config, shared_tmp, fault):
     setting, reason = faults(shared_tmp)[fault]
     health_config("  - match: node2\n" + setting)
@@ -137,3 +137,46 @@ def test_healthy_cluster_running_many_jobs_never_drains(cluster, shared_tmp):
         info = wait_for(lambda: (lambda i: i if i.finished else None)(slurm.job_state(job)), 120, f"job {job}")
         assert info.state == "COMPLETED"
     assert not any(n.drained or n.state == "down" for n in slurm.nodes())
+
+
+def _node2_report(cluster) -> str:
+    node = slurm.nodes("node2")[0]
+    log = cluster.log_dir / "slurmd-node2.log"
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:]) if log.exists() else "(no slurmd log)"
+    return f"node2 state={node.display_state} flags={node.flags} reason={node.reason!r}\n{tail}"
+
+
+@pytest.mark.every_release
+def test_a_reset_class_xid_reboots_its_node_back_into_service_and_a_second_one_drains(cluster, health_config,
+                                                                                       shared_tmp):
+    from slurmtools.minicluster import daemons
+    (cluster.root / "health" / "node2" / "state.json").unlink(missing_ok=True)   # no earlier reboots counted
+    log = shared_tmp / "kmsg"
+    log.write_text(xid_line(1007, 79))      # GPU fallen off the bus: the catalogue's action is a restart
+    health_config(f"  - match: node2\n    kernel_log: {log}\n    max_reboots_per_day: 1\n")
+    slurmd_before = daemons.read_pidfile(cluster.slurmd_pidfile("node2"))
+    out = shared_tmp / "after-reboot.out"
+    job = slurm.submit(f"#!/bin/bash\n#SBATCH -N1 -w node2 -o {out}\nhostname\n")
+    # the prolog asks for the reboot and fails; the job is requeued, waits for node2, and runs
+    # there once node2 is back, with a clean prolog (the XID was seen before the reboot)
+    try:
+        info = wait_for(lambda: (lambda i: i if i.finished else None)(slurm.job_state(job)), 150,
+                        "job to run on node2 after its reboot")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_node2_report(cluster)}") from None
+    assert info.state == "COMPLETED" and out.read_text().strip() == "node2"
+    assert daemons.read_pidfile(cluster.slurmd_pidfile("node2")) != slurmd_before    # it was "rebooted"
+    wait_for(lambda: (lambda n: n.state == "idle" and not n.drained and "COMPLETING" not in n.flags)(
+        slurm.nodes("node2")[0]), 30, "node2 idle after its job's epilog")
+    state = (cluster.root / "health" / "node2" / "state.json").read_text()
+    assert '"reboot_times": [' in state
+
+    # a second reset-class fault within 24 h: drained for a person, no second reboot
+    with open(log, "a") as fh:
+        fh.write(xid_line(1008, 79))
+    second = cli("health", "run", "--phase", "periodic", "--node", "node2")
+    assert second.returncode == 3, second.stderr
+    node2 = slurm.nodes("node2")[0]
+    assert node2.drained and node2.reason == "slurmtools: CRITICAL gpu.xid xid=79 action=reboot gpu=3 pci=0000:5d:00"
+    assert "drained: reset-class fault again after 1 reboot(s) in 24 h" in second.stdout
+    assert "REBOOT" not in " ".join(node2.flags)

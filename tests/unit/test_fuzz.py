@@ -31,7 +31,7 @@ FUZZ = settings(max_examples=300, deadline=None, derandomize=True,
 SPEC_KEYS = ["name", "command", "nodes", "gpus_per_node", "processes_per_node", "launcher", "python", "mem_gb",
              "time_limit_min", "exclude", "nodelist", "env", "network", "requeue", "distributed", "output_dir"]
 CONFIG_KEYS = ["defaults", "hosts", "match", "gpu_probe", "probe_timeout_s", "deadline_s", "checks", "gpu", "xid",
-               "fatal", "ib", "ports", "state_dir", "phases", "enabled", "expected"]
+               "actions", "ib", "ports", "state_dir", "phases", "enabled", "expected"]
 YAML_NOISE = "&*!%@`|>{}[],:#-?'\"\n\t .\\"
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-10 ** 20, max_value=10 ** 20),
@@ -87,7 +87,7 @@ def test_health_config_text_gives_settings_or_a_config_error(text: str) -> None:
     assert isinstance(node, config.NodeSettings)
     for value in (node.probe_timeout_s, node.deadline_s, node.cache_minutes):
         assert math.isfinite(value)
-    assert all(type(code) is int for code in node.checks.gpu.xid.fatal)
+    assert all(type(code) is int for code in node.checks.gpu.xid.actions)
 
 
 state_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(

@@ -37,13 +37,13 @@ def node_settings(tmp_path: Path, **over: object) -> config.NodeSettings:
 
 
 # ---- high: health config values ------------------------------------------------------------
-def test_integer_xid_lists_stay_integers_and_still_drain(tmp_path: Path):
-    health = config.parse_config("defaults:\n  checks: {gpu: {xid: {fatal: [79, 48]}}}\n", "h.yaml")
-    fatal = health.for_host("gpu001").checks.gpu.xid.fatal
-    assert fatal == [79, 48] and all(type(code) is int for code in fatal)
+def test_integer_xid_keys_stay_integers_and_still_drain(tmp_path: Path):
+    health = config.parse_config("defaults:\n  checks: {gpu: {xid: {actions: {63: drain, 48: ignore}}}}\n", "h.yaml")
+    actions = health.for_host("gpu001").checks.gpu.xid.actions
+    assert actions == {63: "drain", 48: "ignore"} and all(type(code) is int for code in actions)
     log = tmp_path / "kmsg"
-    log.write_text(xid_line(10, 79))
-    data = {"checks": {"gpu": {"xid": {"fatal": [79, 48]}}}, "kernel_log": str(log)}
+    log.write_text(xid_line(10, 63))
+    data = {"checks": {"gpu": {"xid": {"actions": {63: "drain"}}}}, "kernel_log": str(log)}
     outcome = gate.run_phase(node_settings(tmp_path, **data), "prolog", "gpu001", job_id=None, allow_drain=False)
     assert {r.name: r.status for r in outcome.results}["gpu.xid"] is Status.CRITICAL
 
@@ -56,7 +56,9 @@ def test_non_finite_numbers_are_refused_in_configs(value: str):
 
 @pytest.mark.parametrize("text,message", [
     ("defaults:\n  probe_timeout_s: .nan\n", "must be a finite number"),
-    ("defaults:\n  checks: {gpu: {xid: {fatal: [79, x]}}}\n", "item 1 must be an integer"),
+    ("defaults:\n  checks: {gpu: {xid: {actions: {x: drain}}}}\n", "key 'x' must be an integer"),
+    ("defaults:\n  checks: {gpu: {xid: {actions: {79: fix}}}}\n",
+     "XID 79: unknown action 'fix'; actions are drain, reboot, restart_app, ignore"),
 ])
 def test_check_config_reports_what_the_prolog_would_hit(tmp_path: Path, text: str, message: str):
     path = tmp_path / "h.yaml"

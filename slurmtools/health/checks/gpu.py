@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from slurmtools import xid as xid_policy
 from slurmtools.health import config
 from slurmtools.health import registry
 from slurmtools.health.model import CheckResult, GpuSnapshot, Status, XidEvent
@@ -35,32 +36,44 @@ def check_ecc(params: config.GpuEcc, snap: GpuSnapshot) -> CheckResult:
 
 
 def check_memory(params: config.GpuMemory, snap: GpuSnapshot) -> CheckResult:
+    """A failed row remap is hardware (CRITICAL); a pending remap or page retirement is applied by
+    the next GPU reset and still lets new work start (WARN)."""
     for gpu in snap.gpus:
         if gpu.remapped_rows_failure:
             return CheckResult("gpu.memory", Status.CRITICAL, f"gpu={gpu.index} row_remap=failed", {"gpu": gpu.index})
+    for gpu in snap.gpus:
         if gpu.remapped_rows_pending:
-            return CheckResult("gpu.memory", Status.CRITICAL, f"gpu={gpu.index} row_remap=pending (reset needed)",
-                               {"gpu": gpu.index})
+            return CheckResult("gpu.memory", Status.WARN, f"gpu={gpu.index} row_remap=pending (applied at the next "
+                               "GPU reset)", {"gpu": gpu.index})
         if gpu.retired_pages_pending:
-            return CheckResult("gpu.memory", Status.CRITICAL, f"gpu={gpu.index} retired_pages=pending (reset needed)",
-                               {"gpu": gpu.index})
+            return CheckResult("gpu.memory", Status.WARN, f"gpu={gpu.index} retired_pages=pending (applied at the "
+                               "next GPU reset)", {"gpu": gpu.index})
     return _ok("gpu.memory", "no pending retirement or remap")
 
 
+# an action's status; `reboot` is CRITICAL with details["remedy"] = "reboot" (health/remedy.py)
+XID_STATUS = {xid_policy.DRAIN: Status.CRITICAL, xid_policy.REBOOT: Status.CRITICAL,
+              xid_policy.RESTART_APP: Status.WARN, xid_policy.IGNORE: Status.OK}
+
+
 def check_xid(params: config.GpuXid, snap: GpuSnapshot, events: Sequence[XidEvent]) -> CheckResult:
+    """Each new XID judged by NVIDIA's catalogue (or the admin's override): the worst action wins;
+    the summary names every code of that action, the details every event with its action."""
+    if not events:
+        return _ok("gpu.xid", "no new XIDs")
     by_bus = {_bus(g.pci_bus_id): g.index for g in snap.gpus}
-    fatal = [e for e in events if e.code in params.fatal]
-    if fatal:
-        event = fatal[0]
-        gpu = by_bus.get(_bus(event.pci_bus_id))
-        return CheckResult("gpu.xid", Status.CRITICAL, f"xid={event.code}" + (f" gpu={gpu}" if gpu is not None else "")
-                           + f" pci={event.pci_bus_id}", {"events": [_event(x, by_bus) for x in fatal]})
-    monitored = [e for e in events if e.code in params.monitor or e.code not in params.fatal]
-    if monitored:
-        codes = sorted({e.code for e in monitored})
-        return CheckResult("gpu.xid", Status.WARN, f"xid={','.join(map(str, codes))}",
-                           {"events": [_event(x, by_bus) for x in monitored]})
-    return _ok("gpu.xid", "no new XIDs")
+    judged = [(event, xid_policy.action(event.code, event.message, params.actions)) for event in events]
+    worst_action = min((chosen for _, chosen in judged), key=xid_policy.ACTIONS.index)
+    of_worst = [event for event, chosen in judged if chosen == worst_action]
+    first = of_worst[0]
+    gpu = by_bus.get(_bus(first.pci_bus_id))
+    codes = sorted({event.code for event in of_worst})
+    summary = (f"xid={','.join(map(str, codes))} action={worst_action}" + (f" gpu={gpu}" if gpu is not None else "")
+               + f" pci={first.pci_bus_id}")
+    details: Dict[str, Any] = {"events": [dict(_event(event, by_bus), action=chosen) for event, chosen in judged]}
+    if worst_action == xid_policy.REBOOT:
+        details["remedy"] = xid_policy.REBOOT
+    return CheckResult("gpu.xid", XID_STATUS[worst_action], summary, details)
 
 
 def _bus(bus_id: str) -> str:

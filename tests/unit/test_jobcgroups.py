@@ -1,0 +1,35 @@
+"""Stale job cgroups of a killed mini-cluster node are removed, live ones and other nodes' kept."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from slurmtools.minicluster.jobcgroups import remove_job_cgroups
+
+
+def _tree(root: Path) -> None:
+    for controller in ("cpuset", "memory"):
+        (root / controller / "slurm_node1" / "uid_0" / "job_3" / "step_batch").mkdir(parents=True)
+        (root / controller / "slurm_node1" / "uid_0" / "job_4").mkdir(parents=True)
+        (root / controller / "slurm_node2" / "uid_0" / "job_5").mkdir(parents=True)
+    # a cgroup with a task in it cannot be removed: a regular file stands in for that here
+    (root / "cpuset" / "slurm_node1" / "uid_0" / "job_4" / "busy").write_text("1\n")
+
+
+def test_empty_job_dirs_of_the_node_are_removed_deepest_first(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    removed = remove_job_cgroups("node1", tmp_path, ("cpuset", "memory"))
+    rel = sorted(str(p.relative_to(tmp_path)) for p in removed)
+    assert rel == ["cpuset/slurm_node1/uid_0/job_3", "cpuset/slurm_node1/uid_0/job_3/step_batch",
+                   "memory/slurm_node1/uid_0", "memory/slurm_node1/uid_0/job_3",
+                   "memory/slurm_node1/uid_0/job_3/step_batch", "memory/slurm_node1/uid_0/job_4"]
+    assert (tmp_path / "cpuset" / "slurm_node1" / "uid_0" / "job_4" / "busy").exists()
+    assert (tmp_path / "memory" / "slurm_node1").is_dir()          # the node's own dir stays without top
+    assert (tmp_path / "cpuset" / "slurm_node2" / "uid_0" / "job_5").is_dir()
+
+
+def test_top_removes_the_node_dir_too_and_a_missing_controller_is_skipped(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    remove_job_cgroups("node2", tmp_path, ("cpuset", "memory", "freezer"), top=True)
+    assert not (tmp_path / "cpuset" / "slurm_node2").exists()
+    assert not (tmp_path / "memory" / "slurm_node2").exists()
+    assert (tmp_path / "cpuset" / "slurm_node1").is_dir()
