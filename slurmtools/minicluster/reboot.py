@@ -27,6 +27,7 @@ from slurmtools.minicluster.record import layout_from_record
 
 STARTED_WAIT_S = 10.0
 STOP_WAIT_S = 30.0
+REQUEST_MARGIN_S = 2.0
 
 
 def program_text(layout: MiniClusterLayout, python: str = sys.executable) -> str:
@@ -40,17 +41,25 @@ def marker(layout: MiniClusterLayout, node: str) -> Path:
 
 
 def host_uptime_s() -> float:
-    """The machine's uptime, read in the first process's time namespace (ours may be a previous
-    reboot's)."""
-    out = subprocess.run(["nsenter", "--time=/proc/1/ns/time", "cat", "/proc/uptime"], check=True,
-                         capture_output=True, text=True, timeout=10).stdout
-    return float(out.split()[0])
+    """The machine's uptime: ours, less our time namespace's boot-clock offset (a previous
+    reboot's); /proc/1/ns/time may not be open to us in a container."""
+    uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    return uptime_s - boottime_offset_s(Path("/proc/self/timens_offsets").read_text())
+
+
+def boottime_offset_s(offsets: str) -> float:
+    """'monotonic 0 0\nboottime -100 0' -> -100.0."""
+    for line in offsets.splitlines():
+        words = line.split()
+        if len(words) == 3 and words[0] == "boottime":
+            return int(words[1]) + int(words[2]) / 1e9
+    return 0.0
 
 
 def restart_argv(layout: MiniClusterLayout, node: str, uptime_s: float) -> List[str]:
-    """slurmd again, in a time namespace whose boot clock reads about 1 s (the offset may not
-    make it negative)."""
-    offset = -max(int(uptime_s) - 1, 0)
+    """slurmd again, in a time namespace whose boot clock reads under 1 s (the offset may not
+    make it negative): slurmd reports uptime 0, a boot time of now."""
+    offset = -max(int(uptime_s), 0)
     return ["unshare", "--time", f"--boottime={offset}", *layout.command(["/usr/sbin/slurmd", "-N", node])]
 
 
@@ -68,7 +77,9 @@ def request(layout: MiniClusterLayout, node: str) -> int:
 
 def restart(layout: MiniClusterLayout, node: str) -> int:
     marker(layout, node).write_text(f"{os.getpid()}\n")
-    time.sleep(1.0)                          # let slurmd answer the reboot request first
+    # let slurmd answer the request first, and put the new boot time (whole seconds) clearly after
+    # the time slurmctld recorded for the request: an equal or earlier one is "not rebooted yet"
+    time.sleep(REQUEST_MARGIN_S)
     pidfile = layout.slurmd_pidfile(node)
     pid = daemons.read_pidfile(pidfile)
     if pid:

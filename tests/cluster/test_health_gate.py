@@ -162,8 +162,8 @@ def test_a_reset_class_xid_reboots_its_node_back_into_service_and_a_second_one_d
     try:
         info = wait_for(lambda: (lambda i: i if i.finished else None)(slurm.job_state(job)), 150,
                         "job to run on node2 after its reboot")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{_node2_report(cluster)}") from None
+    except pytest.fail.Exception as exc:
+        pytest.fail(f"{exc}\n{_node2_report(cluster)}")
     assert info.state == "COMPLETED" and out.read_text().strip() == "node2"
     assert daemons.read_pidfile(cluster.slurmd_pidfile("node2")) != slurmd_before    # it was "rebooted"
     wait_for(lambda: (lambda n: n.state == "idle" and not n.drained and "COMPLETING" not in n.flags)(

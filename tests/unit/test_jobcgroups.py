@@ -33,3 +33,17 @@ def test_top_removes_the_node_dir_too_and_a_missing_controller_is_skipped(tmp_pa
     assert not (tmp_path / "cpuset" / "slurm_node2").exists()
     assert not (tmp_path / "memory" / "slurm_node2").exists()
     assert (tmp_path / "cpuset" / "slurm_node1").is_dir()
+
+
+def test_the_reboot_program_restarts_slurmd_with_a_boot_clock_near_zero(tmp_path: Path) -> None:
+    from slurmtools.minicluster.layout import MiniClusterLayout
+    from slurmtools.minicluster.reboot import boottime_offset_s, program_text, restart_argv
+
+    assert boottime_offset_s("monotonic           0         0\nboottime         -100         0\n") == -100.0
+    assert boottime_offset_s("monotonic 5 0\n") == 0.0
+    layout = MiniClusterLayout(name="t", state_dir=tmp_path / "t")
+    assert restart_argv(layout, "node2", 5000.7) == ["unshare", "--time", "--boottime=-5000", "/usr/sbin/slurmd",
+                                                     "-N", "node2"]
+    assert restart_argv(layout, "node2", 0.5)[2] == "--boottime=0"     # never a negative clock
+    assert program_text(layout, "/venv/bin/python").splitlines()[-1] == (
+        f"exec /venv/bin/python -m slurmtools.minicluster.reboot {tmp_path}/t t request")
