@@ -63,11 +63,13 @@ def progress_from_log(text: str) -> Optional[str]:
 
 def wait_for_job(job_id: int, *, out: TextIO = sys.stdout, poll_s: float = 0.5,
                  max_poll_s: float = 5.0) -> slurm.JobInfo:
-    """Print state changes and a live progress line until the job reaches a final state.
+    """Show state changes and live progress until the job reaches a final state: on a terminal
+    one status line redrawn in place, elsewhere (a pipe, a log) a line per change.
 
     One `scontrol -o show job` per poll (this job only), every poll_s at first, backing off to
     max_poll_s while nothing changes; a controller that restarts meanwhile is ridden through
     (slurm.py retries transient errors, and a poll that still fails is simply the next one)."""
+    show = StatusLine(out)
     last_state = ""
     last_progress = ""
     delay_s = poll_s
@@ -81,18 +83,53 @@ def wait_for_job(job_id: int, *, out: TextIO = sys.stdout, poll_s: float = 0.5,
             (f" restarts={info.restarts}" if info.restarts else "")
         changed = False
         if state != last_state:
-            print(f"job {job_id}: {state}" + (f" on {info.nodes}" if info.nodes else ""), file=out, flush=True)
             last_state, changed = state, True
+            show.change(f"job {job_id}: {state}" + (f" on {info.nodes}" if info.nodes else ""), last_progress)
         stdout_path = Path(info.stdout) if info.stdout else None
         if stdout_path is not None and stdout_path.is_file():
             progress = progress_from_log(_tail_text(stdout_path))
             if progress and progress != last_progress:
-                print(f"job {job_id}: {progress}", file=out, flush=True)
                 last_progress, changed = progress, True
+                show.progress(f"job {job_id}: {progress}")
         if info.finished:
+            show.end()
             return info
         delay_s = poll_s if changed else min(max_poll_s, delay_s * 1.5)
         time.sleep(delay_s)
+
+
+class StatusLine:
+    """Where wait_for_job's news goes: a terminal gets one line rewritten in place (carriage
+    return, erase to the end of the line), anything else one line per change."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.tty = bool(getattr(out, "isatty", lambda: False)())
+        self.state = ""
+        self.shown = False
+
+    def _draw(self, text: str) -> None:
+        self.out.write("\r\033[K" + text)
+        self.out.flush()
+        self.shown = True
+
+    def change(self, state: str, progress: str) -> None:
+        self.state = state
+        if not self.tty:
+            print(state, file=self.out, flush=True)
+            return
+        self._draw(state + (f" | {progress.split(': ', 1)[-1]}" if progress else ""))
+
+    def progress(self, line: str) -> None:
+        if not self.tty:
+            print(line, file=self.out, flush=True)
+            return
+        self._draw(f"{self.state} | {line.split(': ', 1)[-1]}")
+
+    def end(self) -> None:
+        if self.tty and self.shown:
+            self.out.write("\n")
+            self.out.flush()
 
 
 def _tail_text(path: Path, max_bytes: int = 65536) -> str:

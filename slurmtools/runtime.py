@@ -143,6 +143,8 @@ class TrainingControl:
         self._alive_thread: Optional[threading.Thread] = None
         self._busy_s = 0.0
         self._dumped = False
+        self._metrics: Optional[Any] = None      # metrics.StepMetrics when SLURMTOOLS_METRICS_DIR is set
+        self._metrics_checked = False
         if self.control_dir is not None:
             (self.control_dir / HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
 
@@ -156,6 +158,25 @@ class TrainingControl:
             yield
         finally:
             self._busy_s += time.monotonic() - start
+
+    def step_done(self, step: int, step_s: float, *, tokens: Optional[int] = None, loss: Optional[float] = None,
+                  grad_norm: Optional[float] = None, collective_s: Optional[float] = None,
+                  data_wait_s: Optional[float] = None) -> None:
+        """The numbers of a finished step, for the Prometheus textfile (slurmtools.metrics) when
+        the job set SLURMTOOLS_METRICS_DIR; nothing otherwise. A file that cannot be written
+        turns metrics off for this process: metrics never stop training."""
+        if not self._metrics_checked:
+            from slurmtools import metrics
+            self._metrics_checked = True
+            self._metrics = metrics.step_metrics_for(self.rank, self.attempt_id, os.environ)
+        if self._metrics is None:
+            return
+        from slurmtools.metrics import StepSample
+        try:
+            self._metrics.record(StepSample(step, step_s, tokens, loss, grad_norm, collective_s, data_wait_s))
+        except OSError as exc:
+            print(f"slurmtools: metrics off for rank {self.rank}: {exc}", file=sys.stderr, flush=True)
+            self._metrics = None
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGUSR1/2 only set a flag; the loop checkpoints at the next step boundary.
@@ -234,7 +255,16 @@ class TrainingControl:
             return True
         return self.control_dir is not None and (self.control_dir / REQUEST_FILE).exists()
 
+    def flush_metrics(self) -> None:
+        """The last step's numbers now (record() writes at most every few seconds)."""
+        if self._metrics is not None:
+            try:
+                self._metrics.flush()
+            except OSError:
+                self._metrics = None
+
     def mark_stopped_for_requeue(self, step: int) -> None:
+        self.flush_metrics()
         if self.control_dir is not None and self.rank == 0:
             write_json_atomic(self.control_dir / STOPPED_FILE, {"step": step, "attempt_id": self.attempt_id})
 
@@ -245,6 +275,7 @@ class TrainingControl:
                                                             "detail": detail, "attempt_id": self.attempt_id})
 
     def mark_complete(self, step: int) -> None:
+        self.flush_metrics()
         if self.control_dir is not None and self.rank == 0:
             write_json_atomic(self.control_dir / COMPLETE_FILE, {"step": step, "attempt_id": self.attempt_id})
 

@@ -250,6 +250,7 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
             while True:
                 time.sleep(3600)
         control.heartbeat(step)
+        step_t0 = time.monotonic()
         loss = train_step(model, optim, step, rank, world, cfg, device,
                           before_update=saver.wait_staged if saver is not None else None, local_work=local_work)
         step += 1
@@ -258,7 +259,11 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
             while True:
                 time.sleep(3600)
         reduced = loss.detach().clone()
+        collective_t0 = time.monotonic()
         dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+        collective_s = time.monotonic() - collective_t0
+        control.step_done(step, time.monotonic() - step_t0, tokens=cfg.batch_per_rank * cfg.seq,
+                          loss=reduced.item() / world, collective_s=collective_s)
         if rank == 0:
             log({"step": step, "total_steps": cfg.steps, "loss": (reduced.item() / world).hex(), "world_size": world,
                  "attempt_id": control.attempt_id})

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
-from slurmtools import slurm
+from slurmtools import metrics, slurm
 from slurmtools.checkpoint import Checkpoint, CheckpointManager
 from slurmtools.deadline import WarningClock
 from slurmtools.errors import SlurmCommandError
@@ -151,6 +151,7 @@ def _begin(config: SupervisorConfig, attempt: Attempt, manager: Optional[Checkpo
                                                resume.step if resume else None))
     emit("start", attempt.attempt_id, nodes=attempt.nodelist, resume_step=resume.step if resume else None,
          resume_path=str(resume.path) if resume else None)
+    metrics.write_job_metrics(control, attempt.attempt_id.split(".", 1)[0], os.environ)
     return events, resume
 
 
@@ -278,6 +279,7 @@ def _decide(config: SupervisorConfig, attempt: Attempt, evidence: policy.Evidenc
         action=verdict.action.value, detail=diag.detail, reason=verdict.reason, node=diag.node,
         exit_code=exit_code, last_step=last_step, first_step_t=watchdog.first_progress(beats),
         checkpoint_step=checkpoint_step))
+    metrics.write_job_metrics(config.control_dir, attempt.attempt_id.split(".", 1)[0], os.environ)
     emit("decision", attempt.attempt_id, cause=diag.cause.value, action=verdict.action.value, reason=verdict.reason,
          node=diag.node, exclude=verdict.exclude_node, drain=verdict.drain_node, exit_code=exit_code,
          last_step=last_step, checkpoint_step=checkpoint_step)

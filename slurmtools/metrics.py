@@ -1,0 +1,228 @@
+"""A training job's numbers as Prometheus metrics, written as node_exporter textfiles.
+
+Two writers, one table of names (METRICS): each rank's per-step training and communication
+numbers (StepMetrics, labels job/attempt/node/rank), and the supervisor's attempts, restarts by
+cause, lost steps, restart latency and goodput (job_metrics, labels job/node). Both follow the
+textfile collector's convention: one `*.prom` file per writer in a directory node_exporter reads,
+replaced atomically (prometheus_client writes a temporary file and renames it), so a scrape never
+sees half a file. Names carry their units (`_seconds`, `_ratio`) and counters end in `_total`.
+"""
+from __future__ import annotations
+
+import math
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, write_to_textfile
+
+from slurmtools.requeue import ledger
+from slurmtools.requeue.ledger import Event, Goodput
+from slurmtools.requeue.policy import Cause
+
+TRAIN_LABELS = ("job", "attempt", "node", "rank")
+JOB_LABELS = ("job", "node")
+DEFAULT_MIN_INTERVAL_S = 5.0
+
+# name -> (Prometheus type, help); the labels are TRAIN_LABELS for slurmtools_train_*, JOB_LABELS
+# (plus `cause` where said) for slurmtools_job_*
+METRICS: Dict[str, Tuple[str, str]] = {
+    "slurmtools_train_step": ("gauge", "Last training step finished by this rank"),
+    "slurmtools_train_steps_total": ("counter", "Training steps finished by this rank in this attempt"),
+    "slurmtools_train_step_seconds": ("gauge", "Wall time of the last step"),
+    "slurmtools_train_tokens_per_second": ("gauge", "Tokens per second of the last step (this rank)"),
+    "slurmtools_train_tokens_total": ("counter", "Tokens processed by this rank in this attempt"),
+    "slurmtools_train_loss": ("gauge", "Loss of the last step"),
+    "slurmtools_train_grad_norm": ("gauge", "Gradient norm of the last step"),
+    "slurmtools_train_step_collective_seconds": ("gauge", "Time in collectives (all-reduce, reduce-scatter) in the last step"),
+    "slurmtools_train_collective_seconds_total": ("counter", "Time in collectives in this attempt"),
+    "slurmtools_train_collective_share_ratio": ("gauge", "Share of the last step spent in collectives"),
+    "slurmtools_train_step_data_wait_seconds": ("gauge", "Time the last step waited for the data loader"),
+    "slurmtools_train_last_update_timestamp_seconds": ("gauge", "When this file was written"),
+    "slurmtools_job_attempts_total": ("counter", "Attempts of the job chain (requeues and in-place restarts)"),
+    "slurmtools_job_restarts_total": ("counter", "Attempts that ended in a failure or preemption, by cause"),
+    "slurmtools_job_steps_lost_total": ("counter", "Steps redone after failures and preemptions"),
+    "slurmtools_job_restart_latency_seconds": ("gauge", "End of the last failed attempt to the start of the next"),
+    "slurmtools_job_goodput_ratio": ("gauge", "Productive training time / wall time of the chain so far"),
+    "slurmtools_job_final_step": ("gauge", "Last step saved in a checkpoint (or finished)"),
+    "slurmtools_job_stragglers_total": ("counter", "Nodes found straggling"),
+}
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One finished step as a rank measured it; None: not measured."""
+    step: int
+    step_s: float
+    tokens: Optional[int] = None
+    loss: Optional[float] = None
+    grad_norm: Optional[float] = None
+    collective_s: Optional[float] = None
+    data_wait_s: Optional[float] = None
+
+
+Metric = Union[Counter, Gauge]
+
+
+def _metric(registry: CollectorRegistry, name: str, labels: Sequence[str]) -> Metric:
+    kind, help_text = METRICS[name]
+    if kind == "counter":   # prometheus_client adds the _total suffix itself
+        return Counter(name[:-len("_total")], help_text, list(labels), registry=registry)
+    return Gauge(name, help_text, list(labels), registry=registry)
+
+
+def _set(metric: Metric, labels: Mapping[str, str], value: Optional[float]) -> None:
+    """A gauge set, a counter advanced from zero (each file is written from a fresh registry)."""
+    if value is None or not math.isfinite(value):
+        return
+    if isinstance(metric, Gauge):
+        metric.labels(**labels).set(value)
+    else:
+        metric.labels(**labels).inc(max(value, 0.0))
+
+
+def write(path: Path, registry: CollectorRegistry) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_to_textfile(str(path), registry)
+
+
+class StepMetrics:
+    """One per rank: record() every step, the file is rewritten at most every min_interval_s
+    (and by flush() at the end), so metrics cost nothing a step would notice."""
+
+    def __init__(self, path: Path, labels: Mapping[str, str], *, min_interval_s: float = DEFAULT_MIN_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        missing = [name for name in TRAIN_LABELS if name not in labels]
+        if missing:
+            raise ValueError(f"StepMetrics needs labels {', '.join(missing)}")
+        self.path = path
+        self.labels = {name: str(labels[name]) for name in TRAIN_LABELS}
+        self.min_interval_s = min_interval_s
+        self.clock = clock
+        self.last: Optional[StepSample] = None
+        self.steps = 0
+        self.tokens = 0
+        self.collective_s = 0.0
+        self._written_t: Optional[float] = None
+
+    def record(self, sample: StepSample) -> bool:
+        """Account one step; True when the file was written now."""
+        self.last = sample
+        self.steps += 1
+        self.tokens += sample.tokens or 0
+        self.collective_s += sample.collective_s or 0.0
+        now = self.clock()
+        if self._written_t is not None and now - self._written_t < self.min_interval_s:
+            return False
+        self.flush()
+        return True
+
+    def flush(self) -> None:
+        if self.last is None:
+            return
+        write(self.path, self.registry())
+        self._written_t = self.clock()
+
+    def registry(self) -> CollectorRegistry:
+        reg = CollectorRegistry()
+        sample = self.last
+        assert sample is not None
+        values: Dict[str, Optional[float]] = {
+            "slurmtools_train_step": sample.step,
+            "slurmtools_train_steps_total": self.steps,
+            "slurmtools_train_step_seconds": sample.step_s,
+            "slurmtools_train_tokens_per_second": (sample.tokens / sample.step_s
+                                                   if sample.tokens is not None and sample.step_s > 0 else None),
+            "slurmtools_train_tokens_total": self.tokens,
+            "slurmtools_train_loss": sample.loss,
+            "slurmtools_train_grad_norm": sample.grad_norm,
+            "slurmtools_train_step_collective_seconds": sample.collective_s,
+            "slurmtools_train_collective_seconds_total": self.collective_s,
+            "slurmtools_train_collective_share_ratio": (sample.collective_s / sample.step_s
+                                                        if sample.collective_s is not None and sample.step_s > 0
+                                                        else None),
+            "slurmtools_train_step_data_wait_seconds": sample.data_wait_s,
+            "slurmtools_train_last_update_timestamp_seconds": time.time(),
+        }
+        for name, value in values.items():
+            _set(_metric(reg, name, TRAIN_LABELS), self.labels, value)
+        return reg
+
+
+def job_registry(result: Goodput, restarts_by_cause: Mapping[str, int], stragglers: int,
+                 labels: Mapping[str, str]) -> CollectorRegistry:
+    """The supervisor's view of the whole chain so far (from the ledger)."""
+    reg = CollectorRegistry()
+    job_labels = {name: str(labels[name]) for name in JOB_LABELS}
+    _set(_metric(reg, "slurmtools_job_attempts_total", JOB_LABELS), job_labels, result.attempts)
+    restarts = _metric(reg, "slurmtools_job_restarts_total", JOB_LABELS + ("cause",))
+    for cause, count in sorted(restarts_by_cause.items()):
+        _set(restarts, dict(job_labels, cause=cause), count)
+    _set(_metric(reg, "slurmtools_job_steps_lost_total", JOB_LABELS), job_labels, sum(result.steps_lost))
+    if result.restart_latency_s:
+        _set(_metric(reg, "slurmtools_job_restart_latency_seconds", JOB_LABELS), job_labels,
+             result.restart_latency_s[-1])
+    _set(_metric(reg, "slurmtools_job_goodput_ratio", JOB_LABELS), job_labels, result.ratio)
+    _set(_metric(reg, "slurmtools_job_final_step", JOB_LABELS), job_labels, result.final_step)
+    _set(_metric(reg, "slurmtools_job_stragglers_total", JOB_LABELS), job_labels, stragglers)
+    return reg
+
+
+def textfile_name(job: str, writer: str) -> str:
+    """`slurmtools_job_<job>_<writer>.prom`: one file per job and writer (a rank, the supervisor)."""
+    safe = "".join(char if char.isalnum() or char in "._-" else "_" for char in f"{job}_{writer}")
+    return f"slurmtools_job_{safe}.prom"
+
+
+def restarts_by_cause(events: Sequence[Event]) -> Dict[str, int]:
+    """Attempts that ended in anything but completion, counted by their cause."""
+    counts: Dict[str, int] = {}
+    for attempt in ledger.attempts(list(events)):
+        if attempt.cause is not None and attempt.cause != Cause.COMPLETED.value:
+            counts[attempt.cause] = counts.get(attempt.cause, 0) + 1
+    return counts
+
+
+def stragglers(events: Sequence[Event]) -> int:
+    """Distinct nodes the straggler detector named."""
+    return len({event.straggler for event in events if isinstance(event, ledger.NodeSlowdown) and event.straggler})
+
+
+def job_registry_from_ledger(events: Sequence[Event], labels: Mapping[str, str]) -> CollectorRegistry:
+    return job_registry(ledger.goodput(list(events)), restarts_by_cause(events), stragglers(events), labels)
+
+
+# ---- where the files go: a job opts in with its environment (spec `env:`) ----------------------
+METRICS_DIR_ENV = "SLURMTOOLS_METRICS_DIR"   # node_exporter's textfile collector dir; unset: no metrics
+
+
+def metrics_dir(environ: Mapping[str, str]) -> Optional[Path]:
+    value = environ.get(METRICS_DIR_ENV, "")
+    return Path(value) if value else None
+
+
+def step_metrics_for(rank: int, attempt_id: str, environ: Mapping[str, str]) -> Optional[StepMetrics]:
+    """A rank's StepMetrics when the job asked for metrics, else None."""
+    directory = metrics_dir(environ)
+    if directory is None:
+        return None
+    job = attempt_id.split(".", 1)[0]
+    labels = {"job": job, "attempt": attempt_id, "node": socket.gethostname().split(".")[0], "rank": str(rank)}
+    return StepMetrics(directory / textfile_name(job, f"rank{rank}"), labels)
+
+
+def write_job_metrics(control_dir: Path, job: str, environ: Mapping[str, str]) -> Optional[Path]:
+    """The supervisor's file, from the ledger; metrics never fail a job (an unwritable directory
+    is skipped), so the path written or None."""
+    directory = metrics_dir(environ)
+    if directory is None:
+        return None
+    path = directory / textfile_name(job, "supervisor")
+    try:
+        write(path, job_registry_from_ledger(ledger.read(control_dir),
+                                             {"job": job, "node": socket.gethostname().split(".")[0]}))
+    except OSError:
+        return None
+    return path
