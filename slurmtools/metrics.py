@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,6 +224,8 @@ def write_job_metrics(control_dir: Path, job: str, environ: Mapping[str, str]) -
     try:
         write(path, job_registry_from_ledger(ledger.read(control_dir),
                                              {"job": job, "node": socket.gethostname().split(".")[0]}))
-    except OSError:
+    except Exception as exc:     # never the supervisor's failure: one line, and the job goes on
+        print(f"slurmtools: job metrics not written to {path}: {type(exc).__name__}: {exc}", file=sys.stderr,
+              flush=True)
         return None
     return path

@@ -159,17 +159,23 @@ class TrainingControl:
         finally:
             self._busy_s += time.monotonic() - start
 
+    @property
+    def metrics_on(self) -> bool:
+        """Whether the job set SLURMTOOLS_METRICS_DIR: a trainer can skip measuring (a GPU
+        synchronisation to read the loss, say) when nobody will read the numbers."""
+        if not self._metrics_checked:
+            from slurmtools import metrics
+            self._metrics_checked = True
+            self._metrics = metrics.step_metrics_for(self.rank, self.attempt_id, os.environ)
+        return self._metrics is not None
+
     def step_done(self, step: int, step_s: float, *, tokens: Optional[int] = None, loss: Optional[float] = None,
                   grad_norm: Optional[float] = None, collective_s: Optional[float] = None,
                   data_wait_s: Optional[float] = None) -> None:
         """The numbers of a finished step, for the Prometheus textfile (slurmtools.metrics) when
         the job set SLURMTOOLS_METRICS_DIR; nothing otherwise. A file that cannot be written
         turns metrics off for this process: metrics never stop training."""
-        if not self._metrics_checked:
-            from slurmtools import metrics
-            self._metrics_checked = True
-            self._metrics = metrics.step_metrics_for(self.rank, self.attempt_id, os.environ)
-        if self._metrics is None:
+        if not self.metrics_on or self._metrics is None:
             return
         from slurmtools.metrics import StepSample
         try:

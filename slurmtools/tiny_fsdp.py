@@ -262,8 +262,9 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
         collective_t0 = time.monotonic()
         dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
         collective_s = time.monotonic() - collective_t0
-        control.step_done(step, time.monotonic() - step_t0, tokens=cfg.batch_per_rank * cfg.seq,
-                          loss=reduced.item() / world, collective_s=collective_s)
+        if control.metrics_on:
+            control.step_done(step, time.monotonic() - step_t0, tokens=cfg.batch_per_rank * cfg.seq,
+                              loss=reduced.item() / world, collective_s=collective_s)
         if rank == 0:
             log({"step": step, "total_steps": cfg.steps, "loss": (reduced.item() / world).hex(), "world_size": world,
                  "attempt_id": control.attempt_id})
