@@ -267,9 +267,14 @@ def cmd_health_record_ib(args: argparse.Namespace) -> int:
     from slurmtools.health.record_ib import record
 
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: not a directory")
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out}: not empty (a recording goes into a new directory)")
-    hcas = record(Path(args.sysfs_root), out)
+    try:
+        hcas = record(Path(args.sysfs_root), out)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write the recording: {exc.strerror or exc}") from None
     print(f"recorded {len(hcas)} HCAs ({', '.join(hcas)}) into {out}; replay with `sysfs_root: {out}`")
     return 0
 

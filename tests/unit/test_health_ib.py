@@ -161,6 +161,11 @@ def test_record_ib_copies_a_tree_that_reads_back_the_same(tmp_path):
                             "--out", str(out)], capture_output=True, text=True, timeout=60)
     assert (again.returncode, again.stderr.strip()) == (2, f"slurmtools: error: --out {out}: not empty "
                                                            "(a recording goes into a new directory)")
+    (tmp_path / "a-file").write_text("x")
+    onto_file = subprocess.run([sys.executable, "-m", "slurmtools", "health", "record-ib", "--sysfs-root", str(node),
+                                "--out", str(tmp_path / "a-file")], capture_output=True, text=True, timeout=60)
+    assert (onto_file.returncode, onto_file.stderr.strip()) == (
+        2, f"slurmtools: error: --out {tmp_path}/a-file: not a directory")
     none = subprocess.run([sys.executable, "-m", "slurmtools", "health", "record-ib", "--sysfs-root",
                            str(tmp_path / "empty"), "--out", str(tmp_path / "o2")], capture_output=True, text=True)
     assert (none.returncode, none.stderr.strip()) == (
