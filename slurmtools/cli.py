@@ -141,6 +141,29 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from slurmtools import jobreport, jobs
+
+    target = jobs.ledger_location(args.target, args.spec)
+    report = jobreport.load(target)
+    if report is None:
+        raise UsageError(f"no ledger records at {target} (a control dir or its ledger.jsonl)")
+    if not args.html:
+        print(jobreport.format_text(report))
+        return 0
+    try:
+        from slurmtools import report_html
+    except ImportError as exc:
+        raise UsageError(f"--html needs matplotlib ({exc}): pip install 'slurmtools[report]'") from None
+    out = Path(args.html)
+    try:
+        report_html.write_page(out, report_html.render(report))
+    except OSError as exc:
+        raise UsageError(f"--html {out}: cannot write the page: {exc.strerror or exc}") from None
+    print(f"wrote {out} ({', '.join(report_html.PLOTS)})")
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from slurmtools.requeue import plan
 
@@ -208,6 +231,11 @@ def _add_jobs(sub: Any) -> None:
     parser.add_argument("--spec", help="the job's spec: its checkpoint_dir (or output_dir) holds the ledger")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(func=cmd_goodput)
+    parser = sub.add_parser("report", help="a job chain's timeline, progress and goodput (text, or --html with plots)")
+    parser.add_argument("target", help="JOBID (with --spec), or the job's control dir or its ledger.jsonl")
+    parser.add_argument("--spec", help="the job's spec: its checkpoint_dir (or output_dir) holds the control dir")
+    parser.add_argument("--html", metavar="FILE", help="write one self-contained HTML page with the plots")
+    parser.set_defaults(func=cmd_report)
     parser = sub.add_parser("plan", help="checkpoint interval (Young/Daly) and predicted goodput")
     parser.add_argument("--checkpoint-cost-s", type=_positive(float), required=True)
     parser.add_argument("--nodes", type=_positive(int), required=True)

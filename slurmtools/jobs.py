@@ -164,7 +164,7 @@ def ledger_location(target: str, spec_path: Optional[str]) -> Path:
     if path.exists() or not (target.isascii() and target.isdigit()):
         return path
     if not spec_path:
-        raise UsageError(f"goodput {target}: give the job's spec (--spec JOB.yaml) to find its ledger, "
+        raise UsageError(f"job {target}: give the job's spec (--spec JOB.yaml) to find its ledger, "
                          "or the control dir itself")
     from slurmtools.runtime import control_dir_for
     from slurmtools.spec import load_spec

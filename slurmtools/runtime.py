@@ -145,6 +145,8 @@ class TrainingControl:
         self._dumped = False
         self._metrics: Optional[Any] = None      # metrics.StepMetrics when SLURMTOOLS_METRICS_DIR is set
         self._metrics_checked = False
+        self._steplog: Optional[Any] = None      # steplog.StepLog, made at the first step_done
+        self._steplog_off = False
         if self.control_dir is not None:
             (self.control_dir / HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
 
@@ -161,20 +163,34 @@ class TrainingControl:
 
     @property
     def metrics_on(self) -> bool:
-        """Whether the job set SLURMTOOLS_METRICS_DIR: a trainer can skip measuring (a GPU
-        synchronisation to read the loss, say) when nobody will read the numbers."""
+        """Whether the job set SLURMTOOLS_METRICS_DIR (the Prometheus textfile)."""
         if not self._metrics_checked:
             from slurmtools import metrics
             self._metrics_checked = True
             self._metrics = metrics.step_metrics_for(self.rank, self.attempt_id, os.environ)
         return self._metrics is not None
 
+    @property
+    def records_steps(self) -> bool:
+        """Whether anyone reads step_done's numbers: the step log in the control dir (`slurmtools
+        report`) or the Prometheus textfile. A trainer can skip measuring (a GPU synchronisation
+        to read the loss, say) when this is false."""
+        return self.control_dir is not None or self.metrics_on
+
     def step_done(self, step: int, step_s: float, *, tokens: Optional[int] = None, loss: Optional[float] = None,
                   grad_norm: Optional[float] = None, collective_s: Optional[float] = None,
                   data_wait_s: Optional[float] = None) -> None:
-        """The numbers of a finished step, for the Prometheus textfile (slurmtools.metrics) when
-        the job set SLURMTOOLS_METRICS_DIR; nothing otherwise. A file that cannot be written
-        turns metrics off for this process: metrics never stop training."""
+        """The numbers of a finished step: into the control dir's step log (slurmtools.steplog)
+        and, when the job set SLURMTOOLS_METRICS_DIR, the Prometheus textfile (slurmtools.metrics).
+        A file that cannot be written turns that record off for this process: numbers never
+        stop training."""
+        self._open_step_log()
+        if self._steplog is not None:
+            try:
+                self._steplog.step(step, step_s, loss=loss, tokens=tokens, grad_norm=grad_norm,
+                                   collective_s=collective_s, data_wait_s=data_wait_s)
+            except OSError as exc:
+                self._steplog_failed(exc)
         if not self.metrics_on or self._metrics is None:
             return
         from slurmtools.metrics import StepSample
@@ -183,6 +199,24 @@ class TrainingControl:
         except OSError as exc:
             print(f"slurmtools: metrics off for rank {self.rank}: {exc}", file=sys.stderr, flush=True)
             self._metrics = None
+
+    def checkpoint_done(self, step: int, save_s: float, *, requested: bool = False) -> None:
+        """A checkpoint this rank saved (call it on rank 0): the report's timeline shows it."""
+        self._open_step_log()
+        if self._steplog is not None:
+            try:
+                self._steplog.checkpoint(step, save_s, requested=requested)
+            except OSError as exc:
+                self._steplog_failed(exc)
+
+    def _open_step_log(self) -> None:
+        if self.control_dir is not None and self._steplog is None and not self._steplog_off:
+            from slurmtools.steplog import StepLog
+            self._steplog = StepLog(self.control_dir, self.attempt_id, self.rank, socket.gethostname())
+
+    def _steplog_failed(self, exc: OSError) -> None:
+        print(f"slurmtools: step log off for rank {self.rank}: {exc}", file=sys.stderr, flush=True)
+        self._steplog, self._steplog_off = None, True
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGUSR1/2 only set a flag; the loop checkpoints at the next step boundary.
@@ -262,7 +296,12 @@ class TrainingControl:
         return self.control_dir is not None and (self.control_dir / REQUEST_FILE).exists()
 
     def flush_metrics(self) -> None:
-        """The last step's numbers now (record() writes at most every few seconds)."""
+        """The last steps' numbers now (both records write at most every few seconds)."""
+        if self._steplog is not None:
+            try:
+                self._steplog.flush()
+            except OSError as exc:
+                self._steplog_failed(exc)
         if self._metrics is not None:
             try:
                 self._metrics.flush()

@@ -199,6 +199,13 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
 
     Returns {"event": "final", "step", "state_sha256", ...} or {"event": "stopped_for_requeue", "step"}.
     """
+    try:
+        return _train(cfg, control, log)
+    finally:          # a crash too: the last seconds of step numbers reach the step log
+        control.flush_metrics()
+
+
+def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
     if dist.get_backend() == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
@@ -262,7 +269,7 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
         collective_t0 = time.monotonic()
         dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
         collective_s = time.monotonic() - collective_t0
-        if control.metrics_on:
+        if control.records_steps:
             control.step_done(step, time.monotonic() - step_t0, tokens=cfg.batch_per_rank * cfg.seq,
                               loss=reduced.item() / world, collective_s=collective_s)
         if rank == 0:
@@ -295,6 +302,7 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
                 pause = (lambda: time.sleep(cfg.slow_checkpoint_s)) if step == slow_at else None
                 checkpoint_torch.save(manager, step, model, optim, meta=meta, before_commit=pause)
             if rank == 0:
+                control.checkpoint_done(step, round(time.monotonic() - t0, 3), requested=requested)
                 log({"event": "checkpoint", "step": step, "save_s": round(time.monotonic() - t0, 3),
                      "requested": requested, "attempt_id": control.attempt_id})
         if requested and step < cfg.steps:
