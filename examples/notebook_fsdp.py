@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """Worked example: the tiny FSDP2 trainer on 2 nodes x 2 tasks through submitit, from Python.
 
-Runs as a script (or paste the cells into a notebook). It uses the same job spec rules as the
-sbatch path; on the mini-cluster:  .venv/bin/python examples/notebook_fsdp.py
+The script form of examples/notebook_fsdp.ipynb (the same cells). It uses the same job spec rules
+as the sbatch path; on the mini-cluster:  .venv/bin/python examples/notebook_fsdp.py
 """
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 from slurmtools import notebook
 from slurmtools.notebook import TinyFSDPJob
+from slurmtools.notebook_view import show_report, watch
 from slurmtools.tiny_fsdp import TrainConfig
 
 
@@ -31,14 +31,11 @@ def main() -> int:
     job = ex.submit(TinyFSDPJob(TrainConfig(steps=args.steps, checkpoint_every=6)))
     print(f"submitted job {job.job_id}")
 
-    # %% watch it
-    last = ""
-    while not job.done():
-        line = str(notebook.status(job, spec, tail_lines=0)).splitlines()[0]
-        if line != last:
-            print(line, flush=True)
-            last = line
-        time.sleep(1)
+    # %% watch it (one status line, redrawn in place)
+    watch(job, spec)
+
+    # %% the report (text here; the HTML page with plots in a notebook)
+    show_report(job, spec)
 
     # %% the result (rank 0's) and the status with goodput
     result = job.results()[0]   # one result per task; rank 0 first

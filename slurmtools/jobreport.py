@@ -87,8 +87,9 @@ def _marks(events: Sequence[Event], history: StepHistory) -> List[Mark]:
     marks = [Mark(c.time_s, "checkpoint", f"checkpoint step {c.step} ({c.save_s:.1f} s)")
              for c in history.checkpoints]
     for event in events:
-        if isinstance(event, ledger.AttemptEnd) and event.node and event.cause != "completed":
-            marks.append(Mark(event.time_s, "failure", f"{event.cause} on {event.node}"))
+        if isinstance(event, ledger.AttemptEnd) and event.cause != "completed":
+            on = f" on {event.node}" if event.node else ""
+            marks.append(Mark(event.time_s, "failure", f"{event.cause}{on} -> {event.action or 'stop'}"))
         elif isinstance(event, ledger.NodeSlowdown) and event.straggler:
             marks.append(Mark(event.time_s, "straggler", f"straggler {event.straggler} ({event.action or 'report'})"))
         elif isinstance(event, ledger.PreflightCheck) and event.status != "passed":

@@ -1,8 +1,8 @@
 """A training job's numbers as Prometheus metrics, written as node_exporter textfiles.
 
 Two writers, one table of names (METRICS): each rank's per-step training and communication
-numbers (StepMetrics, labels job/attempt/node/rank), and the supervisor's attempts, restarts by
-cause, lost steps, restart latency and goodput (job_metrics, labels job/node). Both follow the
+numbers (StepMetrics, labels slurm_job/attempt/node/rank), and the supervisor's attempts, restarts by
+cause, lost steps, restart latency and goodput (job_metrics, labels slurm_job/node). Both follow the
 textfile collector's convention: one `*.prom` file per writer in a directory node_exporter reads,
 replaced atomically (prometheus_client writes a temporary file and renames it), so a scrape never
 sees half a file. Names carry their units (`_seconds`, `_ratio`) and counters end in `_total`.
@@ -22,9 +22,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, write_to_textfi
 from slurmtools.requeue import ledger
 from slurmtools.requeue.ledger import Event, Goodput
 from slurmtools.requeue.policy import Cause
+from slurmtools.runtime import METRICS_DIR_ENV
 
-TRAIN_LABELS = ("job", "attempt", "node", "rank")
-JOB_LABELS = ("job", "node")
+# `slurm_job`, not `job`: Prometheus gives every scraped series its target's `job` label (and would
+# rename ours to exported_job)
+TRAIN_LABELS = ("slurm_job", "attempt", "node", "rank")
+JOB_LABELS = ("slurm_job", "node")
 DEFAULT_MIN_INTERVAL_S = 5.0
 
 # name -> (Prometheus type, help); the labels are TRAIN_LABELS for slurmtools_train_*, JOB_LABELS
@@ -195,13 +198,17 @@ def job_registry_from_ledger(events: Sequence[Event], labels: Mapping[str, str])
     return job_registry(ledger.goodput(list(events)), restarts_by_cause(events), stragglers(events), labels)
 
 
-# ---- where the files go: a job opts in with its environment (spec `env:`) ----------------------
-METRICS_DIR_ENV = "SLURMTOOLS_METRICS_DIR"   # node_exporter's textfile collector dir; unset: no metrics
+# ---- where the files go: a job opts in with its spec's metrics_dir (SLURMTOOLS_METRICS_DIR) ------
+NODE_PLACEHOLDER = "%N"     # as in Slurm's file name patterns: this node's short host name
 
 
-def metrics_dir(environ: Mapping[str, str]) -> Optional[Path]:
+def metrics_dir(environ: Mapping[str, str], host: Optional[str] = None) -> Optional[Path]:
+    """The textfile dir on this node. `%N` in it becomes the node's short host name: one dir per
+    node on a shared file system, each read by that node's node_exporter."""
     value = environ.get(METRICS_DIR_ENV, "")
-    return Path(value) if value else None
+    if not value:
+        return None
+    return Path(value.replace(NODE_PLACEHOLDER, host or socket.gethostname().split(".")[0]))
 
 
 def step_metrics_for(rank: int, attempt_id: str, environ: Mapping[str, str]) -> Optional[StepMetrics]:
@@ -210,7 +217,7 @@ def step_metrics_for(rank: int, attempt_id: str, environ: Mapping[str, str]) -> 
     if directory is None:
         return None
     job = attempt_id.split(".", 1)[0]
-    labels = {"job": job, "attempt": attempt_id, "node": socket.gethostname().split(".")[0], "rank": str(rank)}
+    labels = {"slurm_job": job, "attempt": attempt_id, "node": socket.gethostname().split(".")[0], "rank": str(rank)}
     return StepMetrics(directory / textfile_name(job, f"rank{rank}"), labels)
 
 
@@ -223,7 +230,7 @@ def write_job_metrics(control_dir: Path, job: str, environ: Mapping[str, str]) -
     path = directory / textfile_name(job, "supervisor")
     try:
         write(path, job_registry_from_ledger(ledger.read(control_dir),
-                                             {"job": job, "node": socket.gethostname().split(".")[0]}))
+                                             {"slurm_job": job, "node": socket.gethostname().split(".")[0]}))
     except Exception as exc:     # never the supervisor's failure: one line, and the job goes on
         print(f"slurmtools: job metrics not written to {path}: {type(exc).__name__}: {exc}", file=sys.stderr,
               flush=True)

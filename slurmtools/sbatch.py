@@ -13,7 +13,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from slurmtools import __version__
 from slurmtools.errors import SpecError
 from slurmtools.requeue import flags as requeue_flags
-from slurmtools.runtime import CHECKPOINT_DIR_ENV, COLLECTIVE_TIMEOUT_ENV, SDC_CHECK_EVERY_ENV, control_root
+from slurmtools.runtime import (CHECKPOINT_DIR_ENV, COLLECTIVE_TIMEOUT_ENV, METRICS_DIR_ENV, SDC_CHECK_EVERY_ENV,
+                                control_root)
 from slurmtools.slurm_parse import EXPEDITE_SINCE
 from slurmtools.spec import JobSpec
 
@@ -90,6 +91,8 @@ def environment(spec: JobSpec) -> List[Tuple[str, str]]:
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1" if spec.distributed.dump_on_timeout else "0",
     }
     env[SDC_CHECK_EVERY_ENV] = str(spec.distributed.sdc_check_every)
+    if spec.metrics_dir:
+        env[METRICS_DIR_ENV] = spec.metrics_dir
     if spec.distributed.dump_on_timeout:
         env["TORCH_FR_BUFFER_SIZE"] = env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = str(FLIGHT_RECORDER_ENTRIES)
     net = spec.network

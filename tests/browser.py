@@ -50,7 +50,8 @@ def _devtools_port(profile: Path, proc: subprocess.Popen, timeout_s: float = 60.
     marker = profile / "DevToolsActivePort"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"chromium exited with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+            log = profile / "chromium.log"
+            raise RuntimeError(f"chromium exited with {proc.returncode}: {log.read_text()[-2000:] if log.exists() else ''}")
         if marker.exists() and marker.read_text().strip():
             return int(marker.read_text().split()[0])
         time.sleep(0.1)
@@ -96,11 +97,11 @@ def _errors(events: List[Dict[str, Any]]) -> List[str]:
 
 
 def load(page: Path, *, width_px: int = 1200) -> PageView:
-    with tempfile.TemporaryDirectory(prefix="st-chromium-") as profile:
+    with tempfile.TemporaryDirectory(prefix="st-chromium-") as profile, \
+            open(Path(profile) / "chromium.log", "w") as log:       # a file, not a pipe nobody drains
         proc = subprocess.Popen([chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
                                  "--disable-dev-shm-usage", "--remote-debugging-port=0", f"--user-data-dir={profile}",
-                                 "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+                                 "about:blank"], stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
         try:
             port = _devtools_port(Path(profile), proc)
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as response:

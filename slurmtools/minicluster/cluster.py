@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import stat
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -27,7 +26,8 @@ from slurmtools.minicluster.record import (ETC_SLURM_CONF, allocate_slot, find_l
                                            layout_from_record, load_record, registered, save_record)
 
 __all__ = ["ETC_SLURM_CONF", "find_layout", "load_record", "layout_for_up", "up", "down"]
-from slurmtools.minicluster.layout import DEFAULT_NAME, REQUIRED_PACKAGES, MiniClusterLayout
+from slurmtools.minicluster.layout import DEFAULT_NAME, MiniClusterLayout
+from slurmtools.minicluster.packages import install_packages
 
 FAKE_GPU_MAJOR = 195
 CGROUP_CONTROLLERS = jobcgroups.SLURM_CONTROLLERS
@@ -77,30 +77,6 @@ def layout_for_up(name: str, state_dir: Optional[Path], *, nodes: int, gpus_per_
 def require_root() -> None:
     if os.geteuid() != 0:
         raise MiniClusterError("the mini-cluster needs root (namespaces, daemons, cgroups); run it as root")
-
-
-def missing_packages(packages: Tuple[str, ...] = REQUIRED_PACKAGES) -> List[str]:
-    out = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${db:Status-Abbrev}\n", *packages],
-                         capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    installed = {ln.split()[0] for ln in out.stdout.splitlines() if len(ln.split()) > 1 and ln.split()[1] == "ii"}
-    return [p for p in packages if p not in installed]
-
-
-def install_packages(extra: Tuple[str, ...] = ()) -> List[str]:
-    """Install Debian's Slurm, munge and MariaDB (and extra) only where missing (apt starts no daemon here)."""
-    if not shutil.which("dpkg-query") or not shutil.which("apt-get"):
-        raise MiniClusterError("apt-get/dpkg not found: the mini-cluster installs Debian packages (Debian 12 or newer)")
-    missing = missing_packages(REQUIRED_PACKAGES + extra)
-    if not missing:
-        return []
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for argv in (["apt-get", "update", "-q"],
-                 ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]):
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=900)
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()
-            raise MiniClusterError(f"{' '.join(argv[:3])} failed: {tail[-1] if tail else proc.returncode}")
-    return missing
 
 
 def release_name(slurm_release: str) -> str:

@@ -13,7 +13,7 @@ from slurmtools.preflight.canary import CANARY_FAULT_ENV
 from slurmtools.requeue import ledger
 from slurmtools.runtime import control_dir_for
 from tests.cluster import training
-from tests.conftest import wait_for
+from tests.conftest import REPO, wait_for
 
 pytestmark = pytest.mark.cluster
 submitit = pytest.importorskip("submitit")
@@ -130,3 +130,28 @@ def test_preflight_in_the_tasks_names_a_wrong_node_and_requeues_without_it(clust
         for node in slurm.nodes():
             if node.drained and drain.is_ours(node.reason):
                 drain.resume(node.name)
+
+
+def test_the_example_notebook_runs_top_to_bottom_in_a_real_kernel(cluster, shared_tmp, reference_run, monkeypatch):
+    """examples/notebook_fsdp.ipynb executed by a real Jupyter kernel (nbclient): the job's status is
+    one display updated in place, the report is shown inline, and the result is the sbatch path's
+    exact state."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    training.settle()
+    for name, value in (("NOTEBOOK_WORKDIR", shared_tmp / "nb"), ("NOTEBOOK_STEPS", training.STEPS),
+                        ("NOTEBOOK_CHECKPOINT_EVERY", training.CHECKPOINT_EVERY)):
+        monkeypatch.setenv(name, str(value))
+    nb = nbformat.read(REPO / "examples" / "notebook_fsdp.ipynb", as_version=4)
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(shared_tmp)}}).execute()
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    job_id = code[2].outputs[0]["text"].split()[-1]
+    watched = [cell for cell in code if cell.source.startswith("final_status = watch(")][0]
+    assert len(watched.outputs) == 1 and watched.outputs[0]["output_type"] == "display_data"   # updated in place
+    assert watched.outputs[0]["data"]["text/plain"].startswith(f"job {job_id}: COMPLETED")
+    report = [cell for cell in code if cell.source.startswith("show_report(")][0].outputs[0]["data"]["text/html"]
+    assert report.startswith("<iframe srcdoc=") and all(f"plot-{name}" in report for name in
+                                                         ("timeline", "progress", "step-time", "breakdown"))
+    final = code[-1].outputs[-1]["text"].splitlines()[-1]
+    assert final == f"final step {training.STEPS}, state sha256 {reference_run['hash']}"

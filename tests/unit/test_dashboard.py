@@ -44,11 +44,11 @@ def emitted(tmp_path: Path) -> Set[str]:
     """Metric names as Prometheus stores them, from files the code really writes."""
     report.write_textfile(str(tmp_path / "health.prom"), "node1", "periodic",
                           [CheckResult("gpu.xid", Status.CRITICAL, "xid=79")], 0.5)
-    step = metrics.StepMetrics(tmp_path / "rank.prom", {"job": "1", "attempt": "1.0", "node": "node1", "rank": "0"})
+    step = metrics.StepMetrics(tmp_path / "rank.prom", {"slurm_job": "1", "attempt": "1.0", "node": "node1", "rank": "0"})
     step.record(metrics.StepSample(1, 0.5, tokens=10, loss=1.0, grad_norm=1.0, collective_s=0.1, data_wait_s=0.0))
     events = [ledger.AttemptStart("1.0", 0.0), ledger.AttemptEnd("1.0", 10.0, "hang", last_step=5, first_step_t=1.0),
               ledger.AttemptStart("1.1", 12.0)]
-    metrics.write(tmp_path / "job.prom", metrics.job_registry_from_ledger(events, {"job": "1", "node": "node1"}))
+    metrics.write(tmp_path / "job.prom", metrics.job_registry_from_ledger(events, {"slurm_job": "1", "node": "node1"}))
     names = set()
     for path in tmp_path.glob("*.prom"):
         for family in text_string_to_metric_families(path.read_text()):
@@ -85,3 +85,19 @@ def test_a_broken_query_or_an_unknown_metric_would_fail(tmp_path):
     names = set(selectors(promql_parser.parse('max(rate(slurmtools_nope_total[5m])) / on() slurmtools_train_loss')))
     assert names == {"slurmtools_nope_total", "slurmtools_train_loss"}
     assert not names <= emitted(tmp_path)
+
+
+def test_the_readme_lists_the_dashboards_rows_and_panels():
+    rows, current = {}, None
+    for panel in panels():
+        if panel["type"] == "row":
+            current = rows.setdefault(panel["title"], [])
+        else:
+            current.append(panel["title"])
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    listed = {}
+    for line in readme.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")] if line.startswith("| ") else []
+        if len(cells) == 2 and cells[0] in rows:
+            listed[cells[0]] = cells[1].split(" · ")
+    assert listed == rows

@@ -83,7 +83,7 @@ def test_the_report_holds_the_series_the_marks_and_a_breakdown_that_adds_up():
     # n2 was slow in the first attempt only; the restart's steps 5 and 6 replace the first run's
     assert dict(report.step_s_by_node["n2"])[3] == 2.0 and dict(report.step_s_by_node["n2"])[5] == 1.0
     assert [(m.kind, m.label) for m in report.marks] == [
-        ("checkpoint", "checkpoint step 4 (0.2 s)"), ("failure", "crash on n2"),
+        ("checkpoint", "checkpoint step 4 (0.2 s)"), ("failure", "crash on n2 -> restart"),
         ("checkpoint", "checkpoint step 20 (0.8 s)")]
     b = report.breakdown      # 20 steps of 1 s, 1 s saving, 3 s to restart + 3 s to its first step, 2 steps lost
     assert (b.wall_s, b.training_s, b.checkpointing_s, b.restarts_s, b.lost_s) == (30.0, 20.0, 1.0, 6.0, 2.0)
@@ -104,7 +104,7 @@ def test_the_text_form_lists_attempts_breakdown_and_events():
     assert "  9.0            +0.0 s .. +9.0 s     steps 0..6  crash on n2 -> restart" in text.splitlines()
     assert "  9.0.1          +12.0 s .. +30.0 s    steps 4..20  completed -> complete" in text.splitlines()
     assert "median step time by node: n1 1.000 s, n2 1.000 s" in text
-    assert "  +9.0 s  crash on n2" in text.splitlines()
+    assert "  +9.0 s  crash on n2 -> restart" in text.splitlines()
 
 
 def test_the_html_page_is_self_contained_with_every_plot():

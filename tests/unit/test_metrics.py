@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from slurmtools import metrics
 from slurmtools.requeue import ledger
 
-LABELS = {"job": "42", "attempt": "42.1", "node": "node2", "rank": "3"}
+LABELS = {"slurm_job": "42", "attempt": "42.1", "node": "node2", "rank": "3"}
 
 
 def samples(path: Path) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
@@ -54,7 +54,7 @@ def test_every_name_follows_the_conventions():
 
 def test_missing_labels_are_an_error(tmp_path):
     with pytest.raises(ValueError, match="StepMetrics needs labels rank"):
-        metrics.StepMetrics(tmp_path / "m.prom", {"job": "1", "attempt": "1.0", "node": "n"})
+        metrics.StepMetrics(tmp_path / "m.prom", {"slurm_job": "1", "attempt": "1.0", "node": "n"})
 
 
 def test_the_supervisor_writes_restarts_by_cause_and_goodput_from_the_ledger(tmp_path):
@@ -67,9 +67,9 @@ def test_the_supervisor_writes_restarts_by_cause_and_goodput_from_the_ledger(tmp
               ledger.AttemptStart("42.2", 210.0, restart=2, resume_step=80),
               ledger.AttemptEnd("42.2", 300.0, "completed", last_step=100, first_step_t=220.0, checkpoint_step=100)]
     assert metrics.restarts_by_cause(events) == {"node_failure": 1, "preempted": 1}
-    metrics.write(tmp_path / "job.prom", metrics.job_registry_from_ledger(events, {"job": "42", "node": "node1"}))
+    metrics.write(tmp_path / "job.prom", metrics.job_registry_from_ledger(events, {"slurm_job": "42", "node": "node1"}))
     found = samples(tmp_path / "job.prom")
-    job = (("job", "42"), ("node", "node1"))
+    job = (("node", "node1"), ("slurm_job", "42"))
     assert by_name(found, "slurmtools_job_restarts_total") == {(("cause", "node_failure"),) + job: 1.0,
                                                                (("cause", "preempted"),) + job: 1.0}
     assert found[("slurmtools_job_attempts_total", tuple(sorted(job)))] == 3
@@ -99,8 +99,8 @@ def test_training_control_writes_metrics_only_when_the_job_asks(tmp_path, monkey
     control.step_done(2, 0.5, tokens=10, loss=2.0, collective_s=0.1)     # within the interval: not written yet
     control.mark_complete(2)                                              # ... but flushed at the end
     found = samples(tmp_path / "textfiles" / "slurmtools_job_77_rank5.prom")
-    labels = (("attempt", "77.2"), ("job", "77"), ("node", __import__("socket").gethostname().split(".")[0]),
-              ("rank", "5"))
+    labels = (("attempt", "77.2"), ("node", __import__("socket").gethostname().split(".")[0]), ("rank", "5"),
+              ("slurm_job", "77"))
     assert (found[("slurmtools_train_step", labels)], found[("slurmtools_train_loss", labels)]) == (2, 2.0)
     # a directory that cannot be written turns metrics off with one line; training goes on
     (tmp_path / "blocked").write_text("a file, not a directory")
@@ -118,7 +118,7 @@ def test_the_supervisor_file_is_written_from_the_ledger_or_skipped(tmp_path):
     assert metrics.write_job_metrics(control, "8", {}) is None
     path = metrics.write_job_metrics(control, "8", {metrics.METRICS_DIR_ENV: str(tmp_path / "tf")})
     assert path == tmp_path / "tf" / "slurmtools_job_8_supervisor.prom"
-    assert ("slurmtools_job_attempts_total", (("job", "8"), ("node", __import__("socket").gethostname().split(".")[0]))) \
+    assert ("slurmtools_job_attempts_total", (("node", __import__("socket").gethostname().split(".")[0]), ("slurm_job", "8"))) \
         in samples(path)
     (tmp_path / "file").write_text("x")
     assert metrics.write_job_metrics(control, "8", {metrics.METRICS_DIR_ENV: str(tmp_path / "file")}) is None
@@ -158,3 +158,15 @@ def test_real_ranks_of_the_example_trainer_write_their_step_metrics(tmp_path):
         assert values["slurmtools_train_step_seconds"] > 0 and values["slurmtools_train_step_collective_seconds"] >= 0
         losses.append(values["slurmtools_train_loss"])
     assert losses[0] == losses[1]          # the all-reduced loss: the same on every rank
+
+
+def test_a_specs_metrics_dir_reaches_the_job_and_names_each_nodes_dir():
+    from slurmtools import sbatch
+    from slurmtools.spec import spec_from_dict
+    spec = spec_from_dict({"name": "m", "command": ["train.py"], "metrics_dir": "/shared/metrics/%N"})
+    assert ("SLURMTOOLS_METRICS_DIR", "/shared/metrics/%N") in sbatch.environment(spec)
+    assert metrics.metrics_dir({metrics.METRICS_DIR_ENV: "/shared/metrics/%N"}, host="node2") == \
+        Path("/shared/metrics/node2")
+    assert metrics.metrics_dir({}) is None
+    assert "SLURMTOOLS_METRICS_DIR" not in dict(sbatch.environment(spec_from_dict({"name": "m",
+                                                                                   "command": ["t.py"]})))

@@ -47,3 +47,24 @@ def test_a_terminal_gets_one_line_redrawn_in_place(monkeypatch, tmp_path):
                       "job 7: RUNNING on node[1-2] | step 3/5 loss 1.5000 (attempt 7.0)",
                       "job 7: RUNNING on node[1-2] | step 5/5 loss 1.5000 (attempt 7.0)",
                       "job 7: COMPLETED on node[1-2] | step 5/5 loss 1.5000 (attempt 7.0)"]
+
+
+def test_notebook_watch_in_a_terminal_redraws_one_line_until_the_job_is_done(monkeypatch):
+    from slurmtools import notebook_view
+    from slurmtools.notebook import JobStatus
+
+    class Job:
+        job_id = "9"
+        polls = iter([False, False, False, True])
+
+        def done(self) -> bool:
+            return next(self.polls)
+    shown = iter([JobStatus("9", "PENDING", None, [], None), JobStatus("9", "RUNNING", "step 3/5", [], None),
+                  JobStatus("9", "RUNNING", "step 3/5", [], None), JobStatus("9", "COMPLETED", "step 5/5", [], None)])
+    monkeypatch.setattr(notebook_view, "status", lambda job, spec, tail_lines: next(shown))
+    monkeypatch.setattr(notebook_view.time, "sleep", lambda s: None)
+    out = Terminal()
+    last = notebook_view.watch(Job(), out=out)
+    assert last.state == "COMPLETED" and not notebook_view.in_jupyter()
+    assert out.getvalue() == ("\r\033[Kjob 9: PENDING\r\033[Kjob 9: RUNNING - step 3/5"
+                              "\r\033[Kjob 9: COMPLETED - step 5/5\n")
