@@ -2,7 +2,7 @@
 # The main job end to end on the built-in mini-cluster (fresh Debian 12, as root):
 # bootstrap, bring up a 3-node Slurm with accounting and health-gated prologs, submit the
 # tiny FSDP2 job (2 nodes x 2 processes) from its spec, follow it to completion, then show
-# its checkpoints, its goodput ledger and the node table.
+# its checkpoints, its goodput ledger, its report (text and an HTML page with plots) and the node table.
 # The cluster stays up afterwards; `.venv/bin/slurmtools minicluster down` stops it.
 # `bash scripts/demo.sh --slurm 24.11` (or 26.05) runs it on that Slurm release instead of the
 # machine's own, from a Debian root the mini-cluster builds (the `mini` cluster must be down --purge'd
@@ -39,6 +39,9 @@ ls runs/tiny-fsdp/checkpoints
 echo
 echo "== goodput from the job's ledger"
 $st goodput "$jid" --spec examples/tiny_fsdp/job.yaml
+echo
+echo "== the job's report (the page with the plots: runs/tiny-fsdp/report.html)"
+$st report "$jid" --spec examples/tiny_fsdp/job.yaml --html runs/tiny-fsdp/report.html
 echo
 echo "== nodes (none drained)"
 $st minicluster status

@@ -315,6 +315,7 @@ class JobStatus:
     progress: Optional[str]
     log_tail: List[str]
     goodput: Optional[str]
+    finished: bool = False         # Slurm says the job ended (COMPLETING is not yet)
 
     def __str__(self) -> str:
         lines = [f"job {self.job_id}: {self.state}" + (f" - {self.progress}" if self.progress else "")]
@@ -332,9 +333,11 @@ def status(job: Any, spec: Optional[SpecLike] = None, *, tail_lines: int = 5) ->
     from slurmtools.jobs import progress_from_log
 
     job_id = str(job.job_id)
+    finished = False
     try:
         info = slurm.job_state(int(job_id))
         state = info.state + (f" (restarts={info.restarts})" if info.restarts else "")
+        finished = info.finished
     except SlurmCommandError:
         state = "UNKNOWN"
     text = ""
@@ -350,4 +353,4 @@ def status(job: Any, spec: Optional[SpecLike] = None, *, tail_lines: int = 5) ->
         if events:
             result = ledger.goodput(events)
             good = f"goodput {result.ratio:.1%} over {result.attempts} attempt(s), steps lost {result.steps_lost or [0]}"
-    return JobStatus(job_id, state, progress_from_log(text), lines[-tail_lines:], good)
+    return JobStatus(job_id, state, progress_from_log(text), lines[-tail_lines:], good, finished)

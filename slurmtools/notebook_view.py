@@ -17,6 +17,7 @@ from slurmtools.notebook import JobStatus, SpecLike, load, status
 from slurmtools.runtime import control_dir_for
 
 REPORT_FRAME_HEIGHT_PX = 2600
+END_STATE_WAIT_S = 60.0      # after submitit says done, how long to wait for Slurm's end state
 
 
 def in_jupyter() -> bool:
@@ -39,9 +40,13 @@ def watch(job: Any, spec: Optional[SpecLike] = None, *, poll_s: float = 1.0, out
     else:
         line = StatusLine(out or sys.stdout)
     shown = ""
+    done_since: Optional[float] = None
     while True:
-        finished = job.done()
+        if done_since is None and job.done():
+            done_since = time.monotonic()
         current = status(job, spec, tail_lines=0)
+        # submitit's done() can come while Slurm still says COMPLETING: the last line is the end state
+        finished = done_since is not None and (current.finished or time.monotonic() - done_since > END_STATE_WAIT_S)
         text = str(current).splitlines()[0]
         if text != shown:
             shown = text

@@ -22,25 +22,30 @@ _MARK_STYLE = {"checkpoint": ("#455a64", "^"), "failure": (_FAILURE_COLOUR, "X")
 _BREAKDOWN_COLOURS = ["#2e7d32", "#1565c0", "#f9a825", _FAILURE_COLOUR, "#9e9e9e"]
 
 
+def _figure(width_in: float, height_in: float) -> Any:
+    """A figure outside pyplot: no global backend switched, nothing left open (in a notebook the
+    user's own plotting is untouched)."""
+    from matplotlib.figure import Figure
+    return Figure(figsize=(width_in, height_in))
+
+
 def _svg(fig: Any, salt: str) -> str:
     """The figure as inline SVG (no XML prolog; ids salted per plot, so two plots' clip paths and
     glyphs never share an id in one page)."""
-    import matplotlib.pyplot as plt
+    import matplotlib
 
     buf = io.StringIO()
-    with plt.rc_context({"svg.hashsalt": salt, "svg.fonttype": "path"}):
+    with matplotlib.rc_context({"svg.hashsalt": salt, "svg.fonttype": "path"}):
         fig.savefig(buf, format="svg", bbox_inches="tight",
                     metadata={"Creator": None, "Date": None, "Format": None, "Type": None})
-    plt.close(fig)
     text = buf.getvalue()
     return text[text.index("<svg"):]
 
 
 def _timeline(report: JobReport) -> Any:
-    import matplotlib.pyplot as plt
-
     rows = max(1, len(report.attempts))
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.45 * rows))
+    fig = _figure(10, 1.2 + 0.45 * rows)
+    ax = fig.subplots()
     end_of_chain = max([a.end_s or a.start_s for a in report.attempts] + [m.time_s for m in report.marks]
                        + [report.start_s])
     for row, attempt in enumerate(report.attempts):
@@ -71,9 +76,8 @@ def _timeline(report: JobReport) -> Any:
 
 
 def _progress(report: JobReport) -> Any:
-    import matplotlib.pyplot as plt
-
-    fig, (loss_ax, rate_ax) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
+    fig = _figure(10, 5.5)
+    loss_ax, rate_ax = fig.subplots(2, 1, sharex=True)
     for attempt_id, series in report.loss.items():
         loss_ax.plot([s for s, _ in series], [v for _, v in series], marker=".", label=attempt_id)
     for attempt_id, series in report.tokens_per_s.items():
@@ -89,9 +93,8 @@ def _progress(report: JobReport) -> Any:
 
 
 def _step_time(report: JobReport) -> Any:
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 3.5))
+    fig = _figure(10, 3.5)
+    ax = fig.subplots()
     for node, series in report.step_s_by_node.items():
         ax.plot([s for s, _ in series], [v for _, v in series], marker=".", label=node)
     ax.set_xlabel("step")
@@ -103,9 +106,8 @@ def _step_time(report: JobReport) -> Any:
 
 
 def _breakdown(report: JobReport) -> Any:
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 1.8))
+    fig = _figure(10, 1.8)
+    ax = fig.subplots()
     left = 0.0
     wall = report.breakdown.wall_s
     for (name, value), colour in zip(report.breakdown.parts(), _BREAKDOWN_COLOURS):
@@ -121,9 +123,6 @@ def _breakdown(report: JobReport) -> Any:
 
 def render(report: JobReport) -> str:
     """The whole page."""
-    import matplotlib
-    matplotlib.use("Agg")
-
     figures: List[str] = []
     for name, draw in zip(PLOTS, (_timeline, _progress, _step_time, _breakdown)):
         svg = _svg(draw(report), salt=f"{report.job}-{name}")

@@ -16,6 +16,9 @@ supervisor, the submitit path and the trainer):
     complete                written by rank 0 when training has finished
     silent-data-corruption  written by rank 0 when the SDC canary found ranks disagreeing
     ledger.jsonl            the attempts of the job (requeue/ledger.py)
+    steps/<attempt id>.rank<N>.jsonl
+                            each rank's finished steps and rank 0's checkpoints (steplog.py),
+                            what `slurmtools report` plots
     flight-recorder/<attempt id>/rank_<N>
                             NCCL flight-recorder dumps after a collective timeout
   attempt id    "<job id>.<restart count>", and "<job id>.<restart count>.<step seq>" for a

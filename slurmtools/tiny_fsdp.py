@@ -24,6 +24,7 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
 from slurmtools import checkpoint_torch, sdc
 from slurmtools.checkpoint import CheckpointManager
@@ -120,21 +121,43 @@ def build(cfg: TrainConfig, world: int, device: torch.device) -> "tuple[TinyLM, 
 
 def train_step(model: nn.Module, optim: torch.optim.Optimizer, step: int, rank: int, world: int, cfg: TrainConfig,
                device: torch.device, before_update: Optional[Callable[[], None]] = None,
-               local_work: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> torch.Tensor:
+               local_work: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
+               numbers: Optional[Dict[str, float]] = None) -> torch.Tensor:
     """One optimizer step on this rank's slice of the step's global batch; the local loss.
     before_update runs just before the weights change (an async save's staging copy ends there);
     local_work wraps the optimizer step, the part that waits for no other rank (a sharded
-    model's update is local), e.g. TrainingControl.busy for the straggler watch."""
+    model's update is local), e.g. TrainingControl.busy for the straggler watch. numbers, when
+    given, gets the step's data wait, gradient norm and the time of its all-reduce (collective:
+    every rank must pass it or none)."""
+    data_t0 = time.monotonic()
     tokens = batch_for(step, rank, world, cfg, device)
+    if numbers is not None:
+        numbers["data_wait_s"] = time.monotonic() - data_t0
     logits = model(tokens[:, :-1])
     loss = nn.functional.cross_entropy(logits, tokens[:, 1:].reshape(-1))
     optim.zero_grad(set_to_none=True)
     loss.backward()  # type: ignore[no-untyped-call]
+    if numbers is not None:
+        norm_t0 = time.monotonic()
+        numbers["grad_norm"] = grad_norm(model)
+        numbers["collective_s"] = time.monotonic() - norm_t0
     if before_update is not None:
         before_update()
     with local_work():
         optim.step()
     return loss
+
+
+def grad_norm(model: nn.Module) -> float:
+    """The global L2 norm of the gradients (read only: no clipping). With sharded (DTensor)
+    gradients the local norms are all-reduced, so every rank gets the same number."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return 0.0
+    norm = torch.nn.utils.get_total_norm(grads)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return float(norm)
 
 
 def reference_digest(model: nn.Module, cfg: TrainConfig, device: torch.device, corrupt: bool = False) -> str:
@@ -258,8 +281,10 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
                 time.sleep(3600)
         control.heartbeat(step)
         step_t0 = time.monotonic()
+        numbers: Optional[Dict[str, float]] = {} if control.records_steps else None
         loss = train_step(model, optim, step, rank, world, cfg, device,
-                          before_update=saver.wait_staged if saver is not None else None, local_work=local_work)
+                          before_update=saver.wait_staged if saver is not None else None, local_work=local_work,
+                          numbers=numbers)
         step += 1
         if skip_step and rank == int(skip_rank) and step == int(skip_step):
             print(f"rank {rank}: injected skip of the loss all-reduce at step {step}", file=sys.stderr, flush=True)
@@ -269,9 +294,10 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
         collective_t0 = time.monotonic()
         dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
         collective_s = time.monotonic() - collective_t0
-        if control.records_steps:
+        if numbers is not None:
             control.step_done(step, time.monotonic() - step_t0, tokens=cfg.batch_per_rank * cfg.seq,
-                              loss=reduced.item() / world, collective_s=collective_s)
+                              loss=reduced.item() / world, grad_norm=numbers["grad_norm"],
+                              collective_s=collective_s + numbers["collective_s"], data_wait_s=numbers["data_wait_s"])
         if rank == 0:
             log({"step": step, "total_steps": cfg.steps, "loss": (reduced.item() / world).hex(), "world_size": world,
                  "attempt_id": control.attempt_id})

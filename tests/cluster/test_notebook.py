@@ -146,12 +146,15 @@ def test_the_example_notebook_runs_top_to_bottom_in_a_real_kernel(cluster, share
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(shared_tmp)}}).execute()
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert not [out for cell in code for out in cell.outputs if out["output_type"] == "error"]
     job_id = code[2].outputs[0]["text"].split()[-1]
     watched = [cell for cell in code if cell.source.startswith("final_status = watch(")][0]
-    assert len(watched.outputs) == 1 and watched.outputs[0]["output_type"] == "display_data"   # updated in place
-    assert watched.outputs[0]["data"]["text/plain"].startswith(f"job {job_id}: COMPLETED")
-    report = [cell for cell in code if cell.source.startswith("show_report(")][0].outputs[0]["data"]["text/html"]
-    assert report.startswith("<iframe srcdoc=") and all(f"plot-{name}" in report for name in
-                                                         ("timeline", "progress", "step-time", "breakdown"))
+    displays = [out for out in watched.outputs if out["output_type"] == "display_data"]
+    assert len(displays) == 1                                             # one display, updated in place
+    assert displays[0]["data"]["text/plain"].startswith(f"job {job_id}: COMPLETED")
+    shown = [cell for cell in code if cell.source.startswith("show_report(")][0].outputs
+    report = [out["data"]["text/html"] for out in shown if out["output_type"] == "display_data"]
+    assert len(report) == 1 and report[0].startswith("<iframe srcdoc=")
+    assert all(f"plot-{name}" in report[0] for name in ("timeline", "progress", "step-time", "breakdown"))
     final = code[-1].outputs[-1]["text"].splitlines()[-1]
     assert final == f"final step {training.STEPS}, state sha256 {reference_run['hash']}"

@@ -143,7 +143,8 @@ def test_prometheus_has_the_jobs_training_metrics_restarts_by_cause_and_goodput(
         (nodes[0], "0"), (nodes[0], "1"), (nodes[1], "2"), (nodes[1], "3")]
     # each node's own exporter served its own ranks' file
     assert {(s["metric"]["node"], s["metric"]["exporter_node"]) for s in series} == {(n, n) for n in nodes}
-    for name in ("slurmtools_train_tokens_per_second", "slurmtools_train_loss",
+    for name in ("slurmtools_train_tokens_per_second", "slurmtools_train_loss", "slurmtools_train_grad_norm",
+                 "slurmtools_train_step_data_wait_seconds",
                  "slurmtools_train_step_collective_seconds", "slurmtools_train_collective_share_ratio"):
         assert len(stack.query(f'{name}{{slurm_job="{job}",attempt="{restarted}"}}')) == 4, name
     restarts = wait_for(lambda: stack.query(f'slurmtools_job_restarts_total{{slurm_job="{job}"}}'), 30, "restarts")

@@ -156,8 +156,9 @@ def test_real_ranks_of_the_example_trainer_write_their_step_metrics(tmp_path):
         assert values["slurmtools_train_step"] == 4 and values["slurmtools_train_steps_total"] == 4
         assert values["slurmtools_train_tokens_total"] == 4 * 8 * 32
         assert values["slurmtools_train_step_seconds"] > 0 and values["slurmtools_train_step_collective_seconds"] >= 0
-        losses.append(values["slurmtools_train_loss"])
-    assert losses[0] == losses[1]          # the all-reduced loss: the same on every rank
+        losses.append((values["slurmtools_train_loss"], values["slurmtools_train_grad_norm"]))
+        assert values["slurmtools_train_step_data_wait_seconds"] >= 0
+    assert losses[0] == losses[1] and losses[0][1] > 0   # all-reduced loss and gradient norm: the same on every rank
 
 
 def test_a_specs_metrics_dir_reaches_the_job_and_names_each_nodes_dir():

@@ -55,16 +55,17 @@ def test_notebook_watch_in_a_terminal_redraws_one_line_until_the_job_is_done(mon
 
     class Job:
         job_id = "9"
-        polls = iter([False, False, False, True])
+        polls = iter([False, False, True, True])
 
         def done(self) -> bool:
             return next(self.polls)
     shown = iter([JobStatus("9", "PENDING", None, [], None), JobStatus("9", "RUNNING", "step 3/5", [], None),
-                  JobStatus("9", "RUNNING", "step 3/5", [], None), JobStatus("9", "COMPLETED", "step 5/5", [], None)])
+                  JobStatus("9", "COMPLETING", "step 5/5", [], None),
+                  JobStatus("9", "COMPLETED", "step 5/5", [], None, finished=True)])
     monkeypatch.setattr(notebook_view, "status", lambda job, spec, tail_lines: next(shown))
     monkeypatch.setattr(notebook_view.time, "sleep", lambda s: None)
     out = Terminal()
     last = notebook_view.watch(Job(), out=out)
     assert last.state == "COMPLETED" and not notebook_view.in_jupyter()
     assert out.getvalue() == ("\r\033[Kjob 9: PENDING\r\033[Kjob 9: RUNNING - step 3/5"
-                              "\r\033[Kjob 9: COMPLETED - step 5/5\n")
+                              "\r\033[Kjob 9: COMPLETING - step 5/5\r\033[Kjob 9: COMPLETED - step 5/5\n")
