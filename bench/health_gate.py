@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from slurmtools.health import config, gate, runner
+from slurmtools.health.checks.ib import IbHistory
 from slurmtools.health.fixture_data import kmsg_line, write_ib_tree
 
 CONFIG = """defaults:
@@ -71,7 +72,7 @@ def in_process(cfg: Path):
     else:
         facts.gpu_skipped = True
     t2 = time.perf_counter()
-    runner.judge(s, "prolog", facts, after_kmsg_seq=-1, previous_ib=None, previous_nvlink=None)
+    runner.judge(s, "prolog", facts, after_kmsg_seq=-1, ib_history=IbHistory(), previous_nvlink=None)
     t3 = time.perf_counter()
     return t2 - t1, t3 - t2, total, out.cached
 

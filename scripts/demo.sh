@@ -41,6 +41,7 @@ echo "== goodput from the job's ledger"
 $st goodput "$jid" --spec examples/tiny_fsdp/job.yaml
 echo
 echo "== the job's report (the page with the plots: runs/tiny-fsdp/report.html)"
+$st report "$jid" --spec examples/tiny_fsdp/job.yaml
 $st report "$jid" --spec examples/tiny_fsdp/job.yaml --html runs/tiny-fsdp/report.html
 echo
 echo "== nodes (none drained)"
