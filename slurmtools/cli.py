@@ -151,13 +151,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not args.html:
         print(jobreport.format_text(report))
         return 0
+    from slurmtools import report_html
     try:
-        from slurmtools import report_html
+        page = report_html.render(report)        # matplotlib is imported here, not at start-up
     except ImportError as exc:
         raise UsageError(f"--html needs matplotlib ({exc}): pip install 'slurmtools[report]'") from None
     out = Path(args.html)
     try:
-        report_html.write_page(out, report_html.render(report))
+        report_html.write_page(out, page)
     except OSError as exc:
         raise UsageError(f"--html {out}: cannot write the page: {exc.strerror or exc}") from None
     print(f"wrote {out} ({', '.join(report_html.PLOTS)})")

@@ -5,6 +5,7 @@ Plots (each a <figure class="plot" id="plot-...">): the timeline of the job chai
 tokens/s over steps across attempts, step time per node, and the wall-time breakdown."""
 from __future__ import annotations
 
+import errno
 import html
 import io
 import os
@@ -148,9 +149,14 @@ def render(report: JobReport) -> str:
 
 def write_page(path: Path, page: str) -> None:
     """temp + rename: a browser or a reader never sees half a page."""
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory (give the page's file name)")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(page)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(page)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)      # nothing half-written left beside the page
 
 
 def plot_ids(page: str) -> List[str]:

@@ -138,3 +138,6 @@ def test_report_command_text_html_and_one_line_errors(tmp_path):
     one_line_error(cli("report", "123"), 2, "give the job's spec (--spec JOB.yaml)")
     one_line_error(cli("report", str(control), "--html", str(tmp_path / "no" / "dir" / "r.html")), 2,
                    "cannot write the page")
+    (tmp_path / "pages").mkdir()
+    one_line_error(cli("report", str(control), "--html", str(tmp_path / "pages")), 2, "is a directory")
+    assert list(tmp_path.glob(".pages*")) == [] and list((tmp_path / "pages").iterdir()) == []
