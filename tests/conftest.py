@@ -1,6 +1,8 @@
 """Shared pytest setup: the real mini-cluster, brought up once per session for `cluster` tests."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import sys
 import time
@@ -16,6 +18,23 @@ TEST_CLUSTER_NAME = os.environ.get("SLURMTOOLS_TEST_CLUSTER_NAME", "test")
 # The Slurm release the cluster tests run against (unset: the machine's own packages); another
 # release runs from its Debian root, its client commands first on PATH (scripts/test.sh).
 TEST_SLURM_RELEASE = os.environ.get("SLURMTOOLS_TEST_SLURM") or None
+
+
+# scripts/test.sh runs several clusters' suites side by side; a cluster's slot is chosen when it
+# comes up, so two `up`s at once could choose the same one. Every `up` in the tests holds this lock.
+UP_LOCK_FILE = Path("/run/slurmtools/test-up.lock")
+
+
+@contextlib.contextmanager
+def cluster_up_lock() -> Iterator[None]:
+    """Held while a test chooses a cluster's slot and brings it up (one `up` at a time per machine)."""
+    UP_LOCK_FILE.parent.mkdir(parents=True, exist_ok=True)
+    with open(UP_LOCK_FILE, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.5):
@@ -42,17 +61,21 @@ def cluster() -> Iterator["object"]:
     hosts_before = Path("/etc/hosts").read_text()
     etc_slurm_before = os.path.realpath(mc.ETC_SLURM_CONF)
     mc.down(mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR), purge=True)  # a killed session leaves nothing
-    layout = mc.layout_for_up(TEST_CLUSTER_NAME, TEST_STATE_DIR, nodes=3, gpus_per_node=4,
-                              prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d",
-                              slurm_release=TEST_SLURM_RELEASE)
     previous_conf, previous_path = os.environ.get("SLURM_CONF"), os.environ["PATH"]
-    os.environ["SLURM_CONF"] = str(layout.slurm_conf)
-    if layout.client_bin_dir:
-        os.environ["PATH"] = f"{layout.client_bin_dir}{os.pathsep}{previous_path}"
+    layout = None
     try:
-        mc.up(layout, install=True, wait_s=90)
+        with cluster_up_lock():
+            layout = mc.layout_for_up(TEST_CLUSTER_NAME, TEST_STATE_DIR, nodes=3, gpus_per_node=4,
+                                      prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d",
+                                      slurm_release=TEST_SLURM_RELEASE)
+            os.environ["SLURM_CONF"] = str(layout.slurm_conf)
+            if layout.client_bin_dir:
+                os.environ["PATH"] = f"{layout.client_bin_dir}{os.pathsep}{previous_path}"
+            mc.up(layout, install=True, wait_s=90)
         yield layout
     finally:
+        if layout is None:
+            layout = mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR)
         record = mc.load_record(layout)
         started = dict(record.get("pids", {}))
         mc.down(layout, purge=True)

@@ -9,7 +9,7 @@ from slurmtools.errors import MiniClusterError
 from slurmtools.minicluster import cluster as mc
 from slurmtools.minicluster import daemons, netns
 from slurmtools.minicluster.layout import MiniClusterLayout
-from tests.conftest import REPO
+from tests.conftest import REPO, cluster_up_lock
 
 pytestmark = pytest.mark.cluster
 
@@ -24,11 +24,16 @@ def test_unreachable_state_dir_is_refused_in_one_line(tmp_path):
 
 def test_failed_up_is_cleaned_by_down():
     hosts_before = Path("/etc/hosts").read_text()
-    layout = mc.layout_for_up("failup", Path("/var/tmp/slurmtools-failed-up-test"), nodes=2, gpus_per_node=4,
-                              prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
+    with cluster_up_lock():
+        layout = mc.layout_for_up("failup", Path("/var/tmp/slurmtools-failed-up-test"), nodes=2, gpus_per_node=4,
+                                  prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
+        try:
+            with pytest.raises(MiniClusterError, match="nodes not ready after 0 s"):
+                mc.up(layout, install=True, wait_s=0)      # every daemon starts; the wait fails at once
+        except BaseException:
+            mc.down(layout, purge=True)
+            raise
     try:
-        with pytest.raises(MiniClusterError, match="nodes not ready after 0 s"):
-            mc.up(layout, install=True, wait_s=0)      # every daemon starts; the wait fails at once
         started = mc.load_record(layout)["pids"]
         assert {"mariadbd", "munged", "slurmdbd", "slurmctld", "slurmd-node1", "slurmd-node2"} <= set(started)
         assert all(daemons.pid_alive(pid) for pid in started.values())

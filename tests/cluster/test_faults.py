@@ -46,13 +46,16 @@ def test_a_time_limit_warning_checkpoints_requeues_and_completes(workdir, refere
     # --time=1 with the warning 30 s ahead. Slurm checks time limits every 30 s and may warn up
     # to 60 s early, so its warning lands anywhere in the first 30 s -- or is lost, when it lands
     # during the prolog or the script's start-up (seen in CI: that attempt ended TIMEOUT). The
-    # supervisor's own clock warns at 30 s left when Slurm's did not come (slurmtools.deadline).
-    # 20 steps of 1.5 s and the start-up cannot finish within the first 30 s, so the first attempt is
-    # always warned. (3-s steps made a run of 10 to 18 attempts of a few steps each: 5 to 9 minutes.)
-    spec = training.training_spec(workdir, "timelimit", extra=["--step-sleep-s", "1.5"], time_limit_min=1,
-                                  requeue={"warning_lead_s": 30, "checkpoint_grace_s": 20})
+    # supervisor's own clock warns at the lead's time left when Slurm's did not come (slurmtools.deadline).
+    # This is the suite's one test that waits for Slurm's real time limit. A 20-s lead (the warning
+    # lands 10 to 40 s after the start) gives each attempt about twice the steps a 30-s lead gave
+    # (1.5-s steps and a 30-s lead made 10 attempts: 597 s); 20 steps of 2 s and the start-up cannot
+    # finish within 40 s, so the first attempt is always warned. 20 s still leaves the checkpoint
+    # and the requeue ample time before the limit.
+    spec = training.training_spec(workdir, "timelimit", extra=["--step-sleep-s", "2"], time_limit_min=1,
+                                  requeue={"warning_lead_s": 20, "checkpoint_grace_s": 15})
     job = training.submit(spec)
-    info = training.wait_finished(job, 600)     # attempts of up to ~45 s, each a few steps further
+    info = training.wait_finished(job, 600)     # attempts of up to ~45 s, each several steps further
     evts = training.events(spec, job)
     assert info.state == "COMPLETED", training.describe(spec, job)
     decisions = training.supervisor_events(evts, "decision")

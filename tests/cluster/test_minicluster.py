@@ -64,7 +64,10 @@ wait
     hosts = [line.split("host=")[1].split()[0] for line in lines[:2]]
     assert lines[:2] == [f"task 0 host={hosts[0]} gpus=0,1", f"task 1 host={hosts[1]} gpus=0,1"]
     assert hosts[0] != hosts[1] and f"server got hello from {hosts[0]}" in lines
-    nodelist = info.nodes
+    # The nodes the job ran on, from its own tasks: a node list read when the job ends can be taken
+    # while it is COMPLETING, when Slurm (26.05 seen) lists only the batch host still completing.
+    from ClusterShell.NodeSet import NodeSet
+    nodelist = str(NodeSet.fromlist(hosts))
     # accounting through slurmdbd/MariaDB sees the finished job; sacct lags, and right after
     # the end it may list only the batch host, so wait for the whole record.
     wait_for(lambda: [r for r in slurm.sacct_rows(job) if r["JobID"] == str(job) and r["State"] == "COMPLETED"
@@ -123,15 +126,20 @@ srun bash -c 'echo "$(hostname) $(getent hosts "$(hostname)" | cut -d" " -f1)"' 
 def test_a_second_named_cluster_runs_beside_this_one_and_touches_nothing(cluster, shared_tmp: Path):
     from slurmtools.errors import MiniClusterError
     from slurmtools.minicluster.layout import MiniClusterLayout
-    from tests.conftest import REPO, TEST_SLURM_RELEASE
+    from tests.conftest import REPO, TEST_SLURM_RELEASE, cluster_up_lock
 
     # the suite's release (its client commands are first on PATH): another release's root of its own
-    side = mc.layout_for_up("side", Path("/var/tmp/slurmtools-side-cluster"), nodes=2, gpus_per_node=0,
-                            prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d",
-                            slurm_release=TEST_SLURM_RELEASE)
     other_dir = Path("/var/tmp/slurmtools-side-other")
+    with cluster_up_lock():
+        side = mc.layout_for_up("side", Path("/var/tmp/slurmtools-side-cluster"), nodes=2, gpus_per_node=0,
+                                prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d",
+                                slurm_release=TEST_SLURM_RELEASE)
+        try:
+            mc.up(side, install=False, wait_s=60)
+        except BaseException:
+            mc.down(side, purge=True)
+            raise
     try:
-        mc.up(side, install=False, wait_s=60)
         assert side.slot != cluster.slot and {side.bridge, side.subnet}.isdisjoint({cluster.bridge, cluster.subnet})
         with slurm.using_conf(side.slurm_conf, side.client_bin_dir):
             side_job = slurm.submit(_hosts_job(shared_tmp / "side.out"))
@@ -161,11 +169,11 @@ def test_up_refuses_a_port_someone_else_holds_and_changes_nothing(cluster):
     import socket
 
     from slurmtools.errors import MiniClusterError
-    from tests.conftest import REPO
+    from tests.conftest import REPO, cluster_up_lock
 
-    layout = mc.layout_for_up("porty", Path("/var/tmp/slurmtools-porty-cluster"), nodes=1, gpus_per_node=0,
-                              prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
-    with socket.socket() as squatter:
+    with cluster_up_lock(), socket.socket() as squatter:
+        layout = mc.layout_for_up("porty", Path("/var/tmp/slurmtools-porty-cluster"), nodes=1, gpus_per_node=0,
+                                  prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # past TIME_WAITs, not past a listener
         squatter.bind(("127.0.0.1", layout.db_port))
         squatter.listen(1)

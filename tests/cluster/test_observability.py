@@ -26,9 +26,9 @@ from tests import browser
 from tests.cluster import training
 from tests.cluster.test_faults import _expand
 from tests.conftest import wait_for
+from tests.prepare import OBSERVABILITY_PACKAGES
 
 pytestmark = pytest.mark.cluster
-PACKAGES = ("prometheus", "prometheus-node-exporter", browser.CHROMIUM_PACKAGE)
 SCRAPE_INTERVAL_S = 1
 
 
@@ -100,7 +100,7 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(cluster, tmp_path_factory) -> Iterator[Stack]:
-    mc.install_packages(extra=PACKAGES)
+    mc.install_packages(extra=OBSERVABILITY_PACKAGES)
     root = tmp_path_factory.mktemp("observability")
     root.chmod(0o755)
     running = Stack(root, list(cluster.node_names))

@@ -68,12 +68,17 @@ def events(spec: JobSpec, job: int) -> List[Dict[str, Any]]:
 
 
 def leftover_trainers(job: int) -> List[int]:
-    """Pids of training processes of this job still alive (orphans), on any node."""
+    """Pids of training processes of this job still alive (orphans), on any node of this suite's
+    cluster (scripts/test.sh runs other clusters beside it, whose job ids are the same numbers)."""
+    import os
+
     import psutil
+    conf = os.environ.get("SLURM_CONF")
     pids = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if str(TRAIN) in (p.info["cmdline"] or []) and p.environ().get("SLURM_JOB_ID") == str(job):
+            env = p.environ() if str(TRAIN) in (p.info["cmdline"] or []) else {}
+            if env.get("SLURM_JOB_ID") == str(job) and env.get("SLURM_CONF") == conf:
                 pids.append(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
