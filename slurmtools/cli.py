@@ -129,14 +129,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_goodput(args: argparse.Namespace) -> int:
     import json
 
-    from slurmtools import jobs
+    from slurmtools import jobreport, jobs
     from slurmtools.requeue import ledger
 
     target = jobs.ledger_location(args.target, args.spec)
-    events = ledger.read(target)
-    if not events:
+    report = jobreport.load(target)           # the report's figures: the step log's step time when kept
+    if report is None:
         raise UsageError(f"no ledger records at {target} (a control dir or its ledger.jsonl)")
-    result = ledger.goodput(events)
+    result = report.goodput
     print(json.dumps(result.to_json(), sort_keys=True, allow_nan=False) if args.json else ledger.format_goodput(result))
     return 0
 
@@ -148,7 +148,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     report = jobreport.load(target)
     if report is None:
         raise UsageError(f"no ledger records at {target} (a control dir or its ledger.jsonl)")
-    if not args.html:
+    if args.html == "":
+        raise UsageError("--html: give the page's file name (it is empty)")
+    if args.html is None:
         print(jobreport.format_text(report))
         return 0
     from slurmtools import report_html

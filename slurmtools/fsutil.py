@@ -1,10 +1,12 @@
 """Small file helpers shared by checkpoints, health state, control files and ledgers: one
-atomic JSON writer and one JSON-lines reader."""
+atomic JSON writer, one exclusive temp-file opener, and one bounded JSON-lines reader."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -17,42 +19,90 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, data: Mapping[str, Any], *, durable: bool = True) -> None:
+def write_text_atomic(path: Path, text: str, *, durable: bool = True, mode: int = 0o644) -> None:
     """temp + replace: readers see the old file or the whole new one, never a torn one.
 
-    durable: also fsync the file and its directory, so the new content survives a crash of
-    the machine (checkpoint manifests, health state); heartbeats that are rewritten every
-    second only need the atomicity."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    text = json.dumps(data, indent=1 if durable else None, sort_keys=True, allow_nan=False)
-    # never follow a link planted at the temp name, never write into a file we did not create
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-        if durable:
-            handle.flush()
-            os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    The temp file gets a fresh random name beside path and is created O_EXCL, which never follows
+    a symlink planted at that name (a shared output directory): we only ever write into a file we
+    just created. It is removed on any failure. durable: also fsync the file and its directory,
+    so the new content survives a crash of the machine (checkpoint manifests, health state);
+    heartbeats that are rewritten every second only need the atomicity."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     if durable:
         fsync_path(path.parent)
 
 
+def write_json_atomic(path: Path, data: Mapping[str, Any], *, durable: bool = True) -> None:
+    """data as JSON, written with write_text_atomic."""
+    text = json.dumps(data, indent=1 if durable else None, sort_keys=True, allow_nan=False)
+    write_text_atomic(path, text, durable=durable)
+
+
+# Numbers in the JSON lines we read (ledgers, step logs, job output) stay within what the code that
+# uses them can compute with: an integer of more digits than int64 has, or a number that is not
+# finite, makes its line malformed (a 400-digit step count would overflow float arithmetic later).
+MAX_JSON_INT_DIGITS = 19
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_JSON_INT_DIGITS:
+        raise ValueError(f"integer of {len(text)} digits")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number out of range: {text[:20]}")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def json_object(line: str) -> Optional[Dict[str, Any]]:
+    """One line as a JSON object with bounded numbers, or None (torn, not an object, a number out of
+    range, nested past the parser's recursion limit)."""
+    try:
+        value = json.loads(line, parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def json_lines(text: str) -> List[Dict[str, Any]]:
     """The JSON objects among text's lines (ledgers, supervisor and trainer events in a job's
-    output); other lines, torn lines and non-object values are skipped."""
+    output); other lines, torn lines, non-object values and out-of-range numbers are skipped."""
     out = []
     for line in text.splitlines():
         line = line.strip()
         if not line.startswith("{"):
             continue
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
+        value = json_object(line)
+        if value is not None:
             out.append(value)
     return out
+
+
+def read_json_lines(path: Path, max_bytes: int) -> Optional[List[Dict[str, Any]]]:
+    """The JSON objects of a regular file of at most max_bytes (ledgers, step logs); None for anything
+    else: a missing file, a directory, a FIFO (never waited on), a symlink, a larger file (never read
+    whole into memory)."""
+    raw = read_small_regular(path, max_bytes)
+    return None if raw is None else json_lines(raw.decode(errors="replace"))
 
 
 def read_small_regular(path: Path, max_bytes: int) -> Optional[bytes]:

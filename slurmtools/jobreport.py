@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from slurmtools import steplog
-
+from slurmtools.errors import one_line
 from slurmtools.requeue import ledger
 from slurmtools.requeue.ledger import Event, Goodput
 from slurmtools.steplog import StepHistory, StepRecord
@@ -102,8 +102,7 @@ def breakdown(result: Goodput, attempts: Sequence[ledger.Attempt], history: Step
     step_s = result.step_time_s or 0.0
     training = min(result.productive_s, result.wall_s)
     checkpointing = sum(c.save_s for c in history.checkpoints)
-    restarts = sum(result.restart_latency_s) + sum(a.first_step_s - a.start_s for a in attempts[1:]
-                                                   if a.first_step_s is not None)
+    restarts = sum(result.restart_latency_s)     # each: last step -> the next attempt's first step
     lost = sum(result.steps_lost) * step_s
     overheads = checkpointing + restarts + lost
     room = max(0.0, result.wall_s - training)
@@ -114,9 +113,23 @@ def breakdown(result: Goodput, attempts: Sequence[ledger.Attempt], history: Step
     return Breakdown(result.wall_s, training, checkpointing, restarts, lost, waiting)
 
 
+def job_step_time_s(history: StepHistory) -> Optional[float]:
+    """The report's one step time: per step, its slowest rank's own duration of it (a redone step
+    counts once, as its later attempt did it), median over the steps. The per-node plot shows the
+    same numbers per node."""
+    slowest: Dict[int, float] = {}
+    latest: Dict[int, str] = {}
+    for record in history.steps:                # time order
+        if latest.get(record.step) not in (None, record.attempt_id):
+            slowest.pop(record.step, None)
+        latest[record.step] = record.attempt_id
+        slowest[record.step] = max(slowest.get(record.step, 0.0), record.step_s)
+    return statistics.median(slowest.values()) if slowest else None
+
+
 def build(job: str, events: Sequence[Event], history: StepHistory) -> JobReport:
     attempts = ledger.attempts(list(events))
-    result = ledger.goodput(list(events))
+    result = ledger.goodput(list(events), job_step_time_s(history))
     loss, rate = _series_by_attempt(history.steps)
     starts = [a.start_s for a in attempts] + [s.time_s - s.step_s for s in history.steps[:1]]
     return JobReport(job, attempts, result, breakdown(result, attempts, history), _marks(events, history), loss,
@@ -134,7 +147,7 @@ def load(target: Path) -> Optional[JobReport]:
 
 def format_text(report: JobReport) -> str:
     """The terminal form: the goodput summary, one line per attempt, the breakdown, the marks."""
-    lines = [f"job {report.job}", ledger.format_goodput(report.goodput), "", "attempts:"]
+    lines = [f"job {report.job}", *ledger.format_goodput(report.goodput).splitlines(), "", "attempts:"]
     for attempt in report.attempts:
         begin = attempt.start_s - report.start_s
         end = "running" if attempt.end_s is None else f"+{attempt.end_s - report.start_s:.1f} s"
@@ -155,4 +168,6 @@ def format_text(report: JobReport) -> str:
             for node, series in report.step_s_by_node.items()))
     if report.marks:
         lines += ["", "events:"] + [f"  +{m.time_s - report.start_s:.1f} s  {m.label}" for m in report.marks]
-    return "\n".join(lines)
+    # names come from files the job's processes wrote: a control character (an escape sequence, a
+    # newline that forges a line) reaches the terminal escaped
+    return "\n".join(one_line(line) for line in lines)

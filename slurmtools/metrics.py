@@ -48,7 +48,7 @@ METRICS: Dict[str, Tuple[str, str]] = {
     "slurmtools_job_attempts_total": ("counter", "Attempts of the job chain (requeues and in-place restarts)"),
     "slurmtools_job_restarts_total": ("counter", "Attempts that ended in a failure or preemption, by cause"),
     "slurmtools_job_steps_lost_total": ("counter", "Steps redone after failures and preemptions"),
-    "slurmtools_job_restart_latency_seconds": ("gauge", "End of the last failed attempt to the start of the next"),
+    "slurmtools_job_restart_latency_seconds": ("gauge", "Last finished step of the last failed attempt to the next attempt's first step"),
     "slurmtools_job_goodput_ratio": ("gauge", "Productive training time / wall time of the chain so far"),
     "slurmtools_job_final_step": ("gauge", "Last step saved in a checkpoint (or finished)"),
     "slurmtools_job_stragglers_total": ("counter", "Nodes found straggling"),

@@ -233,7 +233,8 @@ class CheckpointableTrainer(_Checkpointable):
         ledger.append(control_dir, ledger.AttemptEnd(
             attempt_id=attempt_id, time_s=time.time(), cause=cause, counted=cause not in ("completed", "preempted"),
             last_step=max((beat.step for beat in beats), default=step),
-            first_step_t=watchdog.first_progress(beats), checkpoint_step=step if cause != "crash" else None))
+            first_step_t=watchdog.first_progress(beats), checkpoint_step=step if cause != "crash" else None,
+            last_step_t=watchdog.last_progress(beats)))
 
 
 class TinyFSDPJob(CheckpointableTrainer):

@@ -8,11 +8,12 @@ from __future__ import annotations
 import errno
 import html
 import io
-import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List
 
+from slurmtools.fsutil import write_text_atomic
 from slurmtools.jobreport import JobReport, format_text
 
 PLOTS = ("timeline", "progress", "step-time", "breakdown")
@@ -123,11 +124,17 @@ def _breakdown(report: JobReport) -> Any:
 
 
 def render(report: JobReport) -> str:
-    """The whole page."""
+    """The whole page. Names (nodes, attempts, causes) are drawn as plain text: mathtext off, so a
+    node called `$\\frac{$` is a label, not a formula to parse; a glyph the font lacks is drawn as
+    a box, without the warning matplotlib would print for it."""
+    import matplotlib
+
     figures: List[str] = []
-    for name, draw in zip(PLOTS, (_timeline, _progress, _step_time, _breakdown)):
-        svg = _svg(draw(report), salt=f"{report.job}-{name}")
-        figures.append(f'<figure class="plot" id="plot-{name}">\n{svg}\n</figure>')
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for name, draw in zip(PLOTS, (_timeline, _progress, _step_time, _breakdown)):
+            svg = _svg(draw(report), salt=f"{report.job}-{name}")
+            figures.append(f'<figure class="plot" id="plot-{name}">\n{svg}\n</figure>')
     title = f"slurmtools report: job {html.escape(report.job)}"
     summary = html.escape(format_text(report))
     return "\n".join([
@@ -148,15 +155,13 @@ def render(report: JobReport) -> str:
 
 
 def write_page(path: Path, page: str) -> None:
-    """temp + rename: a browser or a reader never sees half a page."""
+    """temp + rename (fsutil.write_text_atomic: a browser or a reader never sees half a page, a link
+    planted at the temp name is never followed, nothing half-written is left beside the page)."""
+    if not path.name:
+        raise IsADirectoryError(errno.EISDIR, "is not a file name (give the page's file name)")
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a directory (give the page's file name)")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(page)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)      # nothing half-written left beside the page
+    write_text_atomic(path, page, durable=False)
 
 
 def plot_ids(page: str) -> List[str]:

@@ -188,18 +188,22 @@ class TrainingControl:
         and, when the job set SLURMTOOLS_METRICS_DIR, the Prometheus textfile (slurmtools.metrics).
         A file that cannot be written turns that record off for this process: numbers never
         stop training."""
+        from slurmtools.steplog import plausible, plausible_measurements
+        if not plausible(step, step_s):          # not a step we can account (a negative or absurd number)
+            return
+        measured = plausible_measurements({"tokens": tokens, "loss": loss, "grad_norm": grad_norm,
+                                           "collective_s": collective_s, "data_wait_s": data_wait_s})
         self._open_step_log()
         if self._steplog is not None:
             try:
-                self._steplog.step(step, step_s, loss=loss, tokens=tokens, grad_norm=grad_norm,
-                                   collective_s=collective_s, data_wait_s=data_wait_s)
+                self._steplog.step(step, step_s, **measured)
             except OSError as exc:
                 self._steplog_failed(exc)
         if not self.metrics_on or self._metrics is None:
             return
         from slurmtools.metrics import StepSample
         try:
-            self._metrics.record(StepSample(step, step_s, tokens, loss, grad_norm, collective_s, data_wait_s))
+            self._metrics.record(StepSample(step, step_s, **measured))
         except OSError as exc:
             print(f"slurmtools: metrics off for rank {self.rank}: {exc}", file=sys.stderr, flush=True)
             self._metrics = None

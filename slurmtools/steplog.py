@@ -16,12 +16,14 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from slurmtools.fsutil import json_lines
+from slurmtools.fsutil import read_json_lines
 
 STEPS_DIR = "steps"
 DEFAULT_FLUSH_INTERVAL_S = 5.0
+# one rank's file of one attempt: about 150 B a step, so a million steps; a larger file is skipped
+MAX_STEPLOG_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -50,28 +52,65 @@ class CheckpointRecord:
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A real number (an int of any size compares exactly; math.isfinite would overflow on one)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+
+
+def _within(value: Any, low: float, high: float) -> bool:
+    return _finite(value) and low <= value <= high
+
+
+# What a measured value may be (a record outside these is malformed and skipped): the plots and
+# sums of the report need numbers they can scale, and no real step takes a year.
+MAX_INDEX = 2 ** 53                  # steps, ranks, tokens
+MAX_TIME_S = 1e12                    # epoch seconds
+MAX_DURATION_S = 365 * 24 * 3600.0   # a step, a save, a wait
+MAX_ABS_LOSS = 1e30
+
+
+MEASURED_LIMITS: Dict[str, Tuple[float, float]] = {
+    "loss": (-MAX_ABS_LOSS, MAX_ABS_LOSS), "tokens": (0, MAX_INDEX), "grad_norm": (0, MAX_ABS_LOSS),
+    "collective_s": (0, MAX_DURATION_S), "data_wait_s": (0, MAX_DURATION_S)}
+
+
+def plausible(step: Any, step_s: Any) -> bool:
+    """Whether a step number and its duration can be recorded at all."""
+    return isinstance(step, int) and _within(step, 0, MAX_INDEX) and _within(step_s, 0, MAX_DURATION_S)
+
+
+def plausible_measurements(measured: Dict[str, Any]) -> Dict[str, Any]:
+    """The measurements that are real numbers within MEASURED_LIMITS (tokens: an integer); the rest
+    are dropped as not measured, so a trainer's odd number never breaks our bookkeeping or the report."""
+    return {name: value for name, value in measured.items()
+            if name in MEASURED_LIMITS and _within(value, *MEASURED_LIMITS[name])
+            and (name != "tokens" or isinstance(value, int))}
 
 
 def _step(record: Dict[str, Any]) -> Optional[StepRecord]:
-    try:
-        out = StepRecord(str(record["attempt_id"]), int(record["rank"]), str(record["host"]), int(record["step"]),
-                         float(record["time_s"]), float(record["step_s"]),
-                         *(record.get(name) for name in ("loss", "tokens", "collective_s", "data_wait_s")))
-    except (KeyError, TypeError, ValueError):
+    rank: Any = record.get("rank")
+    time_s: Any = record.get("time_s")
+    names = ("loss", "tokens", "collective_s", "data_wait_s")
+    given = {name: record[name] for name in names if record.get(name) is not None}
+    measured = plausible_measurements(given)
+    if not (isinstance(rank, int) and _within(rank, 0, MAX_INDEX) and plausible(record.get("step"), record.get("step_s"))
+            and _within(time_s, 0, MAX_TIME_S) and len(measured) == len(given)
+            and "attempt_id" in record and "host" in record):
         return None
-    numbers = (out.time_s, out.step_s, *(v for v in (out.loss, out.tokens, out.collective_s, out.data_wait_s)
-                                         if v is not None))
-    return out if all(_finite(v) for v in numbers) else None
+    return StepRecord(str(record["attempt_id"]), rank, str(record["host"]), record["step"], float(time_s),
+                      float(record["step_s"]), **measured)
 
 
 def _checkpoint(record: Dict[str, Any]) -> Optional[CheckpointRecord]:
-    try:
-        out = CheckpointRecord(str(record["attempt_id"]), int(record["step"]), float(record["time_s"]),
-                               float(record["save_s"]), bool(record.get("requested", False)))
-    except (KeyError, TypeError, ValueError):
+    step: Any = record.get("step")
+    time_s: Any = record.get("time_s")
+    save_s: Any = record.get("save_s")
+    if not (isinstance(step, int) and _within(step, 0, MAX_INDEX) and _within(time_s, 0, MAX_TIME_S)
+            and _within(save_s, 0, MAX_DURATION_S) and "attempt_id" in record):
         return None
-    return out if _finite(out.time_s) and _finite(out.save_s) else None
+    return CheckpointRecord(str(record["attempt_id"]), step, float(time_s), float(save_s),
+                            bool(record.get("requested", False)))
 
 
 class StepLog:
@@ -88,7 +127,9 @@ class StepLog:
         self._flushed_t = clock()
 
     def step(self, step: int, step_s: float, **measured: Optional[float]) -> None:
-        values = {key: value for key, value in measured.items() if value is not None and _finite(value)}
+        if not plausible(step, step_s):
+            return
+        values = plausible_measurements(measured)
         self._add({"kind": "step", "attempt_id": self.attempt_id, "rank": self.rank, "host": self.host,
                    "step": step, "time_s": round(time.time(), 3), "step_s": step_s, **values})
 
@@ -126,11 +167,7 @@ def read(control_dir: Path) -> StepHistory:
     directory = control_dir / STEPS_DIR
     files = sorted(directory.glob("*.jsonl")) if directory.is_dir() else []
     for path in files:
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            continue
-        for record in json_lines(text):
+        for record in read_json_lines(path, MAX_STEPLOG_BYTES) or []:    # no FIFO, link or huge file
             if record.get("kind") == "step":
                 step = _step(record)
                 if step is not None:

@@ -205,17 +205,21 @@ def _auto_resume(settings: NodeSettings, host: str, st: state.HealthState, overa
 
 
 def internal_error_outcome(settings: Optional[NodeSettings], phase: str, host: str, job_id: Optional[str],
-                           error: str) -> Optional[Outcome]:
-    """`on_internal_error: closed`: drain with an internal-error reason and fail the phase."""
+                           error: str, *, allow_drain: bool = True) -> Optional[Outcome]:
+    """`on_internal_error: closed`: fail the phase, and drain with an internal-error reason unless
+    draining is off (the config's `drain: false`, or `--no-drain`: then the phase fails, nothing drains)."""
     if settings is None or settings.on_internal_error != "closed" or not settings.drain:
         return None
     reason = drains.DrainReason("CRITICAL", "slurmtools.internal", error[:120], job_id)
-    try:
-        drains.drain(host, reason)
-    except SlurmCommandError:
-        pass
+    drained: Optional[str] = None
+    if allow_drain:
+        try:
+            drains.drain(host, reason)
+            drained = reason.render()
+        except SlurmCommandError:
+            pass
     res = [CheckResult("slurmtools.internal", Status.CRITICAL, error)]
-    return Outcome(res, Status.CRITICAL, reason.render(), False, 0.0,
+    return Outcome(res, Status.CRITICAL, drained, False, 0.0,
                    {"host": host, "phase": phase, "status": "CRITICAL", "results": [r.to_json() for r in res]})
 
 
@@ -229,7 +233,7 @@ def run_guarded(settings: NodeSettings, phase: str, host: str, *, job_id: Option
         raise
     except Exception as exc:  # our own bug: never a traceback, never a drain (unless configured)
         what = one_line(f"{type(exc).__name__}: {exc}")
-        closed = internal_error_outcome(settings, phase, host, job_id, what)
+        closed = internal_error_outcome(settings, phase, host, job_id, what, allow_drain=allow_drain)
         if closed is None:
             print(f"slurmtools: error: health run failed ({what}); failing open", file=sys.stderr)
         return closed

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from slurmtools.errors import UsageError
 from slurmtools.health.sysfs import IB_CLASS
@@ -36,6 +36,14 @@ def _relative_link(link: Path, target: Path) -> None:
     link.symlink_to(os.path.relpath(target, link.parent))
 
 
+def _inside(path: Path, top: Path) -> Optional[Path]:
+    """path relative to top, or None when it lies outside it."""
+    try:
+        return path.relative_to(top)
+    except ValueError:
+        return None
+
+
 def record(root: Path, out: Path) -> List[str]:
     """Copy root's InfiniBand tree into out; the HCAs recorded."""
     base = root / IB_CLASS
@@ -45,10 +53,9 @@ def record(root: Path, out: Path) -> List[str]:
     recorded = []
     for hca_link in sorted(base.iterdir()):
         device = hca_link.resolve()                   # .../devices/pci.../<pci>/infiniband/<hca>
-        try:
-            rel_device = device.relative_to(sys_dir)
-        except ValueError:
-            continue
+        rel_device = _inside(device, sys_dir)
+        if rel_device is None or _inside(device.parent.parent, sys_dir) is None:
+            continue                                  # a link out of the recorded tree: not copied
         copy = out / "sys" / rel_device
         for name in HCA_FILES:
             _copy_text(device / name, copy / name)
@@ -63,7 +70,10 @@ def record(root: Path, out: Path) -> List[str]:
         _relative_link(out / IB_CLASS / hca_link.name, copy)
         net = pci / "net"
         for iface in sorted(net.iterdir()) if net.is_dir() else []:
-            iface_copy = out / "sys" / iface.relative_to(sys_dir)
+            rel_iface = _inside(iface.resolve(), sys_dir)
+            if rel_iface is None:
+                continue                              # net/ or an interface linking out of the tree
+            iface_copy = out / "sys" / rel_iface
             for name in NETDEV_FILES:
                 _copy_text(iface / name, iface_copy / name)
             _relative_link(out / "sys" / "class" / "net" / iface.name, iface_copy)

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from slurmtools.errors import UsageError
+from slurmtools.errors import SpecError, UsageError
 from slurmtools.requeue import flags
 
 EXIT_NAMED = 1
@@ -21,22 +21,32 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
     from slurmtools.preflight import launch
     from slurmtools.requeue import actions
+    from slurmtools.runtime import attempt_of
+    from slurmtools.schema import check_hostlist
     from slurmtools.sbatch import RDZV_PORT_BASE, RDZV_PORT_SPAN
 
     args.preflight = True
     settings = flags.preflight_from_args(args)
     assert settings is not None
-    job_id = os.environ.get("SLURM_JOB_ID")
+    job_text = os.environ.get("SLURM_JOB_ID")
     nodelist = os.environ.get("SLURM_JOB_NODELIST")
-    if not job_id or not nodelist:
+    if not job_text or not nodelist:
         raise UsageError("preflight: run it inside an allocation (salloc or an sbatch script): "
                          "SLURM_JOB_ID / SLURM_JOB_NODELIST are not set")
+    job_number = attempt_of(os.environ)[0]
+    if job_number is None:
+        raise UsageError(f"preflight: SLURM_JOB_ID is not a Slurm job id: {job_text[:40]!r}")
+    try:
+        check_hostlist(nodelist, ("SLURM_JOB_NODELIST",))
+    except SpecError as exc:
+        raise UsageError(f"preflight: {exc}") from None
     if args.tasks_per_node < 1:
         raise UsageError(f"preflight: --tasks-per-node must be at least 1, got {args.tasks_per_node}")
+    job_id = str(job_number)
     nodes = list(NodeSet(nodelist))
     env = dict(os.environ)
     env.setdefault("MASTER_ADDR", nodes[0])
-    env.setdefault("MASTER_PORT", str(RDZV_PORT_BASE + int(job_id.split("_")[0]) % RDZV_PORT_SPAN))
+    env.setdefault("MASTER_PORT", str(RDZV_PORT_BASE + job_number % RDZV_PORT_SPAN))
     for name in ("SLURM_NTASKS", "SLURM_NPROCS"):        # the allocation's, not the step's
         env.pop(name, None)
     report_dir = Path(args.report_dir) if args.report_dir else Path.cwd()
@@ -44,7 +54,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     outcome = launch.run(train_argv, nodes, env, report_dir, settings, f"{job_id}.preflight")
     if args.drain:
         for node, finding in outcome.named.items():
-            actions.drain_node(int(job_id.split("_")[0]), f"{job_id}.preflight", node, launch.diagnosis(finding))
+            actions.drain_node(job_number, f"{job_id}.preflight", node, launch.diagnosis(finding))
     if outcome.status == "error":
         return EXIT_ERROR
     return EXIT_NAMED if outcome.named else 0

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import io
 import pickle
+import pickletools
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from slurmtools.fsutil import write_json_atomic
+from slurmtools.fsutil import read_small_regular, write_json_atomic
 from slurmtools.runtime import FLIGHT_RECORDER_REQUEST_FILE
 
 MAX_DUMP_BYTES = 64 * 1024 * 1024
@@ -36,8 +37,41 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"flight-recorder dump refers to {module}.{name}")
 
 
+# Opcodes that build objects by calling code, or name outside objects: a plain dump has none.
+_CODE_OPCODES = frozenset({"GLOBAL", "STACK_GLOBAL", "REDUCE", "BUILD", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX",
+                           "EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID"})
+
+
+def _plain_and_bounded(raw: bytes) -> bool:
+    """Whether raw is a pickle of plain values whose memo indices count up as a pickler writes them.
+
+    Walked opcode by opcode (pickletools.genops reads every argument before anything is built)
+    before the C unpickler sees it: that unpickler sizes its memo from the largest index and its
+    bytes from the stated length, so 9 hostile bytes (a memo index of 2**26) made it allocate about
+    1 GB, next to training, before it refused the dump."""
+    memo_size = 0
+    try:
+        for opcode, arg, _ in pickletools.genops(raw):
+            name = opcode.name
+            if name in _CODE_OPCODES:
+                return False
+            if name == "MEMOIZE":
+                memo_size += 1
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+                if not isinstance(arg, int) or not 0 <= arg <= memo_size:
+                    return False
+                memo_size = max(memo_size, arg + 1)
+            elif name in ("GET", "BINGET", "LONG_BINGET") and not (isinstance(arg, int) and 0 <= arg < memo_size):
+                return False
+    except Exception:       # torn or not a pickle: genops says so with several exception types
+        return False
+    return True
+
+
 def parse_dump(raw: bytes) -> Optional[Dict[str, Any]]:
     """One dump's dict, or None when it is not a plain pickle of a dict with a list of entries."""
+    if not _plain_and_bounded(raw):
+        return None
     try:
         data = _PlainUnpickler(io.BytesIO(raw)).load()
     except Exception:       # any malformed pickle (torn, foreign, hostile) is no evidence
@@ -56,15 +90,9 @@ def read_dumps(directory: Path) -> Dict[int, Dict[str, Any]]:
         return dumps
     for path in paths:
         match = _RANK_FILE.match(path.name)
-        if not match or path.is_symlink() or not path.is_file():
-            continue
-        try:
-            if path.stat().st_size > MAX_DUMP_BYTES:
-                continue
-            dump = parse_dump(path.read_bytes())
-        except OSError:
-            continue
-        if dump is not None:
+        raw = read_small_regular(path, MAX_DUMP_BYTES) if match else None   # no link, FIFO or huge file
+        dump = parse_dump(raw) if raw is not None else None
+        if match and dump is not None:
             dumps[int(match.group(1))] = dump
     return dumps
 

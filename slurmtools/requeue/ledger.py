@@ -16,10 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional, Union, get_args, get_origin, get_type_hints
 
-from slurmtools.fsutil import json_lines
+from slurmtools.fsutil import read_json_lines
 from slurmtools.requeue.policy import AttemptRecord, Cause
 
 LEDGER_FILE = "ledger.jsonl"
+# a few hundred bytes per attempt and straggler window: a month of restarts stays far below this
+MAX_LEDGER_BYTES = 64 * 1024 * 1024
+# Numbers a record may hold: steps, exit codes and counts within a double's exact integers; times
+# (epoch seconds) and durations far beyond any real one. Past these the goodput arithmetic would
+# overflow or lose its meaning, so such a record is malformed.
+MAX_RECORD_INT = 2 ** 53
+MAX_RECORD_FLOAT = 1e12
 _CAUSES = frozenset(cause.value for cause in Cause)
 
 
@@ -48,6 +55,7 @@ class AttemptEnd:
     last_step: Optional[int] = None
     first_step_t: Optional[float] = None
     checkpoint_step: Optional[int] = None
+    last_step_t: Optional[float] = None      # when its newest step was done (absent in older ledgers)
 
 
 @dataclass(frozen=True)
@@ -106,9 +114,10 @@ def _valid(kind: Any, value: Any) -> bool:
     if kind is bool:
         return isinstance(value, bool)
     if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_RECORD_INT
     if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                and abs(value) <= MAX_RECORD_FLOAT)
     return isinstance(value, kind)
 
 
@@ -133,14 +142,12 @@ def parse(record: Dict[str, Any]) -> Optional[Event]:
 
 
 def read(path: Path) -> List[Event]:
-    """Events from a ledger file (or a control dir); malformed lines are skipped."""
+    """Events from a ledger file (or a control dir); malformed lines are skipped. A ledger that is
+    not a regular file (a FIFO, a link) or is past MAX_LEDGER_BYTES reads as empty."""
     if path.is_dir():
         path = path / LEDGER_FILE
-    try:
-        text = path.read_text(errors="replace")
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return []
-    events = (parse(record) for record in json_lines(text))
+    records = read_json_lines(path, MAX_LEDGER_BYTES) or []
+    events = (parse(record) for record in records)
     return [event for event in events if event is not None]
 
 
@@ -157,6 +164,7 @@ class Attempt:
     action: Optional[str]
     counted: bool
     node: Optional[str]
+    last_step_s: Optional[float] = None
 
 
 def attempts(events: List[Event]) -> List[Attempt]:
@@ -174,7 +182,8 @@ def attempts(events: List[Event]) -> List[Attempt]:
         out.append(Attempt(attempt_id, start.time_s, end.time_s if end else None, start.resume_step,
                            end.first_step_t if end else None, end.last_step if end else None,
                            end.checkpoint_step if end else None, end.cause if end else None,
-                           end.action if end else None, bool(end and end.counted), end.node if end else None))
+                           end.action if end else None, bool(end and end.counted), end.node if end else None,
+                           end.last_step_t if end else None))
     return out
 
 
@@ -204,8 +213,9 @@ class Goodput:
     failures: int
     preemptions: int
     steps_lost: List[int]
-    restart_latency_s: List[float]     # end of an attempt -> start of the next
+    restart_latency_s: List[float]     # an attempt's last finished step -> the next one's first step
     time_to_first_step_s: List[float]  # start of an attempt -> its first finished step
+    step_time_source: str = "heartbeats"
 
     @property
     def ratio(self) -> float:
@@ -222,28 +232,58 @@ class Goodput:
         return {key: finite(value) for key, value in {"ratio": self.ratio, **dataclasses.asdict(self)}.items()}
 
 
-def goodput(events: List[Event]) -> Goodput:
-    """Effective training time ratio: (final step x median step time) / wall time of the whole chain."""
+def heartbeat_step_time_s(atts: List[Attempt]) -> Optional[float]:
+    """The step time from the ledger alone: per attempt, its first to its last finished step over
+    the steps between (older ledgers without the last step's time: to the attempt's end), median."""
+    rates = []
+    for attempt in atts:
+        done = (attempt.last_step or 0) - (attempt.resume_step or 0)
+        last_t = attempt.last_step_s if attempt.last_step_s is not None else attempt.end_s
+        if attempt.first_step_s is not None and last_t is not None and done > 1:
+            rates.append(max(0.0, last_t - attempt.first_step_s) / (done - 1))
+    return statistics.median(rates) if rates else None
+
+
+def restart_latencies_s(atts: List[Attempt]) -> List[float]:
+    """Per restart, what it cost: from the failed (or preempted) attempt's last finished step --
+    the failure's detection, the wait for a node or the queue, the launch and the checkpoint load
+    follow it -- to the next attempt's first finished step. Without those times (an attempt that
+    never stepped), its end and the next one's start."""
+    out = []
+    for earlier, later in zip(atts, atts[1:]):
+        if earlier.end_s is None:
+            continue
+        since = earlier.last_step_s if earlier.last_step_s is not None else earlier.end_s
+        until = later.first_step_s if later.first_step_s is not None else later.start_s
+        out.append(max(0.0, until - since))
+    return out
+
+
+def goodput(events: List[Event], step_time_s: Optional[float] = None) -> Goodput:
+    """Effective training time ratio: (final step x median step time) / wall time of the whole chain.
+
+    step_time_s: the step time measured by the trainer (the step log's, jobreport.job_step_time_s);
+    without it, the ledger's estimate from heartbeats (heartbeat_step_time_s)."""
     atts = attempts(events)
     if not atts:
         return Goodput(0.0, 0.0, 0, None, 0, 0, 0, [], [], [])
     wall_end = max((a.end_s for a in atts if a.end_s is not None), default=atts[-1].start_s)
     wall = max(0.0, wall_end - atts[0].start_s)
-    rates = []
-    for attempt in atts:
-        done = (attempt.last_step or 0) - (attempt.resume_step or 0)
-        if attempt.first_step_s is not None and attempt.end_s is not None and done > 1:
-            rates.append((attempt.end_s - attempt.first_step_s) / (done - 1))
-    step_time = statistics.median(rates) if rates else None
+    source = "step log" if step_time_s is not None else "heartbeats"
+    step_time = step_time_s if step_time_s is not None else heartbeat_step_time_s(atts)
     final = max((a.checkpoint_step or 0 for a in atts), default=0)
     final = max(final, max((a.last_step or 0 for a in atts if a.cause == Cause.COMPLETED.value), default=0))
     lost = [max(0, (a.last_step or 0) - (a.checkpoint_step or 0)) for a in atts
             if a.cause not in (None, Cause.COMPLETED.value)]
-    latency = [later.start_s - earlier.end_s for earlier, later in zip(atts, atts[1:]) if earlier.end_s is not None]
-    first = [a.first_step_s - a.start_s for a in atts if a.first_step_s is not None]
+    first = [max(0.0, a.first_step_s - a.start_s) for a in atts if a.first_step_s is not None]
     return Goodput(wall, final * step_time if step_time else 0.0, final, step_time, len(atts),
                    sum(1 for attempt in atts if attempt.counted), sum(1 for attempt in atts if attempt.cause == Cause.PREEMPTED.value),
-                   lost, latency, first)
+                   lost, restart_latencies_s(atts), first, source)
+
+
+# How each source measures a step: the trainer's own duration of each step (its slowest rank),
+# or, from the ledger alone, the time between the first and the last finished step of an attempt.
+STEP_TIME_MEANING = {"step log": "slowest rank's step", "heartbeats": "first to last step / steps"}
 
 
 def format_goodput(result: Goodput) -> str:
@@ -253,10 +293,11 @@ def format_goodput(result: Goodput) -> str:
         f"attempts: {result.attempts} (failures {result.failures}, preemptions {result.preemptions})",
         f"final step: {result.final_step}",
         f"wall time: {result.wall_s:.1f} s",
-        f"step time (median): {result.step_time_s:.3f} s" if result.step_time_s else "step time: unknown",
+        (f"step time (median, {STEP_TIME_MEANING[result.step_time_source]}): {result.step_time_s:.3f} s"
+         if result.step_time_s else "step time: unknown"),
         f"effective training time ratio: {result.ratio:.1%}",
         f"steps lost per failure/preemption: {', '.join(map(str, result.steps_lost)) or '-'}",
-        f"restart latency (end -> next start): {fmt(result.restart_latency_s)} s",
+        f"restart latency (last step -> next first step): {fmt(result.restart_latency_s)} s",
         f"start -> first step: {fmt(result.time_to_first_step_s)} s",
     ]
     return "\n".join(lines)

@@ -29,13 +29,23 @@ def predicted_goodput(interval_s: float, checkpoint_cost_s: float, job_mtbf_s: f
     return max(0.0, 1.0 - waste)
 
 
+# The ranges the arithmetic is asked about (a week's checkpoint, a million nodes, a node that fails
+# every 36 s to once in 100,000 years): outside them an answer is meaningless or the floats break
+# (a 5e-324 h MTBF over 10**12 nodes divides by zero).
+MAX_NODES = 1_000_000
+MIN_NODE_MTBF_H, MAX_NODE_MTBF_H = 0.01, 1e9
+MAX_COST_S = 7 * 24 * 3600.0
+
+
 def plan(*, checkpoint_cost_s: float, nodes: int, node_mtbf_h: float, restart_cost_s: float = 60.0) -> Plan:
-    if checkpoint_cost_s <= 0:
-        raise ValueError("checkpoint cost must be > 0 s")
-    if nodes < 1:
-        raise ValueError("nodes must be >= 1")
-    if node_mtbf_h <= 0:
-        raise ValueError("node MTBF must be > 0 hours")
+    if not 0 < checkpoint_cost_s <= MAX_COST_S:
+        raise ValueError(f"checkpoint cost must be > 0 and <= {MAX_COST_S:g} s, got {checkpoint_cost_s:g}")
+    if not 0 <= restart_cost_s <= MAX_COST_S:
+        raise ValueError(f"restart cost must be >= 0 and <= {MAX_COST_S:g} s, got {restart_cost_s:g}")
+    if not 1 <= nodes <= MAX_NODES:
+        raise ValueError(f"nodes must be between 1 and {MAX_NODES}, got {nodes}")
+    if not MIN_NODE_MTBF_H <= node_mtbf_h <= MAX_NODE_MTBF_H:
+        raise ValueError(f"node MTBF must be between {MIN_NODE_MTBF_H:g} and {MAX_NODE_MTBF_H:g} hours, got {node_mtbf_h:g}")
     mtbf_s = node_mtbf_h * 3600.0 / nodes
     cost_s = checkpoint_cost_s
     young = math.sqrt(2 * cost_s * mtbf_s)

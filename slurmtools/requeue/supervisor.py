@@ -122,7 +122,8 @@ def _close_dangling_attempt(control: Path, events: List[ledger.Event],
         cause=cause.value, counted=True, action=policy.Action.REQUEUE.value,
         detail="supervisor was killed before recording the end", node=down[0] if down else None,
         last_step=max((beat.step for beat in beats), default=None),
-        first_step_t=watchdog.first_progress(beats), checkpoint_step=checkpoint_step)
+        first_step_t=watchdog.first_progress(beats), checkpoint_step=checkpoint_step,
+        last_step_t=watchdog.last_progress(beats))
     ledger.append(control, end)
     return end
 
@@ -278,7 +279,7 @@ def _decide(config: SupervisorConfig, attempt: Attempt, evidence: policy.Evidenc
         attempt_id=attempt.attempt_id, time_s=time.time(), cause=diag.cause.value, counted=verdict.counted,
         action=verdict.action.value, detail=diag.detail, reason=verdict.reason, node=diag.node,
         exit_code=exit_code, last_step=last_step, first_step_t=watchdog.first_progress(beats),
-        checkpoint_step=checkpoint_step))
+        checkpoint_step=checkpoint_step, last_step_t=watchdog.last_progress(beats)))
     metrics.write_job_metrics(config.control_dir, attempt.attempt_id.split(".", 1)[0], os.environ)
     emit("decision", attempt.attempt_id, cause=diag.cause.value, action=verdict.action.value, reason=verdict.reason,
          node=diag.node, exclude=verdict.exclude_node, drain=verdict.drain_node, exit_code=exit_code,

@@ -39,6 +39,13 @@ def first_progress(beats: List[Beat]) -> Optional[float]:
     return min((b.first_progress_s for b in beats if b.first_progress_s is not None), default=None)
 
 
+def last_progress(beats: List[Beat]) -> Optional[float]:
+    """When the attempt's newest step was done (the last rank to finish it): the moment a failure
+    that followed cost training, for the restart latency in goodput."""
+    top = max((b.step for b in beats if b.first_progress_s is not None), default=None)
+    return max((b.time_s for b in beats if b.step == top and b.first_progress_s is not None), default=None)
+
+
 @dataclass(frozen=True)
 class Stall:
     idle_s: float

@@ -37,7 +37,7 @@ def test_version_and_render_golden():
     (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
     (["status", "12x"], 2, "not a job id: '12x'"),
     (["plan", "--checkpoint-cost-s", "-1", "--nodes", "8", "--node-mtbf-h", "10"], 2, "must be >= 0, got -1"),
-    (["plan", "--checkpoint-cost-s", "0", "--nodes", "8", "--node-mtbf-h", "10"], 2, "checkpoint cost must be > 0 s"),
+    (["plan", "--checkpoint-cost-s", "0", "--nodes", "8", "--node-mtbf-h", "10"], 2, "checkpoint cost must be > 0 and <= 604800 s, got 0"),
     (["run"], 2, "run: no command given"),
     (["minicluster", "kill", "node99"], 2, "unknown node 'node99'"),
     (["minicluster", "up", "--nodes", "0"], 2, "nodes must be between 1 and 32"),

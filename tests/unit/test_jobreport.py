@@ -75,6 +75,18 @@ def _chain():
     return events, StepHistory(steps, checkpoints)
 
 
+def chain_control_dir(tmp_path):
+    """_chain's ledger and rank 0's step log in a control dir under tmp_path."""
+    events, history = _chain()
+    control = tmp_path / ".slurmtools" / "9"
+    for event in events:
+        ledger.append(control, event)
+    (control / "steps").mkdir()
+    (control / "steps" / "9.0.rank0.jsonl").write_text("".join(
+        json.dumps(dict(kind="step", **s.__dict__)) + "\n" for s in history.steps if s.rank == 0))
+    return control
+
+
 def test_the_report_holds_the_series_the_marks_and_a_breakdown_that_adds_up():
     events, history = _chain()
     report = jobreport.build("9", events, history)
@@ -120,13 +132,7 @@ def test_the_html_page_is_self_contained_with_every_plot():
 
 def test_report_command_text_html_and_one_line_errors(tmp_path):
     pytest.importorskip("matplotlib")
-    events, history = _chain()
-    control = tmp_path / ".slurmtools" / "9"
-    for event in events:
-        ledger.append(control, event)
-    (control / "steps").mkdir()
-    (control / "steps" / "9.0.rank0.jsonl").write_text("".join(
-        json.dumps(dict(kind="step", **s.__dict__)) + "\n" for s in history.steps if s.rank == 0))
+    control = chain_control_dir(tmp_path)
     proc = cli("report", str(control))
     assert proc.returncode == 0 and proc.stdout.startswith("job 9\nattempts: 2 (failures 1, preemptions 0)\n")
     out = tmp_path / "r.html"

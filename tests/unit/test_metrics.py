@@ -74,7 +74,7 @@ def test_the_supervisor_writes_restarts_by_cause_and_goodput_from_the_ledger(tmp
                                                                (("cause", "preempted"),) + job: 1.0}
     assert found[("slurmtools_job_attempts_total", tuple(sorted(job)))] == 3
     assert found[("slurmtools_job_steps_lost_total", tuple(sorted(job)))] == 10
-    assert found[("slurmtools_job_restart_latency_seconds", tuple(sorted(job)))] == 10
+    assert found[("slurmtools_job_restart_latency_seconds", tuple(sorted(job)))] == 20   # 200 -> first step 220
     assert found[("slurmtools_job_stragglers_total", tuple(sorted(job)))] == 1
     assert found[("slurmtools_job_final_step", tuple(sorted(job)))] == 100
     assert found[("slurmtools_job_goodput_ratio", tuple(sorted(job)))] == pytest.approx(
