@@ -22,6 +22,7 @@ BASE_DIR = Path(os.environ.get("SLURMTOOLS_MINICLUSTER_DIR", "/var/lib/slurmtool
 REGISTRY_DIR = Path("/run/slurmtools/minicluster")
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 MAX_SLOTS = 100
+JOB_IDS_PER_SLOT = 100_000
 MAX_NODES = 32
 
 # Debian 12 packages the cluster needs (--no-install-recommends is enough: 28 packages, the
@@ -90,6 +91,11 @@ class MiniClusterLayout:
     @property
     def subnet_prefix(self) -> str:
         return f"10.77.{self.slot}"
+
+    @property
+    def first_job_id(self) -> int:
+        """Slot N's job ids start at N * JOB_IDS_PER_SLOT + 1 (below Slurm's MaxJobId for every slot)."""
+        return self.slot * JOB_IDS_PER_SLOT + 1
 
     @property
     def subnet(self) -> str:
@@ -240,6 +246,9 @@ class MiniClusterLayout:
         lines = [
             "# Written by `slurmtools minicluster up`; edits are overwritten.",
             f"ClusterName={self.cluster_name}",
+            "# job ids of their own: every cluster's node2 shares the cgroup dir slurm_node2, and a job_5 that",
+            "# ends in one cluster would remove a running job_5's cgroups in another",
+            f"FirstJobId={self.first_job_id}",
             f"SlurmctldHost={self.controller_host}({self.controller_addr})",
             "SlurmUser=root",
             "SlurmdUser=root",

@@ -86,8 +86,11 @@ def test_named_clusters_share_nothing():
     first, second = MiniClusterLayout(name="mini"), MiniClusterLayout(name="test", slot=1)
     assert first.root == BASE_DIR / "mini" and second.root == BASE_DIR / "test"
     for attribute in ("subnet", "bridge", "slurmctld_port", "slurmd_port", "slurmdbd_port", "db_port", "munge_socket",
-                      "slurm_conf", "cluster_name", "registry_file"):
+                      "slurm_conf", "cluster_name", "registry_file", "first_job_id"):
         assert getattr(first, attribute) != getattr(second, attribute), attribute
+    # job ids too: the clusters' node2 share Slurm's cgroup dir slurm_node2, where job_<id> must not collide
+    assert "\nFirstJobId=1\n" in first.render_slurm_conf() and "\nFirstJobId=100001\n" in second.render_slurm_conf()
+    assert MiniClusterLayout(name="last", slot=99).first_job_id + 100_000 < 0x03ff0000     # Slurm's MaxJobId
     assert {first.netns("node1"), first.veth("node1")}.isdisjoint({second.netns("node1"), second.veth("node1")})
     assert second.subnet == "10.77.1.0/24" and second.bridge == "st-test"
     widest = MiniClusterLayout(name="abcdefgh", slot=99, nodes=32)
