@@ -294,22 +294,6 @@ def cmd_health_record_gpu(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_health_record_ib(args: argparse.Namespace) -> int:
-    from slurmtools.health.record_ib import record
-
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: not a directory")
-    if out.exists() and any(out.iterdir()):
-        raise UsageError(f"--out {out}: not empty (a recording goes into a new directory)")
-    try:
-        hcas = record(Path(args.sysfs_root), out)
-    except OSError as exc:
-        raise UsageError(f"--out {out}: cannot write the recording: {exc.strerror or exc}") from None
-    print(f"recorded {len(hcas)} HCAs ({', '.join(hcas)}) into {out}; replay with `sysfs_root: {out}`")
-    return 0
-
-
 def cmd_nodes(args: argparse.Namespace) -> int:
     from slurmtools import drain, slurm
 
@@ -348,7 +332,7 @@ def _add_health(sub: Any) -> None:
     rib = acts.add_parser("record-ib", help="copy this node's InfiniBand sysfs (kernel layout) into a directory")
     rib.add_argument("--out", required=True, help="a new or empty directory")
     rib.add_argument("--sysfs-root", default="/", help="where /sys is (default: /)")
-    rib.set_defaults(func=cmd_health_record_ib)
+    rib.set_defaults(func=_record_ib)
 
     nodes_parser = sub.add_parser("nodes", help="drained/down nodes with reason, who and since; drain and resume")
     nodes_parser.add_argument("--json", action="store_true")
@@ -375,9 +359,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _record_ib(args: argparse.Namespace) -> int:
+    from slurmtools.health.record_ib import cmd_record_ib
+    return cmd_record_ib(args)
+
+
 def _add_preflight(sub: Any) -> None:
     from slurmtools.preflight.command import add_preflight
     add_preflight(sub)
+    from slurmtools.blame.command import add_blames
+    add_blames(sub)
 
 
 _ADDERS = [_add_minicluster, _add_jobs, _add_health, _add_preflight]

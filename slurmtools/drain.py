@@ -17,6 +17,7 @@ from slurmtools.errors import UsageError
 PREFIX = "slurmtools:"
 MAX_REASON_CHARS = 200
 _SAFE = re.compile(r"[^A-Za-z0-9_.,:;=+@/%()\[\]#<>-]")
+_FIELD_LIKE = re.compile(r"^([A-Z][A-Za-z0-9_:/]*)=")
 
 
 @dataclass(frozen=True)
@@ -25,14 +26,18 @@ class DrainReason:
     check: str
     detail: str
     job: Optional[str] = None
+    user: Optional[str] = None      # whose job's evidence it is (a blame the root side accepted)
 
     def render(self) -> str:
         """One printable line of at most MAX_REASON_CHARS; every part is sanitized, and truncation
-        cuts the detail (then the job id), never the prefix, status and check that make it ours."""
+        cuts the detail (never the user and job id), never the prefix, status and check that make it ours."""
         head = f"{PREFIX} {_safe(self.status)[:16]} {_safe(self.check)[:48]}"
         job = re.sub(r"[^0-9_+.]", "", self.job)[:24] if self.job else ""     # job ids: 123, 123_4, 123+1
-        suffix = f" job={job}" if job else ""
-        detail = " ".join(_safe(word) for word in self.detail.split())
+        user = _safe(self.user)[:32] if self.user else ""
+        suffix = (f" user={user}" if user else "") + (f" job={job}" if job else "")
+        # a word like `Reason=x` would start a new field where scontrol's one-line records are
+        # read back (slurm_parse.parse_scontrol_record): its `=` becomes `:`
+        detail = " ".join(_FIELD_LIKE.sub(r"\1:", _safe(word)) for word in self.detail.split())
         room = MAX_REASON_CHARS - len(head) - len(suffix)
         if detail and room > 4:
             head += " " + (detail if len(detail) < room else detail[:room - 4] + "...")
@@ -60,6 +65,8 @@ def parse_reason(reason: str) -> Optional[Dict[str, str]]:
     for word in words[2:]:
         if word.startswith("job="):
             out["job"] = word[4:]
+        elif word.startswith("user="):
+            out["user"] = word[5:]
         else:
             rest.append(word)
     out["detail"] = " ".join(rest)

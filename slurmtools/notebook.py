@@ -54,7 +54,7 @@ NOT_HONOURED = ("command", "launcher", "output_dir", "requeue.max_restarts", "re
                 "requeue.warning_signal", "requeue.hang_timeout_s", "requeue.no_progress_restarts",
                 "requeue.backoff_s", "requeue.retry_oom", "requeue.spare_nodes", "requeue.min_nodes",
                 "requeue.node_timeout_s", "requeue.straggler_factor", "requeue.straggler_windows",
-                "requeue.straggler_window_steps")
+                "requeue.straggler_window_steps", "requeue.direct_drain")
 _DEFAULT_PYTHON = "python3"
 
 

@@ -261,3 +261,31 @@ def sacct_rows(job_id: int, fields: Sequence[str] = ("JobID", "State", "NodeList
     out = run_slurm(argv)
     return [dict(zip(fields, ln.split("|"))) for ln in out.splitlines() if ln.strip()]
 
+
+
+_USER_ID = re.compile(r"\((\d+)\)$")
+
+
+def job_owner(job_id: int) -> Optional[Tuple[int, str]]:
+    """(uid, allocated hostlist) of a job, from slurmctld while it knows the job, else from accounting
+    (a blame may come a little after the job ended); None when neither knows it."""
+    record = show_job(job_id)
+    if record is not None:
+        uid = _USER_ID.search(record.get("UserId", ""))
+        if uid:
+            return int(uid.group(1)), record.get("NodeList", "")
+    try:
+        rows = sacct_rows(job_id, ("JobID", "UID", "NodeList"))
+    except SlurmCommandError:
+        return None
+    row = next((r for r in rows if r["JobID"] == str(job_id) and r["UID"].isdigit()), None)
+    return (int(row["UID"]), row["NodeList"]) if row else None
+
+
+def cluster_name() -> str:
+    """This cluster's ClusterName (slurm.conf)."""
+    for line in run_slurm(["scontrol", "show", "config"]).splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "ClusterName":
+            return value.strip()
+    raise SlurmCommandError(["scontrol", "show", "config"], 0, "no ClusterName in the configuration")

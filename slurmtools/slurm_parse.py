@@ -136,7 +136,7 @@ class NodeInfo:
 
 def _strip_reason_suffix(reason: str) -> str:
     # scontrol appends " [user@time]" to the reason.
-    return re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", reason)
+    return re.sub(r"\s*\[[^\[\]]*@[^\[\]]*\]$", "", reason)
 
 
 def split_node_state(words: List[str]) -> Tuple[str, Tuple[str, ...]]:
@@ -149,7 +149,7 @@ def split_node_state(words: List[str]) -> Tuple[str, Tuple[str, ...]]:
 def parse_node_record(record: Mapping[str, str]) -> NodeInfo:
     state, flags = split_node_state(json_states(record.get("State", "UNKNOWN")))
     reason = record.get("Reason", "")
-    match = re.search(r"\[([^@\]]*)@([^\]]*)\]$", reason)
+    match = re.search(r"\[([^@\[\]]*)@([^\[\]]*)\]$", reason)
     return NodeInfo(
         name=record.get("NodeName", ""),
         state=state,

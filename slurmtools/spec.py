@@ -63,6 +63,9 @@ class RequeueSpec:
                                   "replaced; otherwise reported. 0: off.", 1.3, min=0.0, max=100.0)
     straggler_windows: int = doc("Consecutive slow windows that make a node a straggler.", 3, min=1, max=1000)
     straggler_window_steps: int = doc("Training steps per straggler window.", 10, min=1, max=1000000)
+    direct_drain: bool = doc("Drain a blamed node with the job's own rights: only where the site made its users "
+                             "Slurm operators. Default: report it, with the evidence, to the site's root-owned "
+                             "health hooks, which check the report and drain (slurmtools/blame).", False)
 
     def __post_init__(self) -> None:
         check_limits(self, ())

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from slurmtools.errors import ConfigError, SpecError
 from slurmtools import xid as xid_policy
+from slurmtools.blame.config import BlameSettings
 from slurmtools.schema import (MAX_YAML_BYTES, attach_line, build, check_hostlist, check_limits, doc, err,
                                load_yaml_with_lines)
 
@@ -266,6 +267,8 @@ class NodeSettings:
     textfile: Optional[str] = doc("Prometheus textfile to write (node_exporter textfile collector).", None)
     syslog: bool = doc("Log non-OK results to syslog.", True)
     checks: Checks = doc("Per-check switches and thresholds.", default_factory=Checks)
+    blame: BlameSettings = doc("Blames of nodes reported by jobs (slurmtools/blame): where, and when they drain.",
+                               default_factory=BlameSettings)
 
     def __post_init__(self) -> None:
         check_limits(self, ())

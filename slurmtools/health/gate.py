@@ -116,18 +116,35 @@ def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional
         drained_reason = _take_out_of_service(settings, host, results, st, job_id, now_s)
     if phase == "periodic" and settings.auto_resume_after > 0:
         _auto_resume(settings, host, st, overall, results)
+    blames = _handle_blames(settings) if settings.drain and allow_drain else []
 
     _remember(st, facts, overall, phase, job_id, now_s)
     state.save(spath, st)
     duration = time.monotonic() - t0
     doc = report.to_json(host, phase, results, job_id=job_id, duration_s=duration, drained=drained_reason,
                          cached=cached)
+    if blames:
+        doc["blames"] = blames
     write_json_atomic(spath.parent / f"last-{phase}.json", doc)
     if settings.textfile:
         report.write_textfile(settings.textfile, host, phase, results, duration)
     if settings.syslog:
         report.log_syslog(host, phase, results, job_id)
     return Outcome(results, overall, drained_reason, cached, duration, doc)
+
+
+def _handle_blames(settings: NodeSettings) -> List[str]:
+    """The blames jobs reported (slurmtools.blame), for any node: checked, drained or refused, one
+    line each (to the hook's log, and the report). A spool or Slurm problem is ours, never the node's:
+    one line, and this node's own verdict stands."""
+    from slurmtools.blame import intake, spool
+    try:
+        lines = [handled.line() for handled in intake.handle(settings.blame)]
+    except (spool.SpoolError, SlurmCommandError, OSError) as exc:
+        lines = [one_line(f"slurmtools: blames not handled: {exc}")]
+    for line in lines:
+        print(line, file=sys.stderr)
+    return lines
 
 
 def _take_out_of_service(settings: NodeSettings, host: str, results: List[CheckResult], st: state.HealthState,

@@ -7,6 +7,7 @@ slow); links are recreated as relative links inside the copy, never pointing out
 """
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 from typing import List, Optional
@@ -81,3 +82,17 @@ def record(root: Path, out: Path) -> List[str]:
     if not recorded:
         raise UsageError(f"no InfiniBand devices under {base}")
     return recorded
+
+
+def cmd_record_ib(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: not a directory")
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"--out {out}: not empty (a recording goes into a new directory)")
+    try:
+        hcas = record(Path(args.sysfs_root), out)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write the recording: {exc.strerror or exc}") from None
+    print(f"recorded {len(hcas)} HCAs ({', '.join(hcas)}) into {out}; replay with `sysfs_root: {out}`")
+    return 0

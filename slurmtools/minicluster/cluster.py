@@ -20,7 +20,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from slurmtools import slurm
 from slurmtools.errors import MiniClusterError, SlurmCommandError, UsageError
-from slurmtools.minicluster import daemons, debroot, degrade, jobcgroups, netns, release
+from slurmtools.blame import spool
+from slurmtools.minicluster import daemons, debroot, degrade, jobcgroups, jobuser, netns, node_files, release
 from slurmtools.minicluster import record as record_mod
 from slurmtools.minicluster.record import (ETC_SLURM_CONF, allocate_slot, find_layout, held_by_others,
                                            layout_from_record, load_record, registered, save_record)
@@ -89,7 +90,7 @@ def write_configs(layout: MiniClusterLayout) -> None:
         directory.mkdir(parents=True, exist_ok=True)
     (layout.etc_dir / "slurm.conf").write_text(layout.render_slurm_conf())
     (layout.etc_dir / "gres.conf").write_text(layout.render_gres_conf())
-    layout.hosts_file.write_text(layout.render_hosts())
+    layout.hosts_file.write_text(node_files.render_hosts(layout))
     layout.hosts_file.chmod(0o644)
     (layout.etc_dir / "cgroup.conf").write_text(layout.render_cgroup_conf())
     from slurmtools.minicluster.reboot import program_text
@@ -98,8 +99,11 @@ def write_configs(layout: MiniClusterLayout) -> None:
     dbd = layout.etc_dir / "slurmdbd.conf"
     dbd.write_text(layout.render_slurmdbd_conf(daemons.db_password(layout)))
     dbd.chmod(0o600)
+    spool.make_spool(layout.blame_spool)
+    layout.blames_program.write_text(node_files.blames_program_text(layout))
+    layout.blames_program.chmod(0o755)
     if not layout.health_config.exists():
-        layout.health_config.write_text(layout.render_health_config())
+        layout.health_config.write_text(node_files.render_health_config(layout))
         layout.health_config.chmod(0o644)
     for gpu in range(layout.gpus_per_node):
         # a character device with NVIDIA's numbers (195:N) and no driver behind it: Slurm accepts it
@@ -144,6 +148,8 @@ def up(layout: MiniClusterLayout, *, install: bool = True, wait_s: float = 60.0)
                         "slurm_release": layout.slurm_release}
     save_record(layout, record)
     record_mod.register(layout)
+    jobuser.ensure(layout, record)          # jobs run as an ordinary user, as on a real cluster
+    save_record(layout, record)
     debroot.ensure_root(layout)
     write_configs(layout)
     link_etc_slurm(layout, record)
@@ -234,6 +240,8 @@ def down(layout: MiniClusterLayout, *, purge: bool = False) -> None:
     record["etc_slurm"] = None
     if layout.root.exists():
         save_record(layout, record)
+    if purge:
+        jobuser.remove(layout, record)
     if purge and layout.root.exists():
         shutil.rmtree(layout.root)
 

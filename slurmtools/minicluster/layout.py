@@ -293,6 +293,10 @@ class MiniClusterLayout:
             "# a node not back within ResumeTimeout is marked DOWN (reboot timed out)",
             f"RebootProgram={self.reboot_program}",
             "ResumeTimeout=60",
+            "# the blames jobs report (slurmtools/blame), handled as root every 10 s besides every prolog/epilog",
+            f"HealthCheckProgram={self.blames_program}",
+            "HealthCheckInterval=10",
+            "HealthCheckNodeState=ANY",
             "AccountingStorageType=accounting_storage/slurmdbd",
             "AccountingStorageHost=127.0.0.1",
             f"AccountingStoragePort={self.slurmdbd_port}",
@@ -355,32 +359,16 @@ class MiniClusterLayout:
         ]) + "\n"
 
     @property
+    def blame_spool(self) -> Path:
+        """Where this cluster's jobs drop blame reports (root-owned, mode 1733)."""
+        return self.root / "blame"
+
+    @property
+    def blames_program(self) -> Path:
+        """The HealthCheckProgram that handles blames (node_files.blames_program_text)."""
+        return self.etc_dir / "blames-healthcheck"
+
+    @property
     def health_config(self) -> Path:
         """Beside slurm.conf, where `slurmtools health run` looks when Slurm sets SLURM_CONF."""
         return self.etc_dir / "slurmtools-health.yaml"
-
-    def render_health_config(self) -> str:
-        """The fake nodes' GPUs come from a built-in fixture, named explicitly: a rehearsal cluster."""
-        return "\n".join([
-            "# Written by `slurmtools minicluster up` (kept when it exists). Rehearsal settings: the",
-            "# fake GPUs are served by a built-in NVML fixture, selected explicitly here.",
-            "defaults:",
-            '  gpu_probe: "fixture:minicluster-4gpu"' if self.gpus_per_node else "  gpu_probe: none",
-            "  kernel_log: null",
-            f"  state_dir: {self.root}/health",
-            "  probe_timeout_s: 3",
-            "  deadline_s: 5",
-            "  syslog: false",
-            "  checks:",
-            f"    gpu: {{count: {{expected: {self.gpus_per_node}}}}}",
-            "    system: {memory: {min_available_gb: 0.5}, disk: {paths: [/tmp], min_free_gb: 0.5}}",
-        ]) + "\n"
-
-    def render_hosts(self) -> str:
-        """The nodes' /etc/hosts: node names resolve inside jobs (torchrun rendezvous on `node1`)
-        without any edit of the machine's /etc/hosts, and two clusters may both have a node1."""
-        lines = ["# Written by `slurmtools minicluster up`: /etc/hosts inside this cluster's nodes.",
-                 "127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback",
-                 f"{self.controller_addr} {self.controller_host}"]
-        lines += [f"{self.node_addr(node)} {node}" for node in self.node_names]
-        return "\n".join(lines) + "\n"

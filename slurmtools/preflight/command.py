@@ -1,6 +1,7 @@
 """`slurmtools preflight`: the same check by hand inside an allocation (salloc, an sbatch
 script, a maintenance reservation): JSON lines on stdout, exit 0 when every node passed, 1
-when a node was named (with --drain: drained with the evidence), 3 when the check itself
+when a node was named (with --drain: reported with the evidence for the root-owned health hooks
+to drain; --direct-drain: drained with the caller's rights), 3 when the check itself
 could not run. The supervisor runs it on its own (spec `preflight`); this is for people."""
 from __future__ import annotations
 
@@ -52,9 +53,10 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     report_dir = Path(args.report_dir) if args.report_dir else Path.cwd()
     train_argv = ["srun", f"--ntasks-per-node={args.tasks_per_node}", f"--nodes={len(nodes)}"]
     outcome = launch.run(train_argv, nodes, env, report_dir, settings, f"{job_id}.preflight")
-    if args.drain:
+    if args.drain or args.direct_drain:
         for node, finding in outcome.named.items():
-            actions.drain_node(job_number, f"{job_id}.preflight", node, launch.diagnosis(finding))
+            actions.drain_node(job_number, f"{job_id}.preflight", node, launch.diagnosis(finding),
+                               direct=args.direct_drain)
     if outcome.status == "error":
         return EXIT_ERROR
     return EXIT_NAMED if outcome.named else 0
@@ -66,7 +68,10 @@ def add_preflight(sub: Any) -> None:
     flags.add_preflight_arguments(parser)
     parser.add_argument("--tasks-per-node", type=int, default=1, help="tasks per node (one per GPU to check "
                                                                        "each GPU's link as well)")
-    parser.add_argument("--drain", action="store_true", help="drain each named node with the evidence")
+    parser.add_argument("--drain", action="store_true", help="report each named node with the evidence to the "
+                                                              "site's root-owned health hooks, which drain it")
+    parser.add_argument("--direct-drain", action="store_true", help="drain each named node with your own rights "
+                                                                     "(an admin or Slurm operator)")
     parser.add_argument("--report-dir", help="where the report (preflight.json) goes (default: the current "
                                              "directory, which every node must see)")
     parser.set_defaults(func=cmd_preflight)

@@ -145,7 +145,7 @@ def blame(outcome: Outcome, this_run: "actions.Run", job_id: Optional[int], atte
     in_place = True
     for node in others:
         finding = blamed[node]
-        actions.drain_node(job_id, attempt_id, node, diagnosis(finding))
+        actions.drain_node(job_id, attempt_id, node, diagnosis(finding), direct=this_run.direct_drain)
         in_place = in_place and this_run.topology.can_lose(node, this_run.lost)
         this_run.lost.append(node)
     finding = blamed[first]

@@ -22,6 +22,7 @@ class Run:
 
     topology: Topology
     lost: List[str] = field(default_factory=list)
+    direct_drain: bool = False               # drain with the job's rights (RequeueSpec.direct_drain)
 
 
 def emit(event: str, attempt_id: str, **fields: object) -> None:
@@ -30,8 +31,23 @@ def emit(event: str, attempt_id: str, **fields: object) -> None:
                      sort_keys=True, default=str), flush=True)
 
 
-def drain_node(job_id: Optional[int], attempt_id: str, node: str, diag: policy.Diagnosis) -> None:
-    reason = drain.DrainReason("CRITICAL", diag.check or f"job.{diag.cause.value}", diag.detail, str(job_id))
+def drain_node(job_id: Optional[int], attempt_id: str, node: str, diag: policy.Diagnosis, *,
+               direct: bool = False) -> None:
+    """Take a blamed node out of service. A job runs as its user, who may not drain: the blame is
+    reported with its evidence to the site's root-owned health hooks (slurmtools.blame), which
+    check it and drain. direct: drain with the job's own rights (a site whose users are operators)."""
+    check = diag.check or f"job.{diag.cause.value}"
+    if not direct:
+        if job_id is None:
+            return                                   # outside Slurm: no job to blame for
+        from slurmtools.blame.report import BlameError, report
+        try:
+            path = report(job_id, node, check, diag.detail)
+            emit("blame", attempt_id, node=node, check=check, evidence=diag.detail, report=str(path))
+        except BlameError as exc:
+            emit("blame_failed", attempt_id, node=node, error=str(exc))
+        return
+    reason = drain.DrainReason("CRITICAL", check, diag.detail, str(job_id))
     try:
         drained = drain.drain(node, reason)
         emit("drain", attempt_id, node=node, reason=reason.render(), applied=drained)
@@ -52,7 +68,7 @@ def restart_in_place(job_id: Optional[int], attempt_id: str, this_run: Run, diag
     node = verdict.exclude_node
     if node is not None and job_id is not None:
         if verdict.drain_node:
-            drain_node(job_id, attempt_id, verdict.drain_node, diag)
+            drain_node(job_id, attempt_id, verdict.drain_node, diag, direct=this_run.direct_drain)
         this_run.lost.append(node)
         for error in step.kill_steps(job_id):
             emit("step_kill_failed", attempt_id, error=error)
@@ -72,7 +88,7 @@ def requeue(job_id: int, attempt_id: str, diag: policy.Diagnosis, verdict: polic
     """Requeue ourselves; with an exclusion or a backoff: hold, update, release (an update of
     ExcNodeList is refused while the job runs, but accepted at once once it is held)."""
     if verdict.drain_node:
-        drain_node(job_id, attempt_id, verdict.drain_node, diag)
+        drain_node(job_id, attempt_id, verdict.drain_node, diag, direct=this_run.direct_drain)
     if flags.seen(signal.SIGTERM):
         # Slurm is already ending this run (its own requeue, node failure or preemption).
         emit("requeue", attempt_id, by="slurm")

@@ -301,7 +301,8 @@ def run(config: SupervisorConfig, argv: Sequence[str], environ: Optional[Mapping
     warn_sig = signal_number(config.requeue.warning_signal)
     flags = SignalFlags().install({warn_sig, signal.SIGTERM, signal.SIGINT, signal.SIGUSR2})
     manager = CheckpointManager(config.checkpoint_dir) if config.checkpoint_dir else None
-    this_run = Run(topology_of(_expand(env.get("SLURM_JOB_NODELIST", "")), config.requeue))
+    this_run = Run(topology_of(_expand(env.get("SLURM_JOB_NODELIST", "")), config.requeue),
+                   direct_drain=config.requeue.direct_drain)
     seq = 0
     while True:
         nodes = this_run.topology.pick(this_run.lost) or []

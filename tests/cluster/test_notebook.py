@@ -124,7 +124,7 @@ def test_preflight_in_the_tasks_names_a_wrong_node_and_requeues_without_it(clust
         assert results[0]["attempt_id"] == f"{job.job_id}.1"
         verdicts = [e for e in stdout_events(job) if e.get("slurmtools") == "preflight"]
         assert [(v["status"], v["named"]) for v in verdicts] == [("failed", ["node2"]), ("passed", [])]
-        reason = slurm.nodes("node2")[0].reason
+        reason = training.blamed_reason("node2", int(job.job_id))
         assert reason.startswith("slurmtools: CRITICAL preflight.canary node=node2 measured=sha256:"), reason
         events = ledger.read(control_dir(shared_tmp, job))
         assert [(e.cause, e.action, e.node) for e in events if isinstance(e, ledger.AttemptEnd)] == [

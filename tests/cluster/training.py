@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Sequence
 from slurmtools import jobs, slurm
 from slurmtools.fsutil import json_lines
 from slurmtools.spec import JobSpec, spec_from_dict
-from tests.conftest import REPO, wait_for
+from tests.conftest import REPO, TEST_CLUSTER_NAME, TEST_STATE_DIR, wait_for
 
 TRAIN = REPO / "examples" / "tiny_fsdp" / "train.py"
 STEPS = 20
@@ -111,6 +111,44 @@ def all_idle() -> bool:
 
 
 def settle(timeout_s: float = 60) -> None:
-    """Wait until no job is left and every node is idle (tests share one cluster)."""
-    wait_for(lambda: all_idle(), timeout_s, "all nodes idle", interval_s=0.5)
+    """Wait until no job is left and every node is idle (tests share one cluster); a blame an
+    earlier test's job reported is handled now and its drain lifted, so it cannot land later."""
+    def idle() -> bool:
+        lift_blame_drains()
+        return all_idle()
+    wait_for(idle, timeout_s, "all nodes idle", interval_s=0.5)
     time.sleep(0.2)
+
+
+def lift_blame_drains() -> None:
+    """Handle the blames waiting in the suite cluster's spool now (as the HealthCheckProgram would),
+    then resume every node drained with our prefix (as an admin would, between tests)."""
+    from slurmtools import drain
+    from slurmtools.blame import intake
+    from slurmtools.health.config import load_config
+    from slurmtools.minicluster import cluster as mc
+    layout = mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR)
+    intake.handle(load_config(str(layout.health_config)).for_host("node1").blame)
+    for node in slurm.nodes():
+        if node.drained and drain.is_ours(node.reason):
+            drain.resume(node.name)
+
+
+def blamed_reason(node: str, job: int, timeout_s: float = 30) -> str:
+    """The reason the root-owned blame path drained node with (the supervisor only reports it;
+    the cluster's HealthCheckProgram or the next prolog/epilog drains): it names the job's user
+    and the job, and the report was handled as the job's user's."""
+    import pwd
+    from slurmtools.minicluster import cluster as mc
+    from slurmtools.blame import spool
+
+    info = wait_for(lambda: [n for n in slurm.nodes(node) if n.drained and n.reason.startswith("slurmtools:")],
+                    timeout_s, f"{node} drained by the blame path")[0]
+    uid = int(slurm.sacct_rows(job, ("JobID", "UID"))[0]["UID"])
+    user = pwd.getpwuid(uid).pw_name
+    assert info.reason.endswith(f" user={user} job={job}"), info.reason
+    layout = mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR)
+    records = [r for r in spool.records(layout.blame_spool / spool.DONE_DIR)
+               if r.get("job") == str(job) and r.get("node") == node and r.get("action") == "drain"]
+    assert records and records[0]["uid"] == uid, records
+    return info.reason

@@ -137,3 +137,19 @@ def test_using_conf_points_one_block_of_commands_at_one_cluster(monkeypatch):
     slurm.run_slurm(["sinfo"])
     assert seen[0]["SLURM_CONF"] == "/var/lib/slurmtools/minicluster/side/etc/slurm.conf"
     assert seen[1] is None                                         # outside: the environment as it is
+
+
+def test_a_reason_whose_text_looks_like_a_field_reads_back_whole():
+    from slurmtools.drain import DrainReason
+    from slurmtools.slurm_parse import parse_scontrol_record
+    reason = DrainReason("CRITICAL", "job.sdc", "rank 3 Reason=forged State=IDLE node=n2", "5", "alice").render()
+    assert reason == "slurmtools: CRITICAL job.sdc rank 3 Reason:forged State:IDLE node=n2 user=alice job=5"
+    line = f"NodeName=node2 Arch=x86_64 State=IDLE+DRAIN Reason={reason} [root@2026-12-01T20:00:00]"
+    assert parse_scontrol_record(line)["Reason"] == reason + " [root@2026-12-01T20:00:00]"
+
+
+def test_a_reason_with_brackets_keeps_them_and_loses_only_scontrols_suffix():
+    from slurmtools.slurm_parse import parse_node_record
+    node = parse_node_record({"NodeName": "node2", "State": "IDLE+DRAIN",
+                              "Reason": "slurmtools: CRITICAL job.sdc rank 3 [31mforged user=u job=5 [root@2026-12-01T20:00]"})
+    assert node.reason == "slurmtools: CRITICAL job.sdc rank 3 [31mforged user=u job=5"

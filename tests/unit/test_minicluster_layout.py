@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmtools.minicluster import node_files
 from slurmtools.minicluster.layout import BASE_DIR, MiniClusterLayout
 
 
@@ -106,7 +107,7 @@ def test_cluster_names_are_short_and_plain(name):
 
 
 def test_nodes_resolve_through_the_clusters_own_hosts_file():
-    assert layout(nodes=2).render_hosts().splitlines()[1:] == [
+    assert node_files.render_hosts(layout(nodes=2)).splitlines()[1:] == [
         "127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback", "10.77.0.1 vm",
         "10.77.0.11 node1", "10.77.0.12 node2"]
     assert layout().hosts_file == Path("/s/etc/hosts")

@@ -1,0 +1,40 @@
+"""The admin's blame settings: a section of the health config (`blame:`), read by the root-owned
+health hooks that drain, and -- only `spool_dir` and `munge_socket` -- by a job's supervisor,
+which needs to know where to drop its reports."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+from slurmtools.blame.model import ACTIONS, DEFAULT_ACTIONS, BlameRules
+from slurmtools.blame.munge import DEFAULT_SOCKET
+from slurmtools.schema import check_limits, doc, err
+
+
+@dataclass(frozen=True)
+class BlameSettings:
+    spool_dir: Optional[str] = doc("Where jobs drop blame reports (root-owned, mode 1733, on a file system every "
+                                   "node's health hooks see; `slurmtools nodes make-blame-spool` makes it). "
+                                   "Unset: blames are off.", None)
+    munge_socket: str = doc("munged's socket (the one Slurm's AuthInfo names).", DEFAULT_SOCKET)
+    actions: Dict[str, str] = doc("Per kind of evidence: drain (at once), confirm (drain once confirm_jobs jobs "
+                                  "blamed the node within confirm_window_h) or ignore. Kinds: "
+                                  + ", ".join(f"{k} ({v})" for k, v in DEFAULT_ACTIONS.items()) + ".",
+                                  default_factory=lambda: dict(DEFAULT_ACTIONS))
+    max_nodes_per_job_per_day: int = doc("Distinct nodes one job may get drained in 24 h; past that the job is the "
+                                         "suspect and nothing more is drained for it.", 2, min=1, max=1000)
+    confirm_jobs: int = doc("Distinct jobs whose blames confirm a `confirm` kind.", 2, min=1, max=100)
+    confirm_window_h: float = doc("The window in which confirm_jobs must blame the node.", 24.0, min=0.1,
+                                  max=24.0 * 30)
+
+    def __post_init__(self) -> None:
+        check_limits(self, ())
+        for kind, action in self.actions.items():
+            if kind not in DEFAULT_ACTIONS:
+                raise err(f"unknown kind of evidence {kind!r}; kinds: {', '.join(DEFAULT_ACTIONS)}", ("actions",))
+            if action not in ACTIONS:
+                raise err(f"action must be one of {', '.join(ACTIONS)}, got {action!r}", ("actions", kind))
+
+    def rules(self) -> BlameRules:
+        return BlameRules({**DEFAULT_ACTIONS, **self.actions}, self.max_nodes_per_job_per_day, self.confirm_jobs,
+                          self.confirm_window_h)

@@ -1,0 +1,149 @@
+"""The blame spool: a directory every node's root-owned health hooks read and every job's user
+can drop a report into, like /tmp (root-owned, mode 1733: anyone creates, nobody else's files can
+be touched, nobody but root lists it).
+
+    <spool>/blame.<random>.munge         a report: one munge credential (written by the job's user)
+    <spool>/done/<name>.json             the root side's record of it (root-only, 0700)
+
+The user side writes a report under a dot-name and renames it into place, so the root side never
+reads half a report. The root side claims a report by renaming it into done/ (on a shared file
+system exactly one node wins), then reads it without following a link, never waits on a FIFO, and
+reads at most MAX_REPORT_BYTES. A spool that is not root-owned and sticky is not trusted at all."""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import secrets
+import stat
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from slurmtools.fsutil import read_small_regular, write_json_atomic
+
+REPORT = re.compile(r"^blame\.[A-Za-z0-9]{8,32}\.munge$")
+DONE_DIR = "done"
+MAX_REPORT_BYTES = 8192
+MAX_REPORTS_PER_RUN = 64          # a flood is handled a bounded amount at a time
+KEEP_RECORDS_S = 7 * 24 * 3600.0
+SPOOL_MODE = 0o1733
+
+
+class SpoolError(Exception):
+    """The spool cannot be used (missing, or not trustworthy); one line."""
+
+
+def drop(spool_dir: Path, credential: str) -> Path:
+    """The user side: write one report; its path. Never follows a link planted at either name."""
+    if not spool_dir.is_dir():
+        raise SpoolError(f"blame spool {spool_dir} does not exist (the admin creates it, mode 1733)")
+    name = f"blame.{secrets.token_hex(8)}.munge"
+    tmp = spool_dir / f".{name}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(credential + "\n")
+        os.rename(tmp, spool_dir / name)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return spool_dir / name
+
+
+def check_spool(spool_dir: Path) -> Path:
+    """The spool's done/ dir, made when missing; SpoolError unless the spool is a real directory
+    owned by root with the sticky bit (else any user could replace another's report) and done/ is
+    root's alone."""
+    try:
+        info = os.lstat(spool_dir)
+    except OSError as exc:
+        raise SpoolError(f"blame spool {spool_dir}: {exc.strerror}") from None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or not info.st_mode & stat.S_ISVTX:
+        raise SpoolError(f"blame spool {spool_dir} is not a root-owned sticky directory (mode 1733); not read")
+    done = spool_dir / DONE_DIR
+    try:
+        os.mkdir(done, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(done)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o077:
+        raise SpoolError(f"{done} is not root's own directory (mode 0700); not read")
+    return done
+
+
+def make_spool(spool_dir: Path) -> None:
+    """The admin's set-up (root): the spool with mode 1733."""
+    spool_dir.mkdir(parents=True, exist_ok=True)
+    os.chown(spool_dir, 0, 0)
+    os.chmod(spool_dir, SPOOL_MODE)
+    check_spool(spool_dir)
+
+
+def waiting(spool_dir: Path) -> List[str]:
+    """The names of the reports waiting (at most MAX_REPORTS_PER_RUN, oldest name order)."""
+    return sorted(name for name in os.listdir(spool_dir) if REPORT.match(name))[:MAX_REPORTS_PER_RUN]
+
+
+def claim(spool_dir: Path) -> List[Tuple[str, Optional[bytes]]]:
+    """The root side: (name, content) of each waiting report, now moved into done/ (None: not a
+    regular file of at most MAX_REPORT_BYTES, or another node claimed it first)."""
+    done = check_spool(spool_dir)
+    out: List[Tuple[str, Optional[bytes]]] = []
+    for name in waiting(spool_dir):
+        claimed = done / f"{name}.claimed"
+        try:
+            os.rename(spool_dir / name, claimed)
+        except OSError:
+            continue                      # another node's health run took it
+        out.append((name, read_small_regular(claimed, MAX_REPORT_BYTES)))
+        claimed.unlink(missing_ok=True)
+    return out
+
+
+@contextlib.contextmanager
+def handling_lock(done: Path, wait_s: float = 2.0) -> Iterator[bool]:
+    """Held while one health run handles reports (flock on done/.lock: released when the process
+    dies, so a killed run never blocks the next). Yields False when another run held it for
+    wait_s: that run handles the reports, and a prolog is never held up behind it."""
+    fd = os.open(done / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(0.05)
+        yield True
+    finally:
+        os.close(fd)
+
+
+def record(done: Path, name: str, entry: Dict[str, Any]) -> None:
+    write_json_atomic(done / f"{name}.json", entry, durable=False)
+
+
+def records(done: Path, now_s: Optional[float] = None) -> List[Dict[str, Any]]:
+    """The records of the last KEEP_RECORDS_S (older ones are removed)."""
+    now_s = time.time() if now_s is None else now_s
+    out = []
+    for path in sorted(done.glob("blame.*.json")):
+        raw = read_small_regular(path, 65536)
+        try:
+            entry = json.loads(raw) if raw is not None else None
+        except ValueError:
+            entry = None
+        if not isinstance(entry, dict):
+            continue
+        handled = entry.get("handled_s")
+        if isinstance(handled, (int, float)) and now_s - handled > KEEP_RECORDS_S:
+            path.unlink(missing_ok=True)
+            continue
+        out.append(entry)
+    return out

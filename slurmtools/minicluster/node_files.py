@@ -1,0 +1,54 @@
+"""Files the mini-cluster's nodes read besides Slurm's own: the health config the prolog, epilog
+and blame handling use, the HealthCheckProgram that handles blames, and the nodes' /etc/hosts
+(pure text, unit-tested)."""
+from __future__ import annotations
+
+import sys
+
+from slurmtools.minicluster.layout import MiniClusterLayout
+
+
+def render_health_config(layout: MiniClusterLayout) -> str:
+    """The fake nodes' GPUs come from a built-in fixture, named explicitly: a rehearsal cluster."""
+    return "\n".join([
+        "# Written by `slurmtools minicluster up` (kept when it exists). Rehearsal settings: the",
+        "# fake GPUs are served by a built-in NVML fixture, selected explicitly here.",
+        "defaults:",
+        '  gpu_probe: "fixture:minicluster-4gpu"' if layout.gpus_per_node else "  gpu_probe: none",
+        "  kernel_log: null",
+        f"  state_dir: {layout.root}/health",
+        "  probe_timeout_s: 3",
+        "  deadline_s: 5",
+        "  syslog: false",
+        "  checks:",
+        f"    gpu: {{count: {{expected: {layout.gpus_per_node}}}}}",
+        "    system: {memory: {min_available_gb: 0.5}, disk: {paths: [/tmp], min_free_gb: 0.5}}",
+        "  # jobs report the nodes they blame here; the health hooks check each report and drain",
+        "  blame:",
+        f"    spool_dir: {layout.blame_spool}",
+        f"    munge_socket: {layout.munge_socket}",
+        "    # a three-node rehearsal: one job's straggler or hang attribution is enough to drain",
+        "    actions: {straggler: drain, hang: drain}",
+    ]) + "\n"
+
+
+def render_hosts(layout: MiniClusterLayout) -> str:
+    """The nodes' /etc/hosts: node names resolve inside jobs (torchrun rendezvous on `node1`)
+    without any edit of the machine's /etc/hosts, and two clusters may both have a node1."""
+    lines = ["# Written by `slurmtools minicluster up`: /etc/hosts inside this cluster's nodes.",
+             "127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback",
+             f"{layout.controller_addr} {layout.controller_host}"]
+    lines += [f"{layout.node_addr(node)} {node}" for node in layout.node_names]
+    return "\n".join(lines) + "\n"
+
+
+def blames_program_text(layout: MiniClusterLayout, python: str = sys.executable) -> str:
+    """The HealthCheckProgram (every 10 s on every node): `slurmtools blames handle` when a report
+    waits (a link or FIFO too: handling removes it), else nothing is started at all."""
+    bin_dirs = f"{layout.client_bin_dir}:" if layout.client_bin_dir else ""
+    return (f"#!/bin/sh\n# slurmtools mini-cluster: handle the blames jobs reported (slurmtools/blame)\n"
+            f"export SLURM_CONF={layout.slurm_conf} PATH={bin_dirs}/usr/sbin:/usr/bin:/sbin:/bin\n"
+            f"for report in {layout.blame_spool}/blame.*.munge; do\n"
+            '  [ -e "$report" ] || [ -L "$report" ] || exit 0\n'
+            f"  exec /usr/bin/timeout -k 2 60 {python} -m slurmtools blames handle --config {layout.health_config}\n"
+            "done\n")

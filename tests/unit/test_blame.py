@@ -1,0 +1,158 @@
+"""Blames of nodes (slurmtools/blame): the report's payload, the root side's decision table, the
+admin's settings, and the spool (what the root side reads, and what it refuses to)."""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from slurmtools.blame import model, spool
+from slurmtools.blame.config import BlameSettings
+from slurmtools.blame.model import Accepted, Blame, BlameRules, Verified, decide, kind_of_check, parse_payload
+from slurmtools.errors import SpecError
+
+NOW = 1_800_000_000.0
+
+
+def _blame(**over) -> Blame:
+    fields = dict(cluster="mini", job="42", node="node2", check="job.node_failure", evidence="every rank silent",
+                  time_s=NOW)
+    fields.update(over)
+    return Blame(**fields)
+
+
+def _verified(blame: Blame, uid: int = 1000, job_uid: int = 1000, nodes=("node1", "node2")) -> Verified:
+    return Verified(blame, uid, "alice", job_uid, list(nodes))
+
+
+@pytest.mark.parametrize("check, kind", [
+    ("job.node_failure", "node_death"), ("job.gpu_fatal", "xid"), ("job.sdc", "sdc"), ("preflight.canary", "preflight"),
+    ("preflight.busbw", "preflight"), ("job.straggler", "straggler"), ("job.hang", "hang"),
+    ("job.collective_timeout", "hang"), ("job.crash", None), ("gpu.ecc", None), ("job.hang x", None), ("", None),
+])
+def test_each_check_is_a_kind_of_evidence_or_none(check, kind):
+    assert kind_of_check(check) == kind
+
+
+def test_a_payload_round_trips_and_its_evidence_is_one_short_line():
+    blame = _blame(evidence=model.clean_evidence("rank 3\x1b[2J\non node2 " + "x" * 500))
+    parsed, problem = parse_payload(blame.payload())
+    assert problem == "" and parsed == blame
+    assert "\n" not in parsed.evidence and "\x1b" not in parsed.evidence and len(parsed.evidence) == 160
+
+
+@pytest.mark.parametrize("payload, problem", [
+    ("not json", "payload is not a JSON object"),
+    ('{"cluster": "mini"}', "payload lacks job, node, check, evidence"),
+    ('{"cluster": "mini", "job": "4 2", "node": "n", "check": "job.hang", "evidence": "", "time_s": 1}',
+     "job '4 2' is not a job id"),
+    ('{"cluster": "mini", "job": "42", "node": "../etc", "check": "job.hang", "evidence": "", "time_s": 1}',
+     "node '../etc' is not a name"),
+    ('{"cluster": "mini", "job": "42", "node": "n1", "check": "job.crash", "evidence": "", "time_s": 1}',
+     "no kind of evidence for check 'job.crash'"),
+    ('{"cluster": "mini", "job": "42", "node": "n1", "check": "job.hang", "evidence": "", "time_s": "now"}',
+     "payload lacks time_s"),
+    ("{" + '"a": "' + "x" * 5000 + '"}', "payload larger than 4096 bytes"),
+])
+def test_a_payload_that_is_not_a_blame_is_refused_with_why(payload, problem):
+    assert parse_payload(payload) == (None, problem)
+
+
+def test_the_decision_table():
+    rules = BlameRules()
+    node_death = _verified(_blame())
+    assert decide(node_death, "mini", [], rules, NOW).action == "drain"
+    assert decide(node_death, "mini", [], rules, NOW).reason_detail == "every rank silent"
+    # whose job, where, which cluster: all from Slurm and munged, never from the report
+    assert decide(node_death, "other", [], rules, NOW).why == "job 42 is of cluster 'mini', not 'other'"
+    assert decide(_verified(_blame(), job_uid=1001), "mini", [], rules, NOW).why == "job 42 is not a job of uid 1000"
+    assert decide(Verified(_blame(), 1000, "alice", None, []), "mini", [], rules, NOW).why == "Slurm knows no job 42"
+    assert decide(_verified(_blame(node="node9")), "mini", [], rules, NOW).why == "node node9 was not given to job 42"
+    # confirm-first kinds: one job's blame is recorded; a second job's within the window drains
+    straggler = _verified(_blame(check="job.straggler"))
+    first = decide(straggler, "mini", [], rules, NOW)
+    assert (first.action, first.why) == ("record", "straggler needs 2 jobs within 24 h to drain; 1 so far")
+    other_job = [Accepted("41", "node2", "straggler", NOW - 3600)]
+    assert decide(straggler, "mini", other_job, rules, NOW).action == "drain"
+    stale = [Accepted("41", "node2", "straggler", NOW - 25 * 3600)]
+    assert decide(straggler, "mini", stale, rules, NOW).action == "record"
+    # a job that blames more nodes than the budget is the suspect
+    two = [Accepted("42", "node1", "node_death", NOW - 60), Accepted("42", "node3", "node_death", NOW - 30)]
+    refused = decide(node_death, "mini", two, rules, NOW)
+    assert refused.action == "refuse" and refused.why.startswith("job 42 blamed 3 nodes within a day (at most 2)")
+    assert decide(node_death, "mini", two[:1], rules, NOW).action == "drain"
+    assert decide(node_death, "mini", two, BlameRules(max_nodes_per_job_per_day=3), NOW).action == "drain"
+    ignoring = BlameRules(actions={**model.DEFAULT_ACTIONS, "node_death": "ignore"})
+    assert decide(node_death, "mini", [], ignoring, NOW).action == "record"
+
+
+def test_the_admins_settings_are_checked():
+    assert BlameSettings(actions={"straggler": "drain"}).rules().actions["straggler"] == "drain"
+    assert BlameSettings().rules().actions == model.DEFAULT_ACTIONS
+    with pytest.raises(SpecError, match="unknown kind of evidence 'gpu'"):
+        BlameSettings(actions={"gpu": "drain"})
+    with pytest.raises(SpecError, match="action must be one of drain, confirm, ignore, got 'boom'"):
+        BlameSettings(actions={"hang": "boom"})
+
+
+@pytest.fixture
+def spool_dir(tmp_path) -> Path:
+    if os.geteuid() != 0:
+        pytest.skip("the spool is root's")
+    path = tmp_path / "spool"
+    spool.make_spool(path)
+    return path
+
+
+def test_a_report_is_claimed_once_and_read_without_following_links_or_waiting_on_fifos(spool_dir, tmp_path):
+    assert stat.S_IMODE(os.stat(spool_dir).st_mode) == 0o1733
+    good = spool.drop(spool_dir, "MUNGE:abc")
+    secret = tmp_path / "secret"
+    secret.write_text("root's")
+    (spool_dir / "blame.linklinklink.munge").symlink_to(secret)
+    os.mkfifo(spool_dir / "blame.fifofifofifo.munge")
+    (spool_dir / "blame.bigbigbigbig.munge").write_bytes(b"x" * (spool.MAX_REPORT_BYTES + 1))
+    (spool_dir / "other-name").write_text("ignored")
+    claimed = dict(spool.claim(spool_dir))
+    assert claimed == {good.name: b"MUNGE:abc\n", "blame.linklinklink.munge": None,
+                       "blame.fifofifofifo.munge": None, "blame.bigbigbigbig.munge": None}
+    assert spool.claim(spool_dir) == [] and secret.read_text() == "root's"
+    assert sorted(p.name for p in spool_dir.iterdir()) == ["done", "other-name"]
+
+
+def test_a_spool_that_is_not_root_owned_and_sticky_is_not_read(spool_dir, tmp_path):
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o777)
+    with pytest.raises(spool.SpoolError, match="is not a root-owned sticky directory"):
+        spool.claim(loose)
+    link = tmp_path / "link"
+    link.symlink_to(spool_dir)
+    with pytest.raises(spool.SpoolError, match="is not a root-owned sticky directory"):
+        spool.claim(link)
+    os.chmod(spool_dir / "done", 0o755)
+    with pytest.raises(spool.SpoolError, match="is not root's own directory"):
+        spool.claim(spool_dir)
+
+
+def test_records_are_kept_a_week(spool_dir):
+    done = spool.check_spool(spool_dir)
+    spool.record(done, "blame.a.munge", {"job": "1", "node": "n1", "kind": "hang", "time_s": NOW, "accepted": True,
+                                         "handled_s": NOW - 8 * 24 * 3600})
+    spool.record(done, "blame.b.munge", {"job": "2", "node": "n1", "kind": "hang", "time_s": NOW, "accepted": True,
+                                         "handled_s": NOW})
+    spool.record(done, "blame.c.munge", {"job": "3", "node": "n1", "kind": "hang", "time_s": NOW, "handled_s": NOW})
+    assert model.accepted_from(spool.records(done, NOW)) == [Accepted("2", "n1", "hang", NOW)]
+    assert sorted(p.name for p in done.iterdir()) == ["blame.b.munge.json", "blame.c.munge.json"]
+
+
+def test_one_health_run_at_a_time_handles_reports_and_a_second_does_not_wait_long(spool_dir):
+    import time
+    done = spool.check_spool(spool_dir)
+    with spool.handling_lock(done) as first:
+        start = time.monotonic()
+        with spool.handling_lock(done, wait_s=0.3) as second:
+            assert first and not second and 0.3 <= time.monotonic() - start < 2
+    with spool.handling_lock(done) as again:
+        assert again
