@@ -41,9 +41,14 @@ def drain_node(job_id: Optional[int], attempt_id: str, node: str, diag: policy.D
         if job_id is None:
             return                                   # outside Slurm: no job to blame for
         from slurmtools.blame.report import BlameError, report
+        from slurmtools.errors import ConfigError
+        from slurmtools.health.config import load_config, this_host
         try:
-            path = report(job_id, node, check, diag.detail)
+            settings = load_config().for_host(this_host()).blame     # the site's, beside slurm.conf
+            path = report(job_id, node, check, diag.detail, settings)
             emit("blame", attempt_id, node=node, check=check, evidence=diag.detail, report=str(path))
+        except ConfigError as exc:
+            emit("blame_failed", attempt_id, node=node, error=f"the site's blame settings cannot be read: {exc}")
         except BlameError as exc:
             emit("blame_failed", attempt_id, node=node, error=str(exc))
         return

@@ -156,3 +156,16 @@ def test_one_health_run_at_a_time_handles_reports_and_a_second_does_not_wait_lon
             assert first and not second and 0.3 <= time.monotonic() - start < 2
     with spool.handling_lock(done) as again:
         assert again
+
+
+def test_the_supervisor_reports_rather_than_drains_and_says_so_when_it_cannot(tmp_path, monkeypatch, capsys):
+    import json
+
+    from slurmtools.requeue import actions, policy
+    monkeypatch.setenv("SLURMTOOLS_HEALTH_CONFIG", str(tmp_path / "none.yaml"))    # no site config here
+    monkeypatch.setattr(actions.drain, "drain", lambda *a: pytest.fail("a job must not drain by default"))
+    diag = policy.Diagnosis(policy.Cause.SDC, node="node2", detail="rank 3 disagrees")
+    actions.drain_node(42, "42.0", "node2", diag)
+    event = json.loads(capsys.readouterr().out)
+    assert (event["slurmtools"], event["node"]) == ("blame_failed", "node2")
+    assert "blame" in event["error"]
