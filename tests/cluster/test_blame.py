@@ -17,17 +17,21 @@ import pytest
 
 from slurmtools import drain, slurm
 from slurmtools.blame import model, spool
+from slurmtools.minicluster import cluster as mc
 from slurmtools.minicluster import jobuser
 from tests.cluster import training
-from tests.conftest import wait_for
+from tests.conftest import TEST_CLUSTER_NAME, TEST_STATE_DIR, wait_for
 
 pytestmark = pytest.mark.cluster
 
 
 def as_user(user: jobuser.JobUser, argv: List[str], stdin: str = "") -> subprocess.CompletedProcess:
-    """argv as the cluster's job user (its own uid and gid, no supplementary groups)."""
-    return subprocess.run(["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--", *argv],
-                          input=stdin, capture_output=True, text=True, timeout=60, cwd="/tmp")
+    """argv as the cluster's job user (its own uid and gid, no supplementary groups). Another
+    release's commands run from its Debian root, whose mount namespace only root can enter: the
+    user's process starts inside it (in-root, then setpriv), as a user's would on that release."""
+    layout = mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR)
+    argv = layout.command(["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--", *argv])
+    return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=60, cwd="/tmp")
 
 
 @pytest.fixture
