@@ -84,5 +84,14 @@ phase_start_s=$lanes_start_s
 phase_done "both lanes (side by side)" $((host_rc | release_rc))
 echo "== lane 2: the other Slurm releases ($logs/releases.log)"
 cat "$logs/releases.log"
+if [ "$host_rc" != 0 ] || [ "$release_rc" != 0 ]; then
+  # the clusters' own logs (kept by the cluster fixture before it purged each cluster): a CI failure
+  # can only be explained from them
+  for log in "$logs"/*/slurmctld.log; do
+    [ -f "$log" ] || continue
+    echo "== the last lines of $log"
+    tail -n 40 "$log"
+  done
+fi
 summary
 [ "$host_rc" = 0 ] && [ "$release_rc" = 0 ]

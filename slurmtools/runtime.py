@@ -188,11 +188,13 @@ class TrainingControl:
         and, when the job set SLURMTOOLS_METRICS_DIR, the Prometheus textfile (slurmtools.metrics).
         A file that cannot be written turns that record off for this process: numbers never
         stop training."""
-        from slurmtools.steplog import plausible, plausible_measurements
+        from slurmtools.steplog import as_number, plausible, plausible_measurements
+        step, step_s = as_number(step), as_number(step_s)      # numpy and torch scalars too
         if not plausible(step, step_s):          # not a step we can account (a negative or absurd number)
             return
-        measured = plausible_measurements({"tokens": tokens, "loss": loss, "grad_norm": grad_norm,
-                                           "collective_s": collective_s, "data_wait_s": data_wait_s})
+        measured = plausible_measurements({name: as_number(value) for name, value in (
+            ("tokens", tokens), ("loss", loss), ("grad_norm", grad_norm), ("collective_s", collective_s),
+            ("data_wait_s", data_wait_s))})
         self._open_step_log()
         if self._steplog is not None:
             try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,21 @@ MAX_ABS_LOSS = 1e30
 MEASURED_LIMITS: Dict[str, Tuple[float, float]] = {
     "loss": (-MAX_ABS_LOSS, MAX_ABS_LOSS), "tokens": (0, MAX_INDEX), "grad_norm": (0, MAX_ABS_LOSS),
     "collective_s": (0, MAX_DURATION_S), "data_wait_s": (0, MAX_DURATION_S)}
+
+
+def as_number(value: Any) -> Any:
+    """A trainer's number as a Python int or float (numpy and torch scalars too); None for anything
+    else. Ints stay ints (a step, a token count)."""
+    if value is None or isinstance(value, bool) or isinstance(value, (int, float)):
+        return None if isinstance(value, bool) else value
+    try:
+        return operator.index(value)
+    except TypeError:
+        pass
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def plausible(step: Any, step_s: Any) -> bool:

@@ -78,6 +78,7 @@ def cluster() -> Iterator["object"]:
             layout = mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR)
         record = mc.load_record(layout)
         started = dict(record.get("pids", {}))
+        _keep_logs(layout)
         mc.down(layout, purge=True)
         os.environ["PATH"] = previous_path
         if previous_conf is None:
@@ -94,6 +95,16 @@ def cluster() -> Iterator["object"]:
             print(f"mini-cluster teardown left: processes={alive} netns={leftovers} changed={changed}",
                   file=sys.stderr)
             raise AssertionError("mini-cluster teardown left processes, namespaces or system changes behind")
+
+
+def _keep_logs(layout) -> None:
+    """The cluster's daemon logs, kept (runs/test-logs/<cluster>/) before `down --purge` removes its
+    state: a failure in CI can only be explained from them."""
+    import shutil
+    keep = REPO / "runs" / "test-logs" / layout.name
+    shutil.rmtree(keep, ignore_errors=True)
+    if layout.log_dir.is_dir():
+        shutil.copytree(layout.log_dir, keep, ignore_dangling_symlinks=True)
 
 
 @pytest.fixture

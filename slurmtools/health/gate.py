@@ -137,11 +137,11 @@ def _handle_blames(settings: NodeSettings) -> List[str]:
     """The blames jobs reported (slurmtools.blame), for any node: checked, drained or refused, one
     line each (to the hook's log, and the report). A spool or Slurm problem is ours, never the node's:
     one line, and this node's own verdict stands."""
-    from slurmtools.blame import intake, spool
+    from slurmtools.blame import intake
     try:
         lines = [handled.line() for handled in intake.handle(settings.blame)]
-    except (spool.SpoolError, SlurmCommandError, OSError) as exc:
-        lines = [one_line(f"slurmtools: blames not handled: {exc}")]
+    except Exception as exc:    # a spool, Slurm or munge problem, or our bug: never this node's verdict
+        lines = [one_line(f"slurmtools: blames not handled: {type(exc).__name__}: {exc}")]
     for line in lines:
         print(line, file=sys.stderr)
     return lines

@@ -83,7 +83,9 @@ def test_killed_node_goes_down_and_requeue_job_reruns_elsewhere(cluster, shared_
 echo "start restart=${{SLURM_RESTART_COUNT:-0}} nodes=$SLURM_JOB_NODELIST"
 srun sleep 300
 """
-    # -w pins the first run to node[1-2]; the rerun must avoid the dead node2
+    # -w pins the first run to node[1-2]; the rerun must avoid the dead node2. Both must be idle first:
+    # the previous test's job may still be completing on one of them (its epilog) when this one starts.
+    wait_for(lambda: all(n.state == "idle" and not n.flags for n in slurm.nodes("node[1-2]")), 60, "node[1-2] idle")
     job = slurm.submit(script)
     wait_for(lambda: slurm.job_state(job).state == "RUNNING" and out.exists() and "start" in out.read_text(),
              30, "job to run")

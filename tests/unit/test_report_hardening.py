@@ -85,10 +85,12 @@ def test_the_trainer_never_dies_of_our_bookkeeping(tmp_path, monkeypatch):
     control.step_done(1, 0.5, tokens=10 ** 400, loss=float("nan"), grad_norm=float("inf"))
     control.step_done(2, -1e308, tokens=8)                    # not a step we can account: skipped
     control.step_done(3, 0.5, tokens=8, loss=1.0)
-    control.mark_complete(3)                                  # flushes the metrics; the step log too
+    import numpy
+    control.step_done(numpy.int64(4), numpy.float32(0.5), tokens=numpy.int64(8), loss=numpy.float64(2.0))
+    control.mark_complete(4)                                  # flushes the metrics; the step log too
     control._steplog.flush()
     history = steplog.read(tmp_path)
-    assert [(s.step, s.tokens, s.loss) for s in history.steps] == [(1, None, None), (3, 8, 1.0)]
+    assert [(s.step, s.tokens, s.loss) for s in history.steps] == [(1, None, None), (3, 8, 1.0), (4, 8, 2.0)]
 
 
 # ---- the report's text, plots and page -----------------------------------------------------
