@@ -27,7 +27,7 @@ from slurmtools.minicluster.record import (ETC_SLURM_CONF, allocate_slot, find_l
                                            layout_from_record, load_record, registered, save_record)
 
 __all__ = ["ETC_SLURM_CONF", "find_layout", "load_record", "layout_for_up", "up", "down"]
-from slurmtools.minicluster.layout import DEFAULT_NAME, MiniClusterLayout
+from slurmtools.minicluster.layout import DEFAULT_NAME, JOB_IDS_PER_SLOT, MiniClusterLayout
 from slurmtools.minicluster.packages import install_packages
 
 FAKE_GPU_MAJOR = 195
@@ -254,14 +254,17 @@ def _restarted_slurmd(layout: MiniClusterLayout, name: str, pid: int) -> bool:
 
 
 def _remove_stale_job_cgroups(layout: MiniClusterLayout, *, top: bool) -> None:
-    """The job cgroups a killed slurmd left (jobcgroups.py says why they break the next cluster):
-    for nodes whose slurmd is not running, and only while no other mini-cluster is registered on
-    this machine (theirs use the same node names)."""
-    if not layout.cgroups or any(entry["name"] != layout.name for entry in registered()):
+    """The job cgroups a killed slurmd left (jobcgroups.py says why they break the next cluster) on
+    nodes whose slurmd is not running. Beside other mini-clusters (their nodes have the same names)
+    only this cluster's own job ids (its slot's range; a new cluster in the same slot starts at the
+    same id again); alone, everything below its nodes' dirs."""
+    if not layout.cgroups:
         return
+    alone = not any(entry["name"] != layout.name for entry in registered())
+    ours = None if alone else range(layout.first_job_id, layout.first_job_id + JOB_IDS_PER_SLOT)
     for node in layout.node_names:
         if not daemons.pid_alive(daemons.read_pidfile(layout.slurmd_pidfile(node))):
-            jobcgroups.remove_job_cgroups(node, top=top)
+            jobcgroups.remove_job_cgroups(node, top=top and alone, job_ids=ours)
 
 
 # ---- faults --------------------------------------------------------------------------

@@ -47,3 +47,12 @@ def test_the_reboot_program_restarts_slurmd_with_a_boot_clock_near_zero(tmp_path
     assert restart_argv(layout, "node2", 0.5)[2] == "--boottime=0"     # never a negative clock
     assert program_text(layout, "/venv/bin/python").splitlines()[-1] == (
         f"exec /venv/bin/python -m slurmtools.minicluster.reboot {tmp_path}/t t request")
+
+
+def test_beside_other_clusters_only_this_clusters_job_ids_are_removed(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    (tmp_path / "memory" / "slurm_node1" / "uid_0" / "job_100004" / "step_0").mkdir(parents=True)
+    removed = remove_job_cgroups("node1", tmp_path, ("cpuset", "memory"), job_ids=range(100001, 200001))
+    assert sorted(str(p.relative_to(tmp_path)) for p in removed) == [
+        "memory/slurm_node1/uid_0/job_100004", "memory/slurm_node1/uid_0/job_100004/step_0"]
+    assert (tmp_path / "memory" / "slurm_node1" / "uid_0" / "job_3" / "step_batch").is_dir()   # another's
