@@ -1,6 +1,6 @@
 """The mini-cluster's own ordinary user: jobs run as a user, not as root or a Slurm operator, on a
-real cluster, so the rehearsal has one too. `up` creates `slurmtools-<cluster>` (uid and gid
-JOB_UID_BASE + slot) when it is missing, and `down --purge` removes it when `up` created it. A
+real cluster, so the rehearsal has one too. `up` creates `slurmtools-<cluster>` (uid = gid, the
+first free from JOB_UID_BASE) when it is missing, and `down --purge` removes it when `up` created it. A
 name or id already taken by some other account is never reused: `up` says so in one line."""
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import grp
 import pwd
 import subprocess
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Set
 
 from slurmtools.errors import MiniClusterError
 from slurmtools.minicluster.layout import MiniClusterLayout
 
 JOB_UID_BASE = 64100          # below 65534 (nobody), above what distributions give their users by default
+JOB_UID_COUNT = 400
 
 
 @dataclass(frozen=True)
@@ -23,34 +24,37 @@ class JobUser:
     gid: int
 
 
+def _comment(cluster_name: str) -> str:
+    return f"slurmtools mini-cluster {cluster_name} jobs"
+
+
+def _free_id(taken_uids: Set[int], taken_gids: Set[int]) -> int:
+    for candidate in range(JOB_UID_BASE, JOB_UID_BASE + JOB_UID_COUNT):
+        if candidate not in taken_uids and candidate not in taken_gids:
+            return candidate
+    raise MiniClusterError(f"no free uid/gid in {JOB_UID_BASE}..{JOB_UID_BASE + JOB_UID_COUNT - 1} for a job user")
+
+
 def job_user(layout: MiniClusterLayout) -> JobUser:
-    uid = JOB_UID_BASE + layout.slot
-    return JobUser(f"slurmtools-{layout.name}", uid, uid)
+    """`slurmtools-<cluster>`: the account when it exists and is ours (its comment says so), else the
+    first uid free as both uid and gid from JOB_UID_BASE. The name is the key, never the slot: a
+    stopped cluster's user (kept until `down --purge`) must not collide with the next cluster's."""
+    name = f"slurmtools-{layout.name}"
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return JobUser(name, *(2 * [_free_id({e.pw_uid for e in pwd.getpwall()}, {g.gr_gid for g in grp.getgrall()})]))
+    if entry.pw_gecos != _comment(layout.name):
+        raise MiniClusterError(f"user {name} exists but was not made by slurmtools (comment {entry.pw_gecos!r}): not ours")
+    return JobUser(name, entry.pw_uid, entry.pw_gid)
 
 
 def _exists(user: JobUser) -> bool:
-    """True when the account is exactly ours; MiniClusterError when its name or ids are another's."""
     try:
-        entry = pwd.getpwnam(user.name)
-    except KeyError:
-        entry = None
-    if entry is not None:
-        if (entry.pw_uid, entry.pw_gid) != (user.uid, user.gid):
-            raise MiniClusterError(f"user {user.name} exists with uid {entry.pw_uid}, not {user.uid}: not ours")
+        pwd.getpwnam(user.name)
         return True
-    owners = []
-    try:
-        owners.append(("uid", pwd.getpwuid(user.uid).pw_name))
     except KeyError:
-        pass
-    try:
-        owners.append(("gid", grp.getgrgid(user.gid).gr_name))
-    except KeyError:
-        pass
-    for what, owner in owners:
-        if owner != user.name:
-            raise MiniClusterError(f"{what} {user.uid} belongs to {owner!r}: the cluster's job user cannot take it")
-    return False
+        return False
 
 
 def _run(argv: List[str]) -> None:
@@ -69,7 +73,7 @@ def ensure(layout: MiniClusterLayout, record: Dict[str, object]) -> JobUser:
     except KeyError:
         _run(["groupadd", "--gid", str(user.gid), user.name])
     _run(["useradd", "--uid", str(user.uid), "--gid", str(user.gid), "--no-create-home", "--home-dir", "/nonexistent",
-          "--shell", "/usr/sbin/nologin", "--comment", f"slurmtools mini-cluster {layout.name} jobs", user.name])
+          "--shell", "/usr/sbin/nologin", "--comment", _comment(layout.name), user.name])
     record["job_user"] = user.name
     return user
 

@@ -111,3 +111,21 @@ def test_nodes_resolve_through_the_clusters_own_hosts_file():
         "127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback", "10.77.0.1 vm",
         "10.77.0.11 node1", "10.77.0.12 node2"]
     assert layout().hosts_file == Path("/s/etc/hosts")
+
+
+def test_job_user_ids_skip_every_taken_uid_and_gid() -> None:
+    """The job user's id is the first free as both uid and gid, never derived from the slot: a
+    stopped demo cluster keeps its user (uid 64100) and the next cluster must not collide with it."""
+    from slurmtools.minicluster import jobuser
+
+    assert jobuser._free_id(set(), set()) == jobuser.JOB_UID_BASE
+    assert jobuser._free_id({64100, 64102}, {64101}) == 64103
+
+
+def test_job_user_ids_exhausted_is_one_line_error() -> None:
+    from slurmtools.errors import MiniClusterError
+    from slurmtools.minicluster import jobuser
+
+    every = set(range(jobuser.JOB_UID_BASE, jobuser.JOB_UID_BASE + jobuser.JOB_UID_COUNT))
+    with pytest.raises(MiniClusterError, match="no free uid/gid in 64100..64499"):
+        jobuser._free_id(every, set())
