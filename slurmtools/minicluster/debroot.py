@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -56,7 +57,8 @@ def root_ready(root: Path, slurm_release: str) -> bool:
         stamp = json.loads((root / release.ROOT_STAMP).read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(stamp, dict) and stamp.get("release") == slurm_release
+    return (isinstance(stamp, dict) and stamp.get("release") == slurm_release
+            and stamp.get("packages") == list(release.ROOT_PACKAGES))
 
 
 def ensure_root(layout: MiniClusterLayout) -> Optional[Path]:
@@ -98,7 +100,8 @@ def build_root(root: Path, slurm_release: str) -> None:
         if version is None or release.release_of_version(version) != slurm_release:
             raise MiniClusterError(f"Debian {suite} serves Slurm {version or 'nothing'} now, not {slurm_release}")
         (partial / release.ROOT_STAMP).write_text(json.dumps({"release": slurm_release, "suite": suite,
-                                                              "slurm_version": version}) + "\n")
+                                                              "slurm_version": version,
+                                                              "packages": list(release.ROOT_PACKAGES)}) + "\n")
         os.rename(partial, root)
     finally:
         if partial.exists():
@@ -118,7 +121,10 @@ def write_wrappers(layout: MiniClusterLayout) -> List[Path]:
     assert root is not None
     layout.bin_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    scripts = {"in-root": release.render_in_root(str(root))}
+    binds = release.python_binds(sys.base_prefix, (sys.version_info.major, sys.version_info.minor))
+    for bind in binds:      # mount points, made here as root: a user's namespace cannot write the root
+        (root / bind.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    scripts = {"in-root": release.render_in_root(str(root), binds)}
     scripts.update({cmd: release.render_client_wrapper(str(layout.in_root), cmd) for cmd in release.CLIENT_COMMANDS})
     for name, text in scripts.items():
         path = layout.bin_dir / name

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from slurmtools.slurm_parse import version_tuple
 
@@ -31,11 +31,12 @@ RELEASES: Dict[str, DebianSuite] = {
     "26.05": DebianSuite("sid", relax_valid_until=True),
 }
 
-# What a root needs: Slurm's daemons and client, munge, MariaDB, and the shared libraries the
-# project's Python and its extension modules (ssl, ctypes, sqlite3, bz2, lzma, torch) load, which
-# bind-mounting the root's /usr replaces.
-ROOT_PACKAGES = ("slurm-client", "slurmctld", "slurmd", "slurmdbd", "munge", "mariadb-server",
-                 "libssl3t64", "libffi8", "libsqlite3-0", "libbz2-1.0", "liblzma5", "zlib1g", "libuuid1",
+# What a root needs: Slurm's daemons and client, munge, MariaDB, util-linux (unshare, with which an
+# ordinary user maps itself back to its uid), and the shared libraries the project's Python and its
+# extension modules (expat, ssl, ctypes, sqlite3, bz2, lzma, torch) load, which bind-mounting the
+# root's /usr replaces. A root is rebuilt when this list changes (its stamp records it).
+ROOT_PACKAGES = ("slurm-client", "slurmctld", "slurmd", "slurmdbd", "munge", "mariadb-server", "util-linux",
+                 "libexpat1", "libssl3t64", "libffi8", "libsqlite3-0", "libbz2-1.0", "liblzma5", "zlib1g", "libuuid1",
                  "libstdc++6", "libgomp1")
 
 # Every Slurm client command: the cluster's bin dir has one wrapper of each name.
@@ -126,18 +127,39 @@ def dpkg_version(status_text: str, package: str) -> Optional[str]:
     return None
 
 
-def render_in_root(root: str) -> str:
+def python_binds(base_prefix: str, version: Tuple[int, int]) -> List[str]:
+    """What of the machine's /usr the project's Python needs inside a root, which replaces /usr:
+    its standard library, when that Python is Debian's own (the .venv is made from
+    /usr/bin/python3 with copies, so ordinary users can run it). A Python elsewhere (a build in
+    /opt) needs nothing."""
+    if base_prefix.rstrip("/") != "/usr":
+        return []
+    return [f"/usr/lib/python{version[0]}.{version[1]}"]
+
+
+def render_in_root(root: str, binds: Sequence[str] = ()) -> str:
     """The script that runs a command from the root: /usr and the loader's cache bound over the
-    machine's in a private mount namespace. Inside a node (slurmd's namespace, a job) /usr is
-    already the root's, and it just runs the command."""
+    machine's in a private mount namespace, the machine's paths in binds (under /usr) carried
+    into it first. Inside a node (slurmd's namespace, a job) /usr is already the root's, and it
+    just runs the command. An ordinary user (a job's owner submitting from the test side) cannot
+    make a mount namespace of the machine's: it makes one in a user namespace of its own that maps
+    it to root, binds there, then maps itself back to its own uid and gid, so Slurm and munge see
+    exactly that user, as on a real login node."""
+    steps = [f'mount --bind {path} "$0{path}"' for path in binds]
+    steps += ['mount --rbind "$0/usr" /usr', 'mount --bind "$0/etc/ld.so.cache" /etc/ld.so.cache']
+    mounts = " && ".join(steps)
     return "\n".join([
         "#!/bin/sh",
         "# Written by `slurmtools minicluster up`: run a command with this cluster's Slurm root as /usr.",
         f"root='{root}'",
         'if [ /usr/bin/scontrol -ef "$root/usr/bin/scontrol" ]; then exec "$@"; fi',
-        "exec unshare --mount --propagation private -- /bin/sh -c "
-        "'mount --bind \"$0/usr\" /usr && mount --bind \"$0/etc/ld.so.cache\" /etc/ld.so.cache && exec \"$@\"' "
-        '"$root" "$@"',
+        f"mounts='{mounts}'",
+        'if [ "$(id -u)" = 0 ]; then',
+        "  exec unshare --mount --propagation private -- /bin/sh -c \"$mounts\"' && exec \"$@\"' \"$root\" \"$@\"",
+        "fi",
+        "exec unshare --user --map-root-user --mount --propagation private -- /bin/sh -c \"$mounts\"' && uid=$1 gid=$2 "
+        "&& shift 2 && exec unshare --user --map-user=\"$uid\" --map-group=\"$gid\" -- \"$@\"' "
+        "\"$root\" \"$(id -u)\" \"$(id -g)\" \"$@\"",
     ]) + "\n"
 
 

@@ -70,7 +70,9 @@ def test_mmdebstraps_reason_is_its_last_error_line():
 def test_the_in_root_script_runs_a_command_with_the_roots_usr(tmp_path: Path):
     script = release.render_in_root("/var/lib/x/slurm-root")
     assert script.startswith("#!/bin/sh\n") and "root='/var/lib/x/slurm-root'" in script
-    assert 'mount --bind "$0/usr" /usr' in script and "unshare --mount --propagation private" in script
+    assert 'mount --rbind "$0/usr" /usr' in script and "unshare --mount --propagation private" in script
+    # an ordinary user maps itself to root in a namespace of its own, binds, then back to its own ids
+    assert "unshare --user --map-root-user --mount" in script and '--map-user="$uid" --map-group="$gid"' in script
     # where /usr already is the root's (inside a node) it only runs the command: a root whose
     # usr/bin/scontrol is the machine's own file takes that path here
     fake = tmp_path / "root"
@@ -99,3 +101,25 @@ def test_a_layout_of_another_release_has_a_root_wrappers_and_its_settings():
         MiniClusterLayout(name="d", slurm_release="23.11")
     with pytest.raises(ValueError, match="must not contain spaces, quotes"):
         MiniClusterLayout(name="e", state_dir=Path("/s/it's"))
+
+
+def test_debians_python_has_its_standard_library_carried_into_a_root():
+    assert release.python_binds("/usr", (3, 11)) == ["/usr/lib/python3.11"]
+    assert release.python_binds("/usr/", (3, 12)) == ["/usr/lib/python3.12"]
+    assert release.python_binds("/opt/python-3.11", (3, 11)) == []        # outside /usr: nothing to carry
+    script = release.render_in_root("/r", release.python_binds("/usr", (3, 11)))
+    assert ("mounts='mount --bind /usr/lib/python3.11 \"$0/usr/lib/python3.11\" && mount --rbind \"$0/usr\" /usr && "
+            "mount --bind \"$0/etc/ld.so.cache\" /etc/ld.so.cache'") in script
+
+
+def test_a_root_is_rebuilt_when_its_package_list_changed(tmp_path: Path):
+    import json
+
+    from slurmtools.minicluster import debroot
+    stamp = tmp_path / release.ROOT_STAMP
+    stamp.write_text(json.dumps({"release": "24.11", "packages": list(release.ROOT_PACKAGES)}))
+    assert debroot.root_ready(tmp_path, "24.11") and not debroot.root_ready(tmp_path, "26.05")
+    stamp.write_text(json.dumps({"release": "24.11", "packages": ["slurmd"]}))
+    assert not debroot.root_ready(tmp_path, "24.11")
+    stamp.write_text(json.dumps({"release": "24.11"}))          # a root built before the list was recorded
+    assert not debroot.root_ready(tmp_path, "24.11")
