@@ -256,7 +256,7 @@ def cmd_health_run(args: argparse.Namespace) -> int:
     host = config.check_node_name(args.node) if args.node else config.this_host()
     settings = config.load_config(args.config).for_host(host)   # ConfigError: exit 2, never a drain
     outcome = gate.run_guarded(settings, args.phase, host, job_id=os.environ.get("SLURM_JOB_ID") or None,
-                               allow_drain=not args.no_drain)
+                               allow_drain=not args.no_drain, job_owner=_job_owner(os.environ))
     if outcome is None:
         return gate.exit_now(1)
     if args.json:
@@ -266,6 +266,12 @@ def cmd_health_run(args: argparse.Namespace) -> int:
         if outcome.drained_reason:
             print(f"drained {host}: {outcome.drained_reason}")
     return gate.exit_now(outcome.exit_code)
+
+
+def _job_owner(environ: Any) -> Optional[Tuple[int, int]]:
+    """The job's uid and gid as slurmd gives them to a prolog or epilog (root's environment there)."""
+    uid, gid = environ.get("SLURM_JOB_UID", ""), environ.get("SLURM_JOB_GID", "")
+    return (int(uid), int(gid or uid)) if uid.isdigit() and (gid.isdigit() or not gid) else None
 
 
 def cmd_health_check_config(args: argparse.Namespace) -> int:
@@ -369,6 +375,8 @@ def _add_preflight(sub: Any) -> None:
     add_preflight(sub)
     from slurmtools.blame.command import add_blames
     add_blames(sub)
+    from slurmtools.metricsrelay.command import add_metrics
+    add_metrics(sub)
 
 
 _ADDERS = [_add_minicluster, _add_jobs, _add_health, _add_preflight]

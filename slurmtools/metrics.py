@@ -3,7 +3,8 @@
 Two writers, one table of names (METRICS): each rank's per-step training and communication
 numbers (StepMetrics, labels slurm_job/attempt/node/rank), and the supervisor's attempts, restarts by
 cause, lost steps, restart latency and goodput (job_metrics, labels slurm_job/node). Both follow the
-textfile collector's convention: one `*.prom` file per writer in a directory node_exporter reads,
+textfile collector's convention: one `*.prom` file per writer, in the job's own inbox, which the
+admin's root-owned relay (slurmtools.metricsrelay) vets and copies to node_exporter's directory,
 replaced atomically (prometheus_client writes a temporary file and renames it), so a scrape never
 sees half a file. Names carry their units (`_seconds`, `_ratio`) and counters end in `_total`.
 """
@@ -19,40 +20,13 @@ from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, write_to_textfile
 
+from slurmtools.metric_names import JOB_LABELS, JOB_PLACEHOLDER, METRICS, NODE_PLACEHOLDER, TRAIN_LABELS
 from slurmtools.requeue import ledger
 from slurmtools.requeue.ledger import Event, Goodput
 from slurmtools.requeue.policy import Cause
 from slurmtools.runtime import METRICS_DIR_ENV
 
-# `slurm_job`, not `job`: Prometheus gives every scraped series its target's `job` label (and would
-# rename ours to exported_job)
-TRAIN_LABELS = ("slurm_job", "attempt", "node", "rank")
-JOB_LABELS = ("slurm_job", "node")
 DEFAULT_MIN_INTERVAL_S = 5.0
-
-# name -> (Prometheus type, help); the labels are TRAIN_LABELS for slurmtools_train_*, JOB_LABELS
-# (plus `cause` where said) for slurmtools_job_*
-METRICS: Dict[str, Tuple[str, str]] = {
-    "slurmtools_train_step": ("gauge", "Last training step finished by this rank"),
-    "slurmtools_train_steps_total": ("counter", "Training steps finished by this rank in this attempt"),
-    "slurmtools_train_step_seconds": ("gauge", "Wall time of the last step"),
-    "slurmtools_train_tokens_per_second": ("gauge", "Tokens per second of the last step (this rank)"),
-    "slurmtools_train_tokens_total": ("counter", "Tokens processed by this rank in this attempt"),
-    "slurmtools_train_loss": ("gauge", "Loss of the last step"),
-    "slurmtools_train_grad_norm": ("gauge", "Gradient norm of the last step"),
-    "slurmtools_train_step_collective_seconds": ("gauge", "Time in collectives (all-reduce, reduce-scatter) in the last step"),
-    "slurmtools_train_collective_seconds_total": ("counter", "Time in collectives in this attempt"),
-    "slurmtools_train_collective_share_ratio": ("gauge", "Share of the last step spent in collectives"),
-    "slurmtools_train_step_data_wait_seconds": ("gauge", "Time the last step waited for the data loader"),
-    "slurmtools_train_last_update_timestamp_seconds": ("gauge", "When this file was written"),
-    "slurmtools_job_attempts_total": ("counter", "Attempts of the job chain (requeues and in-place restarts)"),
-    "slurmtools_job_restarts_total": ("counter", "Attempts that ended in a failure or preemption, by cause"),
-    "slurmtools_job_steps_lost_total": ("counter", "Steps redone after failures and preemptions"),
-    "slurmtools_job_restart_latency_seconds": ("gauge", "Last finished step of the last failed attempt to the next attempt's first step"),
-    "slurmtools_job_goodput_ratio": ("gauge", "Productive training time / wall time of the chain so far"),
-    "slurmtools_job_final_step": ("gauge", "Last step saved in a checkpoint (or finished)"),
-    "slurmtools_job_stragglers_total": ("counter", "Nodes found straggling"),
-}
 
 
 @dataclass(frozen=True)
@@ -199,16 +173,17 @@ def job_registry_from_ledger(events: Sequence[Event], labels: Mapping[str, str])
 
 
 # ---- where the files go: a job opts in with its spec's metrics_dir (SLURMTOOLS_METRICS_DIR) ------
-NODE_PLACEHOLDER = "%N"     # as in Slurm's file name patterns: this node's short host name
 
 
 def metrics_dir(environ: Mapping[str, str], host: Optional[str] = None) -> Optional[Path]:
-    """The textfile dir on this node. `%N` in it becomes the node's short host name: one dir per
-    node on a shared file system, each read by that node's node_exporter."""
+    """The dir this node's files go to. `%N` in it becomes the node's short host name, `%j` the
+    job's id: with the admin's relay (slurmtools.metricsrelay) that is `<inbox_dir>/%j`, the inbox
+    the prolog made for this job; without one, a directory of the job's own."""
     value = environ.get(METRICS_DIR_ENV, "")
     if not value:
         return None
-    return Path(value.replace(NODE_PLACEHOLDER, host or socket.gethostname().split(".")[0]))
+    value = value.replace(NODE_PLACEHOLDER, host or socket.gethostname().split(".")[0])
+    return Path(value.replace(JOB_PLACEHOLDER, environ.get("SLURM_JOB_ID", "")))
 
 
 def step_metrics_for(rank: int, attempt_id: str, environ: Mapping[str, str]) -> Optional[StepMetrics]:

@@ -146,9 +146,10 @@ class JobSpec:
                               multiline_ok=True)
     container_image: Optional[str] = doc("Container image for pyxis (srun --container-image).", None)
     checkpoint_dir: Optional[str] = doc("Where checkpoints go (exported as SLURMTOOLS_CHECKPOINT_DIR).", None)
-    metrics_dir: Optional[str] = doc("node_exporter's textfile-collector dir on each node: the ranks and the "
-                                     "supervisor write the job's Prometheus metrics there (`%N`: the node's "
-                                     "short host name). Exported as SLURMTOOLS_METRICS_DIR; unset: none.", None)
+    metrics_dir: Optional[str] = doc("Where the ranks and the supervisor write the job's Prometheus metrics on each "
+                                     "node: the inbox the admin's relay gives each job (`<inbox_dir>/%j`, see "
+                                     "docs/metrics.md; `%j`: the job id, `%N`: the node's short host name). "
+                                     "Exported as SLURMTOOLS_METRICS_DIR; unset: none.", None)
     network: NetworkSpec = doc("Interconnect preset.", default_factory=NetworkSpec)
     distributed: DistributedSpec = doc("torch.distributed settings.", default_factory=DistributedSpec)
     requeue: RequeueSpec = doc("Auto-requeue behaviour.", default_factory=RequeueSpec)

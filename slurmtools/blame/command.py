@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from slurmtools.admin_args import add_node_args
 from slurmtools.errors import UsageError
 
 
@@ -28,13 +29,10 @@ def cmd_make_spool(args: argparse.Namespace) -> int:
 
 
 def cmd_handle(args: argparse.Namespace) -> int:
+    from slurmtools.admin_args import root_node_settings
     from slurmtools.blame import intake, spool
     from slurmtools.errors import SlurmCommandError
-    from slurmtools.health import config
-    if os.geteuid() != 0:
-        raise UsageError("blames handle: run it as root (it drains nodes)")
-    host = config.check_node_name(args.node) if args.node else config.this_host()
-    settings = config.load_config(args.config).for_host(host).blame
+    settings = root_node_settings(args, "blames handle", "it drains nodes")[1].blame
     if not settings.spool_dir:
         raise UsageError("blames handle: the health config sets no blame.spool_dir")
     try:
@@ -53,6 +51,5 @@ def add_blames(sub: Any) -> None:
     make.add_argument("dir")
     make.set_defaults(func=cmd_make_spool)
     handle = acts.add_parser("handle", help="check and drain (or refuse) every waiting blame now (root)")
-    handle.add_argument("--config", help="health config (default: as `health run` finds it)")
-    handle.add_argument("--node", help="this node's name in the health config (default: the host name)")
+    add_node_args(handle)
     handle.set_defaults(func=cmd_handle)

@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from slurmtools import drain as drains
 from slurmtools import slurm
@@ -74,7 +74,9 @@ def check_settings(settings: NodeSettings) -> None:
                 raise ConfigError(f"gpu_probe: {exc}") from None
 
 
-def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional[str], allow_drain: bool = True) -> Outcome:
+def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional[str], allow_drain: bool = True,
+              job_owner: Optional[Tuple[int, int]] = None) -> Outcome:
+    """job_owner: the job's uid and gid (the prolog's SLURM_JOB_UID/GID), for its metrics inbox."""
     t0 = time.monotonic()
     now_s = time.time()
     deadline = t0 + (settings.active_deadline_s if phase == "active" else settings.deadline_s)
@@ -117,6 +119,7 @@ def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional
     if phase == "periodic" and settings.auto_resume_after > 0:
         _auto_resume(settings, host, st, overall, results)
     blames = _handle_blames(settings) if settings.drain and allow_drain else []
+    relayed = _relay_metrics(settings, phase, host, job_id, job_owner)
 
     _remember(st, facts, overall, phase, job_id, now_s)
     state.save(spath, st)
@@ -125,6 +128,8 @@ def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional
                          cached=cached)
     if blames:
         doc["blames"] = blames
+    if relayed:
+        doc["job_metrics"] = relayed
     write_json_atomic(spath.parent / f"last-{phase}.json", doc)
     if settings.textfile:
         report.write_textfile(settings.textfile, host, phase, results, duration)
@@ -142,6 +147,17 @@ def _handle_blames(settings: NodeSettings) -> List[str]:
         lines = [handled.line() for handled in intake.handle(settings.blame)]
     except Exception as exc:    # a spool, Slurm or munge problem, or our bug: never this node's verdict
         lines = [one_line(f"slurmtools: blames not handled: {type(exc).__name__}: {exc}")]
+    for line in lines:
+        print(line, file=sys.stderr)
+    return lines
+
+
+def _relay_metrics(settings: NodeSettings, phase: str, host: str, job_id: Optional[str],
+                   job_owner: Optional[Tuple[int, int]]) -> List[str]:
+    """Jobs' metrics through the root-owned relay (slurmtools.metricsrelay); one line per problem."""
+    from slurmtools.metricsrelay import inbox
+    uid, gid = job_owner if job_owner else (None, None)
+    lines = inbox.on_phase(settings.job_metrics, phase, host, job_id, uid, gid)
     for line in lines:
         print(line, file=sys.stderr)
     return lines
@@ -241,11 +257,11 @@ def internal_error_outcome(settings: Optional[NodeSettings], phase: str, host: s
 
 
 def run_guarded(settings: NodeSettings, phase: str, host: str, *, job_id: Optional[str],
-                allow_drain: bool = True) -> Optional[Outcome]:
+                allow_drain: bool = True, job_owner: Optional[Tuple[int, int]] = None) -> Optional[Outcome]:
     """run_phase, failing open when slurmtools itself fails (a bug, not a sick node): the job
     runs and nothing is drained (None, after one line on stderr), unless `on_internal_error: closed`."""
     try:
-        return run_phase(settings, phase, host, job_id=job_id, allow_drain=allow_drain)
+        return run_phase(settings, phase, host, job_id=job_id, allow_drain=allow_drain, job_owner=job_owner)
     except SlurmToolsError:
         raise
     except Exception as exc:  # our own bug: never a traceback, never a drain (unless configured)

@@ -146,7 +146,7 @@ class FixtureProbe:
     def check(self) -> None:
         """As root a fixture decides what a node reports: it must be root-owned and not
         group/world writable, like the config that names it."""
-        from slurmtools.health.config import read_trusted
+        from slurmtools.health.config_file import read_trusted
         if not self.path.exists():
             return                # the probe reports it (UNKNOWN): a missing file is no sick node
         try:

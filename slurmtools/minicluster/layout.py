@@ -364,8 +364,19 @@ class MiniClusterLayout:
         return self.root / "blame"
 
     @property
+    def metrics_inbox(self) -> Path:
+        """Root's dir of the job metrics inboxes, one dir per node below it (`%N`): the prolog makes
+        each job its own inbox there, owned by the job's user (slurmtools.metricsrelay)."""
+        return self.root / "metrics-inbox"
+
+    @property
+    def metrics_textfiles(self) -> Path:
+        """node_exporter's textfile dirs, one per node below it: the relay writes there, as root."""
+        return self.root / "textfiles"
+
+    @property
     def blames_program(self) -> Path:
-        """The HealthCheckProgram that handles blames (node_files.blames_program_text)."""
+        """The HealthCheckProgram that handles blames and relays job metrics (node_files.blames_program_text)."""
         return self.etc_dir / "blames-healthcheck"
 
     @property

@@ -29,6 +29,10 @@ def render_health_config(layout: MiniClusterLayout) -> str:
         f"    munge_socket: {layout.munge_socket}",
         "    # a three-node rehearsal: one job's straggler or hang attribution is enough to drain",
         "    actions: {straggler: drain, hang: drain}",
+        "  # jobs write metrics into an inbox of their own; the relay (root) vets them for node_exporter",
+        "  job_metrics:",
+        f"    inbox_dir: {layout.metrics_inbox}/%N",
+        f"    textfile_dir: {layout.metrics_textfiles}/%N",
     ]) + "\n"
 
 
@@ -43,12 +47,21 @@ def render_hosts(layout: MiniClusterLayout) -> str:
 
 
 def blames_program_text(layout: MiniClusterLayout, python: str = sys.executable) -> str:
-    """The HealthCheckProgram (every 10 s on every node): `slurmtools blames handle` when a report
-    waits (a link or FIFO too: handling removes it), else nothing is started at all."""
+    """The HealthCheckProgram (every 10 s on every node): `slurmtools metrics relay` when a job's
+    metrics file waits in this node's inbox, then `slurmtools blames handle` when a report waits (a
+    link or FIFO too: handling removes it); else nothing is started at all."""
     bin_dirs = f"{layout.client_bin_dir}:" if layout.client_bin_dir else ""
-    return (f"#!/bin/sh\n# slurmtools mini-cluster: handle the blames jobs reported (slurmtools/blame)\n"
+    run = f"/usr/bin/timeout -k 2 60 {python} -m slurmtools"
+    return (f"#!/bin/sh\n# slurmtools mini-cluster: relay job metrics (slurmtools/metricsrelay) and handle the\n"
+            f"# blames jobs reported (slurmtools/blame)\n"
             f"export SLURM_CONF={layout.slurm_conf} PATH={bin_dirs}/usr/sbin:/usr/bin:/sbin:/bin\n"
+            'node=$(hostname)\n'
+            f'for file in {layout.metrics_inbox}/"$node"/*/*.prom; do\n'
+            '  [ -e "$file" ] || break\n'
+            f'  {run} metrics relay --config {layout.health_config} --node "$node"\n'
+            "  break\n"
+            "done\n"
             f"for report in {layout.blame_spool}/blame.*.munge; do\n"
             '  [ -e "$report" ] || [ -L "$report" ] || exit 0\n'
-            f"  exec /usr/bin/timeout -k 2 60 {python} -m slurmtools blames handle --config {layout.health_config}\n"
+            f"  exec {run} blames handle --config {layout.health_config}\n"
             "done\n")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurmtools.errors import ConfigError
-from slurmtools.health import config, gate, kmsg, runner, sysfs
+from slurmtools.health import config, config_file, gate, kmsg, runner, sysfs
 from slurmtools.health.checks import ib as ib_checks
 from slurmtools.health.config import parse_config
 from slurmtools.health.fixture_data import node_snapshot, with_fault, write_ib_tree, xid_line
@@ -327,12 +327,12 @@ def test_config_ownership_rules(tmp_path):
 def test_config_lookup_order(tmp_path, monkeypatch):
     beside = tmp_path / "slurmtools-health.yaml"
     beside.write_text("defaults: {}\n")
-    monkeypatch.delenv(config.CONFIG_ENV, raising=False)
+    monkeypatch.delenv(config_file.CONFIG_ENV, raising=False)
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
-    assert config.find_config_path() == beside
-    monkeypatch.setenv(config.CONFIG_ENV, "/x/env.yaml")
-    assert config.find_config_path() == Path("/x/env.yaml")
-    assert config.find_config_path("/x/explicit.yaml") == Path("/x/explicit.yaml")
+    assert config_file.find_config_path() == beside
+    monkeypatch.setenv(config_file.CONFIG_ENV, "/x/env.yaml")
+    assert config_file.find_config_path() == Path("/x/env.yaml")
+    assert config_file.find_config_path("/x/explicit.yaml") == Path("/x/explicit.yaml")
 
 
 def test_example_config_in_etc_is_valid():
