@@ -49,15 +49,32 @@ def _safe(text: str) -> str:
     return _SAFE.sub("_", text) if text.isascii() else _SAFE.sub("_", text.encode("ascii", "replace").decode())
 
 
+# What slurmctld itself appends to a drained node's reason when the node then fails (24.11 and
+# 26.05 seen: "<our reason> : Not responding" after the node we drained stopped answering); 22.05
+# keeps the reason as it was.
+_SLURM_NOTE = re.compile(r" : (Not responding|Kill task failed|Node unexpectedly rebooted|Prolog error|"
+                         r"Epilog error|batch job complete failure)$")
+
+
+def without_slurm_notes(reason: str) -> str:
+    """The reason as it was set, without the notes slurmctld appended later."""
+    text = reason.strip()
+    while True:
+        stripped = _SLURM_NOTE.sub("", text)
+        if stripped == text:
+            return text
+        text = stripped
+
+
 def is_ours(reason: str) -> bool:
     return reason.strip().startswith(PREFIX)
 
 
 def parse_reason(reason: str) -> Optional[Dict[str, str]]:
-    """Inverse of render() for our own reasons; None for anybody else's."""
+    """Inverse of render() for our own reasons (Slurm's later notes dropped); None for anybody else's."""
     if not is_ours(reason):
         return None
-    words = reason.strip()[len(PREFIX):].split()
+    words = without_slurm_notes(reason)[len(PREFIX):].split()
     if len(words) < 2:
         return None
     out = {"status": words[0], "check": words[1]}

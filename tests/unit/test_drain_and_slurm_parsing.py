@@ -153,3 +153,16 @@ def test_a_reason_with_brackets_keeps_them_and_loses_only_scontrols_suffix():
     node = parse_node_record({"NodeName": "node2", "State": "IDLE+DRAIN",
                               "Reason": "slurmtools: CRITICAL job.sdc rank 3 [31mforged user=u job=5 [root@2026-12-01T20:00]"})
     assert node.reason == "slurmtools: CRITICAL job.sdc rank 3 [31mforged user=u job=5"
+
+
+def test_the_notes_slurmctld_appends_to_our_reason_are_not_ours():
+    """24.11 and 26.05 append " : Not responding" to a drained node's reason when it then stops
+    answering (seen on the mini-cluster: a node killed and blamed); 22.05 leaves the reason alone."""
+    from slurmtools.drain import parse_reason, without_slurm_notes
+    ours = "slurmtools: CRITICAL job.node_failure node node2: every rank silent user=alice job=7"
+    assert without_slurm_notes(ours + " : Not responding") == ours
+    assert without_slurm_notes(ours + " : Not responding : Kill task failed") == ours
+    assert without_slurm_notes(ours + " : something else") == ours + " : something else"
+    assert parse_reason(ours + " : Not responding") == {
+        "status": "CRITICAL", "check": "job.node_failure", "user": "alice", "job": "7",
+        "detail": "node node2: every rank silent"}
