@@ -20,13 +20,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
-from slurmtools import metrics, slurm
+from slurmtools import metrics
 from slurmtools.checkpoint import Checkpoint, CheckpointManager
 from slurmtools.deadline import WarningClock
-from slurmtools.errors import SlurmCommandError
 from slurmtools.preflight import launch as preflight
 from slurmtools.preflight.judge import Settings as PreflightSettings
-from slurmtools.requeue import actions, ledger, nodecheck, observe, policy, step, straggler, watchdog
+from slurmtools.requeue import actions, ledger, nodecheck, observe, policy, slurm_view, step, straggler, watchdog
 from slurmtools.requeue.actions import Run, emit
 from slurmtools.requeue.topology import step_argv, topology_of
 from slurmtools.runtime import (ATTEMPT_ID_ENV, ATTEMPT_NUMBER_ENV, COMPLETE_FILE, CONTROL_DIR_ENV,
@@ -36,7 +35,6 @@ from slurmtools.signals import SignalFlags, signal_number
 from slurmtools.spec import RequeueSpec
 
 STARTUP_ALLOWANCE_S = 120.0
-DOWN_STATES = ("down", "fail", "failing")
 STEP_OVERRIDDEN_ENV = ("SLURM_NTASKS", "SLURM_NPROCS")
 OVERLAP_DROPPED_ENV = ("SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_GPU")
 
@@ -79,55 +77,6 @@ class Watch:
     straggler: Optional[straggler.Straggler] = None
 
 
-def _node_states(nodelist: str) -> Dict[str, str]:
-    if not nodelist:
-        return {}
-    try:
-        return {node.name: node.state for node in slurm.nodes(nodelist)}
-    except SlurmCommandError:
-        return {}
-
-
-def _ended_for_good(job_id: Optional[int], restart: int) -> bool:
-    """After a SIGTERM: is Slurm ending the job for good (scancel, time limit) rather than requeueing it?
-
-    While the job completes, scontrol says COMPLETING either way; a requeue has already raised
-    Restarts above this attempt's SLURM_RESTART_COUNT, a cancel has not (measured on 22.05).
-    """
-    if job_id is None:
-        return False
-    try:
-        record = slurm.show_job(job_id, survive_sigterm=True)
-    except SlurmCommandError:
-        return False
-    if not record:
-        return False
-    restarts = record.get("Restarts", "0")
-    return restarts.isdigit() and int(restarts) <= restart
-
-
-def _close_dangling_attempt(control: Path, events: List[ledger.Event],
-                            checkpoint_step: Optional[int]) -> Optional[ledger.AttemptEnd]:
-    """An attempt with a start but no end was killed with its supervisor (its node died, or
-    Slurm's KillWait ran out): record its end from the heartbeats it left, before they are cleared."""
-    last = ledger.open_attempt(events)
-    if last is None:
-        return None
-    beats = watchdog.read_heartbeats(control)
-    states = _node_states(last.nodes)
-    down = sorted(node for node, state in states.items() if state in DOWN_STATES)
-    cause = policy.Cause.NODE_FAILURE if down else policy.Cause.CRASH
-    end = ledger.AttemptEnd(
-        attempt_id=last.attempt_id, time_s=max((beat.time_s for beat in beats), default=last.time_s),
-        cause=cause.value, counted=True, action=policy.Action.REQUEUE.value,
-        detail="supervisor was killed before recording the end", node=down[0] if down else None,
-        last_step=max((beat.step for beat in beats), default=None),
-        first_step_t=watchdog.first_progress(beats), checkpoint_step=checkpoint_step,
-        last_step_t=watchdog.last_progress(beats))
-    ledger.append(control, end)
-    return end
-
-
 def _warn_when_due(clock: WarningClock, attempt: Attempt, flags: SignalFlags, warn_sig: int) -> None:
     """No warning yet, but the time left is inside the lead: Slurm's was lost or is late
     (slurmtools.deadline) -- raise it ourselves; the flag handler records it like Slurm's."""
@@ -144,7 +93,7 @@ def _begin(config: SupervisorConfig, attempt: Attempt, manager: Optional[Checkpo
     step.ensure_control_dir(control)
     events = ledger.read(control)
     resume = manager.latest() if manager else None
-    dangling = _close_dangling_attempt(control, events, resume.step if resume else None)
+    dangling = slurm_view.close_dangling_attempt(control, events, resume.step if resume else None)
     if dangling:
         events.append(dangling)
     step.prepare_control_dir(control)
@@ -235,7 +184,7 @@ def _evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: S
         complete_marker=step.marker(control / COMPLETE_FILE),
         stopped_for_requeue=step.marker(control / STOPPED_FILE),
         warning_received=flags.any(),
-        cancelled=flags.seen(signal.SIGTERM) and _ended_for_good(attempt.job_id, attempt.restart),
+        cancelled=flags.seen(signal.SIGTERM) and slurm_view.ended_for_good(attempt.job_id, attempt.restart),
         hang_detected=watch.stall is not None,
         hang_rank=watch.stall.rank if watch.stall else None,
         hang_node=watch.stall.host if watch.stall else None,
@@ -244,7 +193,7 @@ def _evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: S
         collective_laggard_detail=collective.detail if collective else "",
         log_tail=tail,
         progressed=last_step is not None and last_step > (resume.step if resume else 0),
-        node_states=_node_states(attempt.nodelist),
+        node_states=slurm_view.node_states(attempt.nodelist),
         dead_node=watch.dead_node,
         dead_detail=watch.dead_detail,
         sdc_found=corruption is not None,
@@ -371,7 +320,7 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
             return diag, verdict, checkpoint_step, events
         if flags.any():        # warned or ended during the preflight: no training to start now
             evidence = policy.Evidence(exit_code=None, progressed=False, warning_received=True, cancelled=flags.seen(
-                signal.SIGTERM) and _ended_for_good(attempt.job_id, attempt.restart))
+                signal.SIGTERM) and slurm_view.ended_for_good(attempt.job_id, attempt.restart))
             diag, verdict, checkpoint_step = _decide(config, attempt, evidence, [], events, manager, None,
                                                      policy.Capacity())
             return diag, verdict, checkpoint_step, events

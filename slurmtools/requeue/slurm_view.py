@@ -1,0 +1,62 @@
+"""What the supervisor asks Slurm about its own job and nodes, and the ledger repair that needs it:
+node states (a node of the attempt down), whether a SIGTERM ends the job for good, and the end of
+an attempt whose supervisor was killed with it."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from slurmtools import slurm
+from slurmtools.errors import SlurmCommandError
+from slurmtools.requeue import ledger, policy, watchdog
+
+DOWN_STATES = ("down", "fail", "failing")
+
+
+def node_states(nodelist: str) -> Dict[str, str]:
+    if not nodelist:
+        return {}
+    try:
+        return {node.name: node.state for node in slurm.nodes(nodelist)}
+    except SlurmCommandError:
+        return {}
+
+
+def ended_for_good(job_id: Optional[int], restart: int) -> bool:
+    """After a SIGTERM: is Slurm ending the job for good (scancel, time limit) rather than requeueing it?
+
+    While the job completes, scontrol says COMPLETING either way; a requeue has already raised
+    Restarts above this attempt's SLURM_RESTART_COUNT, a cancel has not (measured on 22.05).
+    """
+    if job_id is None:
+        return False
+    try:
+        record = slurm.show_job(job_id, survive_sigterm=True)
+    except SlurmCommandError:
+        return False
+    if not record:
+        return False
+    restarts = record.get("Restarts", "0")
+    return restarts.isdigit() and int(restarts) <= restart
+
+
+def close_dangling_attempt(control: Path, events: List[ledger.Event],
+                            checkpoint_step: Optional[int]) -> Optional[ledger.AttemptEnd]:
+    """An attempt with a start but no end was killed with its supervisor (its node died, or
+    Slurm's KillWait ran out): record its end from the heartbeats it left, before they are cleared."""
+    last = ledger.open_attempt(events)
+    if last is None:
+        return None
+    beats = watchdog.read_heartbeats(control)
+    states = node_states(last.nodes)
+    down = sorted(node for node, state in states.items() if state in DOWN_STATES)
+    cause = policy.Cause.NODE_FAILURE if down else policy.Cause.CRASH
+    end = ledger.AttemptEnd(
+        attempt_id=last.attempt_id, time_s=max((beat.time_s for beat in beats), default=last.time_s),
+        cause=cause.value, counted=True, action=policy.Action.REQUEUE.value,
+        detail="supervisor was killed before recording the end", node=down[0] if down else None,
+        last_step=max((beat.step for beat in beats), default=None),
+        first_step_t=watchdog.first_progress(beats), checkpoint_step=checkpoint_step,
+        last_step_t=watchdog.last_progress(beats))
+    ledger.append(control, end)
+    return end
