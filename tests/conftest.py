@@ -18,6 +18,10 @@ TEST_CLUSTER_NAME = os.environ.get("SLURMTOOLS_TEST_CLUSTER_NAME", "test")
 # The Slurm release the cluster tests run against (unset: the machine's own packages); another
 # release runs from its Debian root, its client commands first on PATH (scripts/test.sh).
 TEST_SLURM_RELEASE = os.environ.get("SLURMTOOLS_TEST_SLURM") or None
+# Where the cluster tests' jobs write (made at the session's start, removed at its end): beside the
+# state dir, never under pytest's own tmp (/tmp/pytest-of-root is root's alone, and the jobs run as
+# the cluster's ordinary user).
+TEST_WORK_DIR = Path(f"{TEST_STATE_DIR}-work")
 
 
 # scripts/test.sh runs several clusters' suites side by side; a cluster's slot is chosen when it
@@ -58,6 +62,11 @@ def cluster() -> Iterator["object"]:
 
     if os.geteuid() != 0:
         pytest.fail("cluster tests need root (run the README's test command as root)")
+    blocked = unreachable_by_others(REPO / ".venv" / "bin" / "python")
+    if blocked:
+        pytest.fail(f"the checkout is not reachable by other users ({blocked} is closed to them): the cluster "
+                    "tests' jobs run as an ordinary user and must read the code, as on a real cluster; "
+                    "clone it under a directory others can enter (/srv, /opt, /var/tmp)")
     hosts_before = Path("/etc/hosts").read_text()
     etc_slurm_before = os.path.realpath(mc.ETC_SLURM_CONF)
     mc.down(mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR), purge=True)  # a killed session leaves nothing
@@ -72,8 +81,11 @@ def cluster() -> Iterator["object"]:
             if layout.client_bin_dir:
                 os.environ["PATH"] = f"{layout.client_bin_dir}{os.pathsep}{previous_path}"
             mc.up(layout, install=True, wait_s=90)
+        _make_work_dir()
         yield layout
     finally:
+        import shutil
+        shutil.rmtree(TEST_WORK_DIR, ignore_errors=True)
         if layout is None:
             layout = mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR)
         record = mc.load_record(layout)
@@ -97,6 +109,29 @@ def cluster() -> Iterator["object"]:
             raise AssertionError("mini-cluster teardown left processes, namespaces or system changes behind")
 
 
+def unreachable_by_others(path: Path) -> str:
+    """The first directory above path that other users cannot enter (or path itself, when they
+    cannot read and run it); "" when they can."""
+    import stat
+    for parent in reversed(path.parents):
+        if not os.stat(parent).st_mode & stat.S_IXOTH:
+            return str(parent)
+    mode = os.stat(path).st_mode
+    return "" if mode & stat.S_IROTH and mode & stat.S_IXOTH else str(path)
+
+
+def _make_work_dir() -> None:
+    """TEST_WORK_DIR (root's, 0755) with the job user's HOME in it."""
+    import shutil
+    from tests.cluster import asuser
+    shutil.rmtree(TEST_WORK_DIR, ignore_errors=True)
+    TEST_WORK_DIR.mkdir(mode=0o755, parents=True)
+    TEST_WORK_DIR.chmod(0o755)
+    home = asuser.home()
+    home.mkdir(mode=0o755)
+    os.chown(home, asuser.user().uid, asuser.user().gid)
+
+
 def _keep_logs(layout) -> None:
     """The cluster's daemon logs, kept (runs/test-logs/<cluster>/) before `down --purge` removes its
     state: a failure in CI can only be explained from them."""
@@ -108,19 +143,26 @@ def _keep_logs(layout) -> None:
 
 
 @pytest.fixture
-def shared_tmp(tmp_path: Path) -> Path:
-    """A scratch dir every node sees (all namespaces share the mount namespace)."""
-    tmp_path.chmod(0o755)
-    return tmp_path
+def shared_tmp(cluster, request) -> Path:
+    """A root-owned scratch dir every node sees (all namespaces share the mount namespace), for
+    what an admin writes (health fixtures: the prolog trusts only root-owned files)."""
+    from tests.cluster import asuser
+    return asuser.root_dir(request.node.name[:40])
+
+
+@pytest.fixture
+def user_tmp(cluster, request) -> Path:
+    """A scratch dir the job user owns, every node sees: a job's logs, checkpoints, control files."""
+    from tests.cluster import asuser
+    return asuser.user_dir(request.node.name[:40])
 
 
 @pytest.fixture(scope="session")
-def reference_run(cluster, tmp_path_factory) -> dict:
+def reference_run(cluster) -> dict:
     """The uninterrupted run every fault test compares with (same steps, same world size)."""
-    from tests.cluster import training
+    from tests.cluster import asuser, training
 
-    workdir = tmp_path_factory.mktemp("reference")
-    workdir.chmod(0o755)
+    workdir = asuser.user_dir("reference")
     spec = training.training_spec(workdir, "reference")
     job = training.submit(spec)
     info = training.wait_finished(job, 180)

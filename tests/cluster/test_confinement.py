@@ -54,10 +54,10 @@ def reports(spec, job) -> list:
             or line.startswith('{"host"') or '"parent_cpus"' in line]
 
 
-def test_torchrun_agent_and_its_workers_get_the_cpus_the_spec_asked_for(cluster, shared_tmp: Path):
+def test_torchrun_agent_and_its_workers_get_the_cpus_the_spec_asked_for(cluster, user_tmp: Path):
     training.settle()
     cpus = cluster.cpus_per_node
-    spec, job, info = run_spec(shared_tmp, "aff-torchrun", AFFINITY, ["torchrun"], nodes=1, processes_per_node=2,
+    spec, job, info = run_spec(user_tmp, "aff-torchrun", AFFINITY, ["torchrun"], nodes=1, processes_per_node=2,
                                cpus_per_task=cpus)
     assert info.state == "COMPLETED", training.describe(spec, job)
     seen = reports(spec, job)
@@ -66,9 +66,9 @@ def test_torchrun_agent_and_its_workers_get_the_cpus_the_spec_asked_for(cluster,
 
 
 @pytest.mark.every_release
-def test_srun_launcher_binds_each_rank_to_its_own_cpu(cluster, shared_tmp: Path):
+def test_srun_launcher_binds_each_rank_to_its_own_cpu(cluster, user_tmp: Path):
     training.settle()
-    spec, job, info = run_spec(shared_tmp, "aff-srun", AFFINITY, ["srun"], nodes=2, processes_per_node=2,
+    spec, job, info = run_spec(user_tmp, "aff-srun", AFFINITY, ["srun"], nodes=2, processes_per_node=2,
                                launcher="srun", cpus_per_task=1, python=sys.executable)
     assert info.state == "COMPLETED", training.describe(spec, job)
     seen = reports(spec, job)
@@ -80,9 +80,9 @@ def test_srun_launcher_binds_each_rank_to_its_own_cpu(cluster, shared_tmp: Path)
 
 
 @pytest.mark.every_release
-def test_a_job_past_its_memory_is_oom_killed_and_the_supervisor_says_oom(cluster, shared_tmp: Path):
+def test_a_job_past_its_memory_is_oom_killed_and_the_supervisor_says_oom(cluster, user_tmp: Path):
     training.settle()
-    spec, job, info = run_spec(shared_tmp, "oom", HOG, ["1200"], nodes=1, processes_per_node=1, mem_gb=0.5,
+    spec, job, info = run_spec(user_tmp, "oom", HOG, ["1200"], nodes=1, processes_per_node=1, mem_gb=0.5,
                                launcher="srun", python=sys.executable)
     out = training.output(spec, job)
     assert "still alive" not in out, training.describe(spec, job)
@@ -95,18 +95,18 @@ def test_a_job_past_its_memory_is_oom_killed_and_the_supervisor_says_oom(cluster
 
 
 @pytest.mark.every_release
-def test_a_job_opens_only_its_own_gpu_devices(cluster, shared_tmp: Path):
+def test_a_job_opens_only_its_own_gpu_devices(cluster, user_tmp: Path):
     training.settle()
-    out = shared_tmp / "devices.out"
+    out = user_tmp / "devices.out"
     fake = cluster.fake_gpu_dir
     probe = (f"import errno, json, os\nresult = {{}}\nfor name in sorted(os.listdir('{fake}')):\n"
              f"    try:\n        os.close(os.open(os.path.join('{fake}', name), os.O_RDONLY))\n"
              f"        result[name] = 0\n    except OSError as exc:\n        result[name] = exc.errno\n"
              f"given = os.environ.get('SLURM_STEP_GPUS') or os.environ.get('SLURM_JOB_GPUS')\n"
              f"print(json.dumps({{'given': given, 'open': result}}))\n")
-    (shared_tmp / "devices.py").write_text(probe)
-    job = slurm.submit(f"#!/bin/bash\n#SBATCH -N1 --gpus-per-node=1 -o {out}\nsrun {sys.executable} "
-                       f"{shared_tmp / 'devices.py'}\n")
+    (user_tmp / "devices.py").write_text(probe)
+    job = training.submit_script(f"#!/bin/bash\n#SBATCH -N1 --gpus-per-node=1 -o {out}\nsrun {sys.executable} "
+                       f"{user_tmp / 'devices.py'}\n")
     assert training.wait_finished(job, 60).state == "COMPLETED", out.read_text() if out.exists() else ""
     result = json.loads(out.read_text().strip().splitlines()[-1])
     given = f"nvidia{result['given']}"      # the global index (CUDA_VISIBLE_DEVICES is renumbered from 0)

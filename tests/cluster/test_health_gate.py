@@ -34,7 +34,7 @@ def health_config(cluster):
 
 
 def two_node_job(out: Path) -> int:
-    return slurm.submit(f"#!/bin/bash\n#SBATCH -N2 -o {out}\nsrun hostname | sort\n")
+    return training.submit_script(f"#!/bin/bash\n#SBATCH -N2 -o {out}\nsrun hostname | sort\n")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -57,10 +57,11 @@ def faults(tmp: Path):
 
 @pytest.mark.every_release
 @pytest.mark.parametrize("fault", ["ecc", "xid54", "ib-port-down", "hung-probe"])
-def test_faulty_node_is_drained_by_its_prolog_and_the_job_runs_elsewhere(health_config, shared_tmp, fault):
+def test_faulty_node_is_drained_by_its_prolog_and_the_job_runs_elsewhere(health_config, shared_tmp, user_tmp,
+                                                                          fault):
     setting, reason = faults(shared_tmp)[fault]
     health_config("  - match: node2\n" + setting)
-    out = shared_tmp / "job.out"
+    out = user_tmp / "job.out"
     job = two_node_job(out)
     info = wait_for(lambda: (lambda i: i if i.finished else None)(slurm.job_state(job)), 90, "job to finish")
     assert info.state == "COMPLETED"
@@ -106,10 +107,10 @@ def test_manual_drain_through_slurmtools_is_resumable_but_not_auto_resumed(healt
     wait_for(lambda: not slurm.nodes("node1")[0].drained, 10, "node1 resumed")
 
 
-def test_epilog_finding_a_stray_gpu_process_drains_the_node(health_config, shared_tmp):
+def test_epilog_finding_a_stray_gpu_process_drains_the_node(health_config, user_tmp):
     health_config('  - match: node3\n    gpu_probe: "fixture:minicluster-4gpu-stray-process"\n'
                   "    checks: {gpu: {processes: {phases: [epilog]}}}\n")
-    job = slurm.submit(f"#!/bin/bash\n#SBATCH -N1 -w node3 -o {shared_tmp}/e.out\ntrue\n")
+    job = training.submit_script(f"#!/bin/bash\n#SBATCH -N1 -w node3 -o {user_tmp}/e.out\ntrue\n")
     wait_for(lambda: slurm.nodes("node3")[0].drained, 60, "node3 drained by its epilog")
     assert slurm.nodes("node3")[0].reason == f"slurmtools: CRITICAL gpu.processes gpu=3 pids=4242 after the job job={job}"
     # the drain happens inside the epilog, while the job is still COMPLETING: wait for the end
@@ -118,10 +119,10 @@ def test_epilog_finding_a_stray_gpu_process_drains_the_node(health_config, share
     assert final.state == "COMPLETED"
 
 
-def test_config_error_fails_open_and_drains_nothing(health_config, shared_tmp):
+def test_config_error_fails_open_and_drains_nothing(health_config, user_tmp):
     health_config("  - match: node1\n    checks: {gpu: {ecc: {corected_warn: 1}}}\n")
-    out = shared_tmp / "ok.out"
-    job = slurm.submit(f"#!/bin/bash\n#SBATCH -N1 -w node1 -o {out}\nhostname\n")
+    out = user_tmp / "ok.out"
+    job = training.submit_script(f"#!/bin/bash\n#SBATCH -N1 -w node1 -o {out}\nhostname\n")
     info = wait_for(lambda: (lambda i: i if i.finished else None)(slurm.job_state(job)), 60, "job to finish")
     assert info.state == "COMPLETED" and out.read_text().strip() == "node1"
     assert not any(n.drained for n in slurm.nodes())
@@ -129,9 +130,9 @@ def test_config_error_fails_open_and_drains_nothing(health_config, shared_tmp):
     assert bad.returncode == 2 and "did you mean 'corrected_warn'" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_healthy_cluster_running_many_jobs_never_drains(cluster, shared_tmp):
+def test_healthy_cluster_running_many_jobs_never_drains(cluster, user_tmp):
     training.settle()
-    jobs = [slurm.submit(f"#!/bin/bash\n#SBATCH -N{1 + i % 3} -o {shared_tmp}/m{i}.out\nsrun true\n")
+    jobs = [training.submit_script(f"#!/bin/bash\n#SBATCH -N{1 + i % 3} -o {user_tmp}/m{i}.out\nsrun true\n")
             for i in range(12)]
     for job in jobs:
         info = wait_for(lambda: (lambda i: i if i.finished else None)(slurm.job_state(job)), 120, f"job {job}")
@@ -148,15 +149,15 @@ def _node2_report(cluster) -> str:
 
 @pytest.mark.every_release
 def test_a_reset_class_xid_reboots_its_node_back_into_service_and_a_second_one_drains(cluster, health_config,
-                                                                                       shared_tmp):
+                                                                                       shared_tmp, user_tmp):
     from slurmtools.minicluster import daemons
     (cluster.root / "health" / "node2" / "state.json").unlink(missing_ok=True)   # no earlier reboots counted
     log = shared_tmp / "kmsg"
     log.write_text(xid_line(1007, 79))      # GPU fallen off the bus: the catalogue's action is a restart
     health_config(f"  - match: node2\n    kernel_log: {log}\n    max_reboots_per_day: 1\n")
     slurmd_before = daemons.read_pidfile(cluster.slurmd_pidfile("node2"))
-    out = shared_tmp / "after-reboot.out"
-    job = slurm.submit(f"#!/bin/bash\n#SBATCH -N1 -w node2 -o {out}\nhostname\n")
+    out = user_tmp / "after-reboot.out"
+    job = training.submit_script(f"#!/bin/bash\n#SBATCH -N1 -w node2 -o {out}\nhostname\n")
     # the prolog asks for the reboot and fails; the job is requeued, waits for node2, and runs
     # there once node2 is back, with a clean prolog (the XID was seen before the reboot)
     try:

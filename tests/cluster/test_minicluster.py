@@ -9,6 +9,7 @@ import pytest
 from slurmtools import slurm
 from slurmtools.minicluster import cluster as mc
 from slurmtools.minicluster import daemons
+from tests.cluster import asuser, training
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -35,8 +36,8 @@ def test_second_up_is_harmless(cluster):
 
 
 @pytest.mark.every_release
-def test_two_node_job_hostnames_gpus_and_cross_node_tcp(cluster, shared_tmp: Path):
-    out = shared_tmp / "job.out"
+def test_two_node_job_hostnames_gpus_and_cross_node_tcp(cluster, user_tmp: Path):
+    out = user_tmp / "job.out"
     script = f"""#!/bin/bash
 #SBATCH -N2 --ntasks-per-node=1 --gpus-per-node=2 -o {out}
 set -euo pipefail
@@ -55,7 +56,7 @@ for _ in range(100):
 s.sendall(("hello from " + socket.gethostname()).encode())' "${{nodes[1]}}"
 wait
 """
-    job = slurm.submit(script)
+    job = training.submit_script(script)
     info = wait_for(lambda: finished(job), 60, f"job {job} to finish")
     text = out.read_text()
     assert info.state == "COMPLETED", text
@@ -76,8 +77,8 @@ wait
 
 
 @pytest.mark.every_release
-def test_killed_node_goes_down_and_requeue_job_reruns_elsewhere(cluster, shared_tmp: Path):
-    out = shared_tmp / "requeue.out"
+def test_killed_node_goes_down_and_requeue_job_reruns_elsewhere(cluster, user_tmp: Path):
+    out = user_tmp / "requeue.out"
     script = f"""#!/bin/bash
 #SBATCH -N2 -w node[1-2] --requeue --open-mode=append -o {out}
 echo "start restart=${{SLURM_RESTART_COUNT:-0}} nodes=$SLURM_JOB_NODELIST"
@@ -86,7 +87,7 @@ srun sleep 300
     # -w pins the first run to node[1-2]; the rerun must avoid the dead node2. Both must be idle first:
     # the previous test's job may still be completing on one of them (its epilog) when this one starts.
     wait_for(lambda: all(n.state == "idle" and not n.flags for n in slurm.nodes("node[1-2]")), 60, "node[1-2] idle")
-    job = slurm.submit(script)
+    job = training.submit_script(script)
     wait_for(lambda: slurm.job_state(job).state == "RUNNING" and out.exists() and "start" in out.read_text(),
              30, "job to run")
     time.sleep(1)
@@ -94,12 +95,12 @@ srun sleep 300
     try:
         wait_for(lambda: any(n.name == "node2" and n.state == "down" for n in slurm.nodes()), 120, "node2 DOWN")
         # -w node[1-2] can no longer be satisfied: drop the pin so Slurm places the rerun.
-        slurm.update_job(job, ReqNodeList="", ExcNodeList="node2")
+        asuser.call(slurm.update_job, job, ReqNodeList="", ExcNodeList="node2")     # by its user
         wait_for(lambda: "restart=1" in out.read_text(), 90, "the job to rerun")
         rerun = [ln for ln in out.read_text().splitlines() if "restart=1" in ln][0]
         assert rerun == "start restart=1 nodes=node[1,3]"
     finally:
-        slurm.cancel(job)
+        training.cancel(job)
         mc.restart_node(cluster, "node2")
         wait_for(lambda: all(n.state == "idle" and not n.flags for n in slurm.nodes()), 60, "all nodes idle again")
 
@@ -125,7 +126,12 @@ srun bash -c 'echo "$(hostname) $(getent hosts "$(hostname)" | cut -d" " -f1)"' 
 """
 
 
-def test_a_second_named_cluster_runs_beside_this_one_and_touches_nothing(cluster, shared_tmp: Path):
+def _submit_on(layout, script: str) -> int:
+    with slurm.using_conf(layout.slurm_conf, layout.client_bin_dir):
+        return slurm.submit(script)
+
+
+def test_a_second_named_cluster_runs_beside_this_one_and_touches_nothing(cluster, user_tmp: Path):
     from slurmtools.errors import MiniClusterError
     from slurmtools.minicluster.layout import MiniClusterLayout
     from tests.conftest import REPO, TEST_SLURM_RELEASE, cluster_up_lock
@@ -143,16 +149,16 @@ def test_a_second_named_cluster_runs_beside_this_one_and_touches_nothing(cluster
             raise
     try:
         assert side.slot != cluster.slot and {side.bridge, side.subnet}.isdisjoint({cluster.bridge, cluster.subnet})
-        with slurm.using_conf(side.slurm_conf, side.client_bin_dir):
-            side_job = slurm.submit(_hosts_job(shared_tmp / "side.out"))
-        test_job = slurm.submit(_hosts_job(shared_tmp / "test.out"))
+        # the same ordinary user submits to each (both clusters' nodes know every account of the machine)
+        side_job = asuser.call(_submit_on, side, _hosts_job(user_tmp / "side.out"))
+        test_job = asuser.call(_submit_on, cluster, _hosts_job(user_tmp / "test.out"))
         with slurm.using_conf(side.slurm_conf, side.client_bin_dir):
             assert wait_for(lambda: finished(side_job), 60, "the side cluster's job").state == "COMPLETED"
         assert wait_for(lambda: finished(test_job), 60, "the suite cluster's job").state == "COMPLETED"
         # both clusters have a node1 and a node2; each job resolves its own cluster's addresses
-        assert (shared_tmp / "side.out").read_text().splitlines() == [
+        assert (user_tmp / "side.out").read_text().splitlines() == [
             f"node1 {side.subnet_prefix}.11", f"node2 {side.subnet_prefix}.12"]
-        assert (shared_tmp / "test.out").read_text().splitlines() == [
+        assert (user_tmp / "test.out").read_text().splitlines() == [
             f"node1 {cluster.subnet_prefix}.11", f"node2 {cluster.subnet_prefix}.12"]
         listing = mc.format_list().splitlines()
         assert any(line.split()[:2] == ["side", str(side.slot)] and " up " in line for line in listing)

@@ -12,7 +12,7 @@ from slurmtools.errors import SpecError
 from slurmtools.preflight.canary import CANARY_FAULT_ENV
 from slurmtools.requeue import ledger
 from slurmtools.runtime import control_dir_for
-from tests.cluster import training
+from tests.cluster import asuser, training
 from tests.conftest import REPO, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -33,6 +33,12 @@ def job_for(**cfg):
     return TinyFSDPJob(TrainConfig(steps=training.STEPS, checkpoint_every=training.CHECKPOINT_EVERY, **cfg))
 
 
+def _execute(nbclient, nb, user_tmp: Path):
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(user_tmp)}}).execute()
+    return nb
+
+
 def control_dir(work: Path, job) -> Path:
     return control_dir_for(str(work / "ckpt"), "", str(job.job_id))
 
@@ -45,15 +51,20 @@ def stdout_events(job):
     return out
 
 
-def test_bad_spec_gives_the_same_clear_error(shared_tmp):
+def test_bad_spec_gives_the_same_clear_error(tmp_path):
     with pytest.raises(SpecError, match="nodez: unknown key; did you mean 'nodes'"):
-        notebook.executor({"name": "x", "nodez": 2}, folder=shared_tmp)
+        notebook.executor({"name": "x", "nodez": 2}, folder=tmp_path)
 
 
 @pytest.mark.every_release
-def test_submit_from_python_and_get_the_result(cluster, shared_tmp, reference_run):
+def test_submit_from_python_and_get_the_result(cluster, user_tmp, reference_run):
     training.settle()
-    ex = notebook.executor(spec(shared_tmp), folder=shared_tmp / "sub" / "%j")
+    asuser.call(_submit_and_get_the_result, user_tmp, reference_run)
+
+
+def _submit_and_get_the_result(user_tmp: Path, reference_run: dict) -> None:
+    """As the user, in their notebook: submit, wait for the results, ask for the status."""
+    ex = notebook.executor(spec(user_tmp), folder=user_tmp / "sub" / "%j")
     job = ex.submit(job_for())
     results = job.results()
     assert len(results) == 4 and all(r["event"] == "final" for r in results)
@@ -64,15 +75,20 @@ def test_submit_from_python_and_get_the_result(cluster, shared_tmp, reference_ru
                               if r["JobID"] == str(job.job_id) and r["State"] not in training.UNENDED_STATES],
                      90, "sacct to say the job ended")
     assert ended[0]["State"] == "COMPLETED", (slurm.sacct_rows(int(job.job_id)), Path(job.paths.stderr).read_text()[-3000:])
-    st = notebook.status(job, spec(shared_tmp))
+    st = notebook.status(job, spec(user_tmp))
     assert st.progress.startswith(f"step {training.STEPS}/{training.STEPS}")
     assert "goodput" in st.goodput
 
 
 @pytest.mark.every_release
-def test_requeue_mid_run_resumes_from_the_checkpoint(cluster, shared_tmp, reference_run):
+def test_requeue_mid_run_resumes_from_the_checkpoint(cluster, user_tmp, reference_run):
     training.settle()
-    ex = notebook.executor(spec(shared_tmp), folder=shared_tmp / "sub" / "%j")
+    asuser.call(_requeue_mid_run, user_tmp, reference_run)
+
+
+def _requeue_mid_run(user_tmp: Path, reference_run: dict) -> None:
+    """As the user: submit, requeue their own job at step 6 (scontrol requeue), wait for the results."""
+    ex = notebook.executor(spec(user_tmp), folder=user_tmp / "sub" / "%j")
     job = ex.submit(job_for(step_sleep_s=0.5))
     wait_for(lambda: Path(job.paths.stdout).exists() and any(
         e.get("step", 0) >= 6 and "loss" in e for e in stdout_events(job)), 120, "step 6", interval_s=0.3)
@@ -84,24 +100,29 @@ def test_requeue_mid_run_resumes_from_the_checkpoint(cluster, shared_tmp, refere
     stops = [e["step"] for e in evts if e.get("event") == "stopped_for_requeue"]
     resumes = [e["step"] for e in evts if e.get("event") == "resumed"]
     assert stops and resumes == stops            # 0 steps lost
-    events = ledger.read(control_dir(shared_tmp, job))
+    events = ledger.read(control_dir(user_tmp, job))
     assert [event.cause for event in events if isinstance(event, ledger.AttemptEnd)] == ["preempted", "completed"]
 
 
-def test_a_warning_signal_checkpoints_requeues_and_completes(cluster, shared_tmp, reference_run):
+def test_a_warning_signal_checkpoints_requeues_and_completes(cluster, user_tmp, reference_run):
     """The warning as Slurm delivers it to submitit's tasks (USR2 to every task of the job's steps),
     sent by scancel at step 6 rather than waited for: the real time limit, and Slurm's late or lost
     warning, are tests/cluster/test_faults.py's time-limit test; here it is the notebook path's
     answer to the signal that is under test."""
     training.settle()
-    ex = notebook.executor(spec(shared_tmp), folder=shared_tmp / "sub" / "%j")
+    asuser.call(_warning_signal, user_tmp, reference_run)
+
+
+def _warning_signal(user_tmp: Path, reference_run: dict) -> None:
+    """As the user: submit, send the warning to their own job's steps (scancel -s USR2), wait."""
+    ex = notebook.executor(spec(user_tmp), folder=user_tmp / "sub" / "%j")
     job = ex.submit(job_for(step_sleep_s=0.5))
     wait_for(lambda: Path(job.paths.stdout).exists() and any(
         e.get("step", 0) >= 6 and "loss" in e for e in stdout_events(job)), 120, "step 6", interval_s=0.3)
     slurm.cancel(int(job.job_id), "USR2")
     results = job.results()
     assert results[0]["state_sha256"] == reference_run["hash"]
-    events = ledger.read(control_dir(shared_tmp, job))
+    events = ledger.read(control_dir(user_tmp, job))
     causes = [event.cause for event in events if isinstance(event, ledger.AttemptEnd)]
     assert causes == ["preempted", "completed"]
     evts = stdout_events(job)
@@ -110,23 +131,21 @@ def test_a_warning_signal_checkpoints_requeues_and_completes(cluster, shared_tmp
     assert resumes[:len(stops)] == stops
 
 
-def test_preflight_in_the_tasks_names_a_wrong_node_and_requeues_without_it(cluster, shared_tmp, reference_run,
+def test_preflight_in_the_tasks_names_a_wrong_node_and_requeues_without_it(cluster, user_tmp, reference_run,
                                                                            monkeypatch):
     """node2's first device computes a wrong canary: rank 0 drains node2 and requeues the job
     without it; the next allocation passes preflight and trains to the reference state."""
     training.settle()
     monkeypatch.setenv(CANARY_FAULT_ENV, "node2")
     try:
-        ex = notebook.executor(spec(shared_tmp), folder=shared_tmp / "sub" / "%j")
-        job = ex.submit(job_for())
-        results = job.results()
+        job, results = asuser.call(_submit_and_wait, user_tmp)
         assert results[0]["state_sha256"] == reference_run["hash"]
         assert results[0]["attempt_id"] == f"{job.job_id}.1"
         verdicts = [e for e in stdout_events(job) if e.get("slurmtools") == "preflight"]
         assert [(v["status"], v["named"]) for v in verdicts] == [("failed", ["node2"]), ("passed", [])]
         reason = training.blamed_reason("node2", int(job.job_id))
         assert reason.startswith("slurmtools: CRITICAL preflight.canary node=node2 measured=sha256:"), reason
-        events = ledger.read(control_dir(shared_tmp, job))
+        events = ledger.read(control_dir(user_tmp, job))
         assert [(e.cause, e.action, e.node) for e in events if isinstance(e, ledger.AttemptEnd)] == [
             ("preflight", "requeue", "node2"), ("completed", None, None)]
         assert [e.status for e in events if isinstance(e, ledger.PreflightCheck)] == ["failed", "passed"]
@@ -136,19 +155,24 @@ def test_preflight_in_the_tasks_names_a_wrong_node_and_requeues_without_it(clust
                 drain.resume(node.name)
 
 
-def test_the_example_notebook_runs_top_to_bottom_in_a_real_kernel(cluster, shared_tmp, reference_run, monkeypatch):
+def _submit_and_wait(user_tmp: Path):
+    ex = notebook.executor(spec(user_tmp), folder=user_tmp / "sub" / "%j")
+    job = ex.submit(job_for())
+    return job, job.results()
+
+
+def test_the_example_notebook_runs_top_to_bottom_in_a_real_kernel(cluster, user_tmp, reference_run, monkeypatch):
     """examples/notebook_fsdp.ipynb executed by a real Jupyter kernel (nbclient): the job's status is
     one display updated in place, the report is shown inline, and the result is the sbatch path's
     exact state."""
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     training.settle()
-    for name, value in (("NOTEBOOK_WORKDIR", shared_tmp / "nb"), ("NOTEBOOK_STEPS", training.STEPS),
+    for name, value in (("NOTEBOOK_WORKDIR", user_tmp / "nb"), ("NOTEBOOK_STEPS", training.STEPS),
                         ("NOTEBOOK_CHECKPOINT_EVERY", training.CHECKPOINT_EVERY)):
         monkeypatch.setenv(name, str(value))
     nb = nbformat.read(REPO / "examples" / "notebook_fsdp.ipynb", as_version=4)
-    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(shared_tmp)}}).execute()
+    nb = asuser.call(_execute, nbclient, nb, user_tmp)      # the kernel is the user's
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     assert not [out for cell in code for out in cell.outputs if out["output_type"] == "error"]
     job_id = code[2].outputs[0]["text"].split()[-1]

@@ -19,11 +19,12 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from slurmtools import metrics, runtime
+from slurmtools import runtime
+from slurmtools.metric_names import JOB_PLACEHOLDER, NODE_PLACEHOLDER
 from slurmtools.minicluster import cluster as mc
 from slurmtools.requeue import ledger
 from tests import browser
-from tests.cluster import training
+from tests.cluster import asuser, training
 from tests.cluster.test_faults import _expand
 from tests.conftest import wait_for
 from tests.prepare import OBSERVABILITY_PACKAGES
@@ -47,15 +48,17 @@ def _ready(url: str) -> bool:
 
 
 class Stack:
-    """node_exporter per node (textfile collector only) and one Prometheus scraping them."""
+    """node_exporter per node (textfile collector only: the directory the cluster's root-owned
+    relay writes vetted job metrics to) and one Prometheus scraping them."""
 
-    def __init__(self, root: Path, nodes: List[str]) -> None:
+    def __init__(self, root: Path, layout) -> None:
         self.root = root
+        self.layout = layout
         self.procs: List[subprocess.Popen] = []
         targets = []
-        for node in nodes:
-            textfiles = root / "textfiles" / node
-            textfiles.mkdir(parents=True)
+        for node in layout.node_names:
+            textfiles = layout.metrics_textfiles / node
+            textfiles.mkdir(mode=0o755, parents=True, exist_ok=True)
             port = _free_port()
             self._start(node, ["prometheus-node-exporter", f"--web.listen-address=127.0.0.1:{port}",
                                "--collector.disable-defaults", "--collector.textfile",
@@ -72,8 +75,9 @@ class Stack:
         wait_for(lambda: _ready(f"http://127.0.0.1:{self.port}/-/ready"), 60, "prometheus ready")
 
     @property
-    def textfile_pattern(self) -> str:
-        return str(self.root / "textfiles" / metrics.NODE_PLACEHOLDER)
+    def inbox_pattern(self) -> str:
+        """A job's metrics_dir: its own inbox on each node, which the prolog made for it."""
+        return f"{self.layout.metrics_inbox}/{NODE_PLACEHOLDER}/{JOB_PLACEHOLDER}"
 
     def _start(self, name: str, argv: List[str]) -> None:
         log = open(self.root / f"{name}.log", "w")
@@ -103,7 +107,7 @@ def stack(cluster, tmp_path_factory) -> Iterator[Stack]:
     mc.install_packages(extra=OBSERVABILITY_PACKAGES)
     root = tmp_path_factory.mktemp("observability")
     root.chmod(0o755)
-    running = Stack(root, list(cluster.node_names))
+    running = Stack(root, cluster)
     try:
         yield running
     finally:
@@ -113,13 +117,12 @@ def stack(cluster, tmp_path_factory) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="module")
-def crashed_once(stack, tmp_path_factory) -> Dict[str, Any]:
-    """A 2-node job with metrics on that crashes at step 6 and restarts in its allocation."""
+def crashed_once(stack) -> Dict[str, Any]:
+    """A 2-node job of the user's with metrics on that crashes at step 6 and restarts in its allocation."""
     training.settle()
-    workdir = tmp_path_factory.mktemp("observed")
-    workdir.chmod(0o755)
+    workdir = asuser.user_dir("observed")
     spec = training.training_spec(workdir, "observed", extra=["--fail-at-step", "6"],
-                                  metrics_dir=stack.textfile_pattern)
+                                  metrics_dir=stack.inbox_pattern)
     job = training.submit(spec)
     info = training.wait_finished(job, 240)
     assert info.state == "COMPLETED", training.describe(spec, job)
@@ -141,8 +144,9 @@ def test_prometheus_has_the_jobs_training_metrics_restarts_by_cause_and_goodput(
     series = wait_for(train_series, 30, "both nodes' training metrics of the restarted attempt's last step")
     assert sorted((s["metric"]["node"], s["metric"]["rank"]) for s in series) == [
         (nodes[0], "0"), (nodes[0], "1"), (nodes[1], "2"), (nodes[1], "3")]
-    # each node's own exporter served its own ranks' file
+    # each node's own exporter served its own ranks' file, relayed as the job's user's
     assert {(s["metric"]["node"], s["metric"]["exporter_node"]) for s in series} == {(n, n) for n in nodes}
+    assert {s["metric"]["user"] for s in series} == {asuser.user().name}
     for name in ("slurmtools_train_tokens_per_second", "slurmtools_train_loss", "slurmtools_train_grad_norm",
                  "slurmtools_train_step_data_wait_seconds",
                  "slurmtools_train_step_collective_seconds", "slurmtools_train_collective_share_ratio"):
@@ -159,15 +163,65 @@ def test_prometheus_has_the_jobs_training_metrics_restarts_by_cause_and_goodput(
     assert [a["value"][1] for a in attempts] == ["2"]
 
 
-def test_the_html_report_renders_every_plot_in_a_real_browser(crashed_once, tmp_path):
+SPOOF = """# TYPE slurmtools_train_loss gauge
+slurmtools_train_loss{{slurm_job="{job}",rank="0"}} 1.5
+slurmtools_train_loss{{slurm_job="{other}",rank="0"}} 9.0
+slurmtools_train_loss{{attempt="{other}.0",rank="1"}} 9.0
+# TYPE slurmtools_health_status gauge
+slurmtools_health_status{{node="node3"}} 0
+"""
+
+
+def _write(path: Path, text: str) -> str:
+    """As the user: write a file; "" or the error's name."""
+    try:
+        path.write_text(text)
+        return ""
+    except OSError as exc:
+        return type(exc).__name__
+
+
+def test_a_job_cannot_put_series_in_another_jobs_name(stack, cluster, reference_run):
+    """A user's job writes into its own inbox only; what it writes there is relayed as its own
+    (job, node and user labels set by root), and a sample naming another job is refused."""
+    training.settle()
+    job = training.submit_script("#!/bin/bash\n#SBATCH -N1 -w node1 -o /dev/null\nsleep 120\n")
+    try:
+        inbox = cluster.metrics_inbox / "node1" / str(job)
+        wait_for(lambda: inbox.is_dir(), 30, "the prolog to make the job's inbox")
+        assert (inbox.stat().st_uid, oct(inbox.stat().st_mode & 0o777)) == (asuser.user().uid, "0o755")
+        other = str(reference_run["job"])
+        assert asuser.call(_write, inbox / "spoof.prom", SPOOF.format(job=job, other=other)) == ""
+        # node_exporter's directory and the inbox root are root's: nothing can be put there directly
+        assert asuser.call(_write, cluster.metrics_textfiles / "node1" / "forged.prom", "x 1\n") == "PermissionError"
+        assert asuser.call(_write, cluster.metrics_inbox / "node1" / "forged.prom", "x 1\n") == "PermissionError"
+        relay = subprocess.run([sys.executable, "-m", "slurmtools", "metrics", "relay", "--node", "node1",
+                                "--config", str(cluster.health_config)], capture_output=True, text=True, timeout=60)
+        assert relay.returncode == 0, relay.stderr
+        assert relay.stdout.splitlines() == [
+            f"slurmtools: metrics of job {job} (user {asuser.user().name}): spoof.prom: 3 refused: "
+            f"slurmtools_train_loss: names another job (slurm_job='{other}'); "
+            f"slurmtools_train_loss: names another job (attempt='{other}.0'); "
+            "slurmtools_health_status: not a job metric"]
+        mine = wait_for(lambda: stack.query(f'slurmtools_train_loss{{slurm_job="{job}"}}'), 30, "the job's own sample")
+        assert [(m["metric"]["user"], m["metric"]["node"], m["value"][1]) for m in mine] == [
+            (asuser.user().name, "node1", "1.5")]
+        assert stack.query(f'slurmtools_train_loss{{slurm_job="{other}"}}') == []
+        assert stack.query('slurmtools_health_status') == []
+    finally:
+        training.cancel(job)
+    wait_for(lambda: not inbox.exists(), 60, "the epilog to remove the job's inbox")
+
+
+def test_the_html_report_renders_every_plot_in_a_real_browser(crashed_once):
     control, nodes = crashed_once["control"], crashed_once["nodes"]
-    text = subprocess.run([sys.executable, "-m", "slurmtools", "report", str(control)],
-                          capture_output=True, text=True, timeout=120)
+    tmp_path = asuser.user_dir("report")
+    text = asuser.run([sys.executable, "-m", "slurmtools", "report", str(control)])
     assert text.returncode == 0, text.stderr
     assert "crash -> restart" in text.stdout and "completed -> complete" in text.stdout
     page = tmp_path / "report.html"
-    made = subprocess.run([sys.executable, "-m", "slurmtools", "report", str(control), "--html", str(page)],
-                          capture_output=True, text=True, timeout=300)
+    made = asuser.run([sys.executable, "-m", "slurmtools", "report", str(control), "--html", str(page)],
+                      timeout=300)
     assert made.returncode == 0, made.stderr
     view = browser.load(page)
     (tmp_path / "report.png").write_bytes(view.screenshot_png)

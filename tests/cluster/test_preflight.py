@@ -21,13 +21,12 @@ pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture
-def workdir(cluster, shared_tmp):
+def workdir(cluster, user_tmp):
     training.settle()
-    yield shared_tmp
+    yield user_tmp
     for node in cluster.node_names:
         mc.heal_node(cluster, node)
-    for job in slurm.run_slurm(["squeue", "-h", "-o", "%i"]).split():
-        slurm.cancel(int(job))
+    training.cancel_all()
     for node in slurm.nodes():
         if node.drained and drain.is_ours(node.reason):
             drain.resume(node.name)

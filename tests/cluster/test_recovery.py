@@ -21,11 +21,10 @@ pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture
-def workdir(cluster, shared_tmp):
+def workdir(cluster, user_tmp):
     training.settle()
-    yield shared_tmp
-    for job in slurm.run_slurm(["squeue", "-h", "-o", "%i"]).split():
-        slurm.cancel(int(job))
+    yield user_tmp
+    training.cancel_all()
     for node in slurm.nodes():
         if node.drained and drain.is_ours(node.reason):
             drain.resume(node.name)

@@ -8,7 +8,7 @@ import pytest
 from slurmtools import slurm
 from slurmtools.checkpoint import CheckpointManager
 from slurmtools.minicluster import cluster as mc
-from tests.cluster import training
+from tests.cluster import asuser, training
 
 pytestmark = pytest.mark.cluster
 
@@ -27,6 +27,8 @@ def test_two_nodes_two_processes_train_to_completion(reference_run):
     decision = training.supervisor_events(evts, "decision")
     assert [(d["cause"], d["action"]) for d in decision] == [("completed", "complete")]
     assert slurm.job_state(reference_run["job"]).state == "COMPLETED"
+    # submitted and run by the cluster's ordinary user, never root
+    assert slurm.sacct_rows(reference_run["job"], ("JobID", "UID"))[0]["UID"] == str(asuser.user().uid)
 
 
 @pytest.mark.every_release
@@ -36,47 +38,43 @@ def test_rendered_job_ran_on_two_nodes(reference_run):
 
 
 @pytest.mark.every_release
-def test_cli_submit_wait_status_and_logs(cluster, shared_tmp: Path):
-    import subprocess
+def test_cli_submit_wait_status_and_logs(cluster, user_tmp: Path):
     import sys
 
-    spec_file = shared_tmp / "job.yaml"
+    spec_file = user_tmp / "job.yaml"
     spec_file.write_text(
         f"name: cli-job\nnodes: 1\nprocesses_per_node: 2\npython: {sys.executable}\n"
         f"command: [{training.TRAIN}, --steps, '4', --checkpoint-every, '2']\n"
-        f"output_dir: {shared_tmp}/logs\ncheckpoint_dir: {shared_tmp}/ckpt\n")
-    proc = subprocess.run([sys.executable, "-m", "slurmtools", "submit", str(spec_file), "--wait"],
-                          capture_output=True, text=True, timeout=180)
+        f"output_dir: {user_tmp}/logs\ncheckpoint_dir: {user_tmp}/ckpt\n")
+    proc = asuser.run([sys.executable, "-m", "slurmtools", "submit", str(spec_file), "--wait"], timeout=180)
     assert proc.returncode == 0, proc.stderr
     job = int(proc.stdout.strip())
     assert f"job {job}: RUNNING" in proc.stderr
     assert f"job {job}: COMPLETED exit=0:0" in proc.stderr.splitlines()[-1]
-    status = subprocess.run([sys.executable, "-m", "slurmtools", "status", str(job), "--json"],
-                            capture_output=True, text=True, timeout=60)
+    status = asuser.run([sys.executable, "-m", "slurmtools", "status", str(job), "--json"])
     assert '"state": "COMPLETED"' in status.stdout
-    logs = subprocess.run([sys.executable, "-m", "slurmtools", "logs", str(job)], capture_output=True, text=True,
-                          timeout=60)
+    logs = asuser.run([sys.executable, "-m", "slurmtools", "logs", str(job)])
     assert '"event": "final"' in logs.stdout
-    bad = subprocess.run([sys.executable, "-m", "slurmtools", "status", "abc"], capture_output=True, text=True)
+    bad = asuser.run([sys.executable, "-m", "slurmtools", "status", "abc"])
     assert (bad.returncode, bad.stderr.strip()) == (2, "slurmtools: error: not a job id: 'abc'")
 
 
-def test_submit_wait_and_the_supervisor_ride_through_a_controller_restart(cluster, shared_tmp: Path, reference_run):
+def test_submit_wait_and_the_supervisor_ride_through_a_controller_restart(cluster, user_tmp: Path, reference_run):
     """slurmctld stops and starts again mid-run (`minicluster restart-controller`): `submit --wait`
     keeps following, the supervisor's Slurm calls retry, and training ends in the reference state."""
     import subprocess
     import sys
 
     training.settle()
-    spec_file = shared_tmp / "job.yaml"
+    spec_file = user_tmp / "job.yaml"
     spec_file.write_text(
         f"name: ctld\nnodes: 2\nprocesses_per_node: 2\npython: {sys.executable}\n"
         f"command: [{training.TRAIN}, --steps, '{training.STEPS}', --checkpoint-every, "
         f"'{training.CHECKPOINT_EVERY}', --step-sleep-s, '0.5']\n"
-        f"output_dir: {shared_tmp}/logs\ncheckpoint_dir: {shared_tmp}/ckpt\ntime_limit_min: 10\n"
+        f"output_dir: {user_tmp}/logs\ncheckpoint_dir: {user_tmp}/ckpt\ntime_limit_min: 10\n"
         "requeue: {hang_timeout_s: 120, backoff_s: 0, warning_lead_s: 60, checkpoint_grace_s: 30}\n")
-    waiter = subprocess.Popen([sys.executable, "-m", "slurmtools", "submit", str(spec_file), "--wait"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    waiter = asuser.popen([sys.executable, "-m", "slurmtools", "submit", str(spec_file), "--wait"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert waiter.stdout is not None
     job = int(waiter.stdout.readline().strip())
     spec = training.load_spec_file(spec_file)
@@ -91,10 +89,10 @@ def test_submit_wait_and_the_supervisor_ride_through_a_controller_restart(cluste
 
 
 @pytest.mark.every_release
-def test_expedited_requeue_is_asked_exactly_where_the_release_has_it(cluster, shared_tmp: Path):
+def test_expedited_requeue_is_asked_exactly_where_the_release_has_it(cluster, user_tmp: Path):
     """expedite_requeue renders --requeue=expedite on 25.11+ (the mini-cluster enables it there),
     a plain --requeue before; the job's record says which it got."""
-    spec = training.training_spec(shared_tmp, "expedite", steps=2, expedite_requeue=True)
+    spec = training.training_spec(user_tmp, "expedite", steps=2, expedite_requeue=True)
     job = training.submit(spec)
     expedited = (slurm.show_job(job) or {}).get("ExpeditedRequeue")
     training.wait_finished(job, 180)

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Sequence
 from slurmtools import jobs, slurm
 from slurmtools.fsutil import json_lines
 from slurmtools.spec import JobSpec, spec_from_dict
+from tests.cluster import asuser
 from tests.conftest import REPO, TEST_CLUSTER_NAME, TEST_STATE_DIR, wait_for
 
 TRAIN = REPO / "examples" / "tiny_fsdp" / "train.py"
@@ -43,14 +44,41 @@ def load_spec_file(path: Path) -> JobSpec:
 
 
 def submit(spec: JobSpec) -> int:
-    return jobs.submit_spec(spec, slurmtools_cmd=[sys.executable, "-m", "slurmtools"])
+    """The spec submitted by the cluster's ordinary user, as `slurmtools submit` does it."""
+    return asuser.call(jobs.submit_spec, spec, slurmtools_cmd=[sys.executable, "-m", "slurmtools"])
 
 
-def wait_finished(job: int, timeout_s: float) -> slurm.JobInfo:
+def _wait_finished(job: int, timeout_s: float) -> slurm.JobInfo:
     def done():
         info = slurm.job_state(job)
         return info if info.finished else None
     return wait_for(done, timeout_s, f"job {job} to finish")
+
+
+def wait_finished(job: int, timeout_s: float) -> slurm.JobInfo:
+    """Followed by its user (squeue, then sacct once it left the queue)."""
+    return asuser.call(_wait_finished, job, timeout_s)
+
+
+def cancel(job: int, signal: str = "") -> None:
+    """By its user."""
+    asuser.call(slurm.cancel, job, *([signal] if signal else []))
+
+
+def requeue(job: int) -> None:
+    """By its user (a person's `scontrol requeue` of their own job)."""
+    asuser.call(slurm.requeue, job)
+
+
+def cancel_all() -> None:
+    """Every job left in the queue, by its user (all of the suite's jobs are the user's)."""
+    for job in slurm.run_slurm(["squeue", "-h", "-o", "%i"]).split():
+        cancel(int(job))
+
+
+def submit_script(script: str) -> int:
+    """A plain batch script submitted by the user."""
+    return asuser.call(slurm.submit, script)
 
 
 def output(spec: JobSpec, job: int) -> str:
@@ -146,9 +174,12 @@ def blamed_reason(node: str, job: int, timeout_s: float = 30) -> str:
                     timeout_s, f"{node} drained by the blame path")[0]
     uid = int(slurm.sacct_rows(job, ("JobID", "UID"))[0]["UID"])
     user = pwd.getpwuid(uid).pw_name
-    assert info.reason.endswith(f" user={user} job={job}"), info.reason
+    assert user == asuser.user().name, f"job {job} ran as {user}, not the cluster's ordinary user"
+    from slurmtools import drain
+    reason = drain.without_slurm_notes(info.reason)     # 24.11+ append " : Not responding" to a dead node's
+    assert reason.endswith(f" user={user} job={job}"), info.reason
     layout = mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR)
     records = [r for r in spool.records(layout.blame_spool / spool.DONE_DIR)
                if r.get("job") == str(job) and r.get("node") == node and r.get("action") == "drain"]
     assert records and records[0]["uid"] == uid, records
-    return info.reason
+    return reason
