@@ -22,14 +22,21 @@ echo "== bringing up the mini-cluster"
 $st minicluster up "${release[@]}"
 # Slurm's own commands of this cluster (another release's are wrappers in its state dir)
 eval "$($st minicluster env)"
+# The job is submitted, followed and reported on by the cluster's ordinary user (not root, not a
+# Slurm operator), as on a real cluster: `up` made it; its files go to runs/tiny-fsdp, which it owns.
+user=slurmtools-mini      # the `mini` cluster's job user (slurmtools/minicluster/jobuser.py)
+uid=$(id -u "$user") gid=$(id -g "$user")
 rm -rf runs/tiny-fsdp
+install -d -m 0755 runs
+install -d -m 0755 -o "$uid" -g "$gid" runs/tiny-fsdp
+as_user() { setpriv --reuid="$uid" --regid="$gid" --clear-groups -- env HOME="$PWD/runs/tiny-fsdp" USER="$user" "$@"; }
 echo
 echo "== the sbatch script slurmtools renders for examples/tiny_fsdp/job.yaml (head)"
 $st render examples/tiny_fsdp/job.yaml | sed -n '1,16p'
 echo "   ..."
 echo
-echo "== submitting it and following it"
-jid=$($st submit examples/tiny_fsdp/job.yaml --wait)
+echo "== submitting it and following it, as the cluster's ordinary user $user"
+jid=$(as_user $st submit examples/tiny_fsdp/job.yaml --wait)
 echo
 echo "== job $jid: supervisor decisions and the final state"
 grep -h '"slurmtools": "decision"\|"event": "final"' runs/tiny-fsdp/logs/tiny-fsdp-"$jid".out
@@ -38,11 +45,11 @@ echo "== complete checkpoints (each sealed by a sha256 manifest)"
 ls runs/tiny-fsdp/checkpoints
 echo
 echo "== goodput from the job's ledger"
-$st goodput "$jid" --spec examples/tiny_fsdp/job.yaml
+as_user $st goodput "$jid" --spec examples/tiny_fsdp/job.yaml
 echo
 echo "== the job's report (the page with the plots: runs/tiny-fsdp/report.html)"
-$st report "$jid" --spec examples/tiny_fsdp/job.yaml
-$st report "$jid" --spec examples/tiny_fsdp/job.yaml --html runs/tiny-fsdp/report.html
+as_user $st report "$jid" --spec examples/tiny_fsdp/job.yaml
+as_user $st report "$jid" --spec examples/tiny_fsdp/job.yaml --html runs/tiny-fsdp/report.html
 echo
 echo "== nodes (none drained)"
 $st minicluster status
