@@ -1,6 +1,7 @@
 """The mini-cluster is a real Slurm: nodes, GRES, multi-node jobs, accounting, node failure."""
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -43,11 +44,12 @@ def test_two_node_job_hostnames_gpus_and_cross_node_tcp(cluster, user_tmp: Path)
 set -euo pipefail
 nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
 srun bash -c 'echo "task $SLURM_PROCID host=$(hostname) gpus=$CUDA_VISIBLE_DEVICES"' | sort
-# rank 1 listens on the second node; the first node connects to it by name.
-srun -N1 -n1 -w "${{nodes[1]}}" python3 -c '
+# rank 1 listens on the second node; the first node connects to it by name. The project's Python,
+# as a user's job runs its own: another release's root has no python3 of its own.
+srun -N1 -n1 -w "${{nodes[1]}}" {sys.executable} -c '
 import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("0.0.0.0", 29555)); s.listen(1); c,a=s.accept(); print("server got", c.recv(64).decode())' &
-srun -N1 -n1 -w "${{nodes[0]}}" python3 -c '
+srun -N1 -n1 -w "${{nodes[0]}}" {sys.executable} -c '
 import socket, sys, time
 for _ in range(100):
     try:
