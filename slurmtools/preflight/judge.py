@@ -141,6 +141,18 @@ def pair_rounds(nodes: Sequence[str]) -> List[List[Tuple[str, str]]]:
     return [edges[0:count - 1:2], edges[1::2], [edges[-1]]]
 
 
+def best_of(first: Sequence[LinkResult], second: Sequence[LinkResult]) -> List[LinkResult]:
+    """Each group's better measurement of two (bandwidth up, latency down): a link is slow only when
+    it is slow both times. A burst of another job's traffic or the OS's work is not a bad link."""
+    again = {result.nodes: result for result in second}
+    out = []
+    for result in first:
+        other = again.get(result.nodes)
+        out.append(result if other is None else LinkResult(result.nodes, max(result.busbw_gbps, other.busbw_gbps),
+                                                           min(result.latency_us, other.latency_us)))
+    return out
+
+
 def judge_links(nodes: Sequence[str], pairs: Sequence[LinkResult], ring: Optional[LinkResult],
                 settings: Settings) -> List[Finding]:
     """Slow links named by node (see the module's doc); a slow ring no node explains is reported."""

@@ -87,8 +87,9 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             outcome = ("error", exc, traceback.format_exc())
         try:
             data = pickle.dumps(outcome)
-        except Exception as exc:
-            data = pickle.dumps(("error", AssertionError(f"as the user: unpicklable outcome ({exc})"),
+        except Exception as exc:        # pytest's Failed, say: its message travels as an AssertionError
+            said = f"{type(outcome[1]).__name__}: {outcome[1]}" if outcome[0] == "error" else f"a result ({exc})"
+            data = pickle.dumps(("error", AssertionError(f"as the user: {said}"),
                                  outcome[2] if len(outcome) > 2 else ""))
         with os.fdopen(write_fd, "wb") as pipe:
             pipe.write(data)

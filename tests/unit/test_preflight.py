@@ -242,3 +242,23 @@ def test_the_command_outside_an_allocation_is_a_one_line_error(monkeypatch, caps
     assert "--tasks-per-node must be at least 1, got 0" in capsys.readouterr().err
     assert main(["preflight", "--preflight-slow-factor", "1"]) == 2
     assert "preflight_slow_factor" in capsys.readouterr().err
+
+
+def test_a_link_is_slow_only_when_it_is_slow_twice():
+    """A burst of other traffic slows one measurement; the worker measures every pair again before it
+    names a node, and judges the better of the two."""
+    from slurmtools.preflight.judge import LinkResult, Settings, best_of, judge_links
+    nodes = ["node1", "node2", "node3"]
+    first = [LinkResult(("node1", "node2"), 2.6, 90.0), LinkResult(("node2", "node3"), 2.5, 95.0),
+             LinkResult(("node3", "node1"), 1.2, 300.0)]
+    second = [LinkResult(("node1", "node2"), 2.4, 80.0), LinkResult(("node2", "node3"), 1.1, 99.0),
+              LinkResult(("node3", "node1"), 2.7, 85.0)]
+    settings = Settings(budget_s=60, slow_factor=2.0)
+    assert [f.node for f in judge_links(nodes, [first[0], first[1], LinkResult(("node3", "node1"), 1.2, 300.0)],
+                                        None, settings)] == []       # node3's best pair is fine
+    assert best_of(first, second) == [LinkResult(("node1", "node2"), 2.6, 80.0),
+                                      LinkResult(("node2", "node3"), 2.5, 95.0),
+                                      LinkResult(("node3", "node1"), 2.7, 85.0)]
+    slow_twice = [LinkResult(("node1", "node2"), 0.1, 900.0), LinkResult(("node2", "node3"), 0.1, 950.0),
+                  LinkResult(("node3", "node1"), 2.7, 85.0)]
+    assert [f.node for f in judge_links(nodes, best_of(slow_twice, slow_twice), None, settings)] == ["node2"]
