@@ -60,8 +60,10 @@ def _user_name(uid: int) -> str:
 
 def relay_job(settings: JobMetricsSettings, host: str, job_id: str) -> List[str]:
     """Copy one job's vetted files across; one line per file with refusals."""
-    inbox = _root_dir(settings.inbox_for(host))
-    textfiles = _root_dir(settings.textfiles_for(host))
+    return _relay_one(_root_dir(settings.inbox_for(host)), _root_dir(settings.textfiles_for(host)), host, job_id)
+
+
+def _relay_one(inbox: Path, textfiles: Path, host: str, job_id: str) -> List[str]:
     job_dir = inbox / job_id
     try:
         info = os.lstat(job_dir)
@@ -96,20 +98,20 @@ def relay_all(settings: JobMetricsSettings, host: str, now_s: Optional[float] = 
     if not settings.enabled:
         return []
     inbox = _root_dir(settings.inbox_for(host))
+    textfiles = _root_dir(settings.textfiles_for(host))
     lines: List[str] = []
     jobs = sorted(name for name in os.listdir(inbox) if model.is_job_id(name))
     for job_id in jobs:
-        lines += relay_job(settings, host, job_id)
-    sweep(settings, host, set(jobs), time.time() if now_s is None else now_s)
+        lines += _relay_one(inbox, textfiles, host, job_id)
+    _sweep(settings, textfiles, set(jobs), time.time() if now_s is None else now_s)
     return lines
 
 
-def sweep(settings: JobMetricsSettings, host: str, running: Set[str], now_s: float) -> None:
+def _sweep(settings: JobMetricsSettings, textfiles: Path, running: Set[str], now_s: float) -> None:
     """A finished job's relayed files (its inbox is gone) older than keep_h."""
-    textfiles = _root_dir(settings.textfiles_for(host))
     for name in os.listdir(textfiles):
-        parts = name.split("_")
-        if not name.startswith("slurmtools_relay_") or len(parts) < 4 or parts[2] in running:
+        job = model.relayed_job(name)
+        if job is None or job in running:
             continue
         path = textfiles / name
         try:

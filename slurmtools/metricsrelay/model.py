@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -53,6 +53,13 @@ def relayed_name(job: str, source_name: str) -> str:
     stem = source_name[:-len(".prom")] if source_name.endswith(".prom") else source_name
     safe = "".join(char if char.isalnum() or char in "._-" else "_" for char in stem)[:100]
     return f"slurmtools_relay_{job}_{safe}.prom"
+
+
+def relayed_job(name: str) -> Optional[str]:
+    """The job id in a relayed file's name (relayed_name), None for any other file."""
+    prefix = "slurmtools_relay_"
+    job = name[len(prefix):].split("_", 1)[0] if name.startswith(prefix) else ""
+    return job if is_job_id(job) and name.endswith(".prom") else None
 
 
 def is_inbox_file(name: str) -> bool:

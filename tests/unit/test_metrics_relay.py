@@ -79,6 +79,8 @@ def test_text_that_is_not_prometheus_is_one_refusal():
 
 def test_file_names():
     assert model.relayed_name("7", "slurmtools_job_7_rank0.prom") == "slurmtools_relay_7_slurmtools_job_7_rank0.prom"
+    assert model.relayed_job("slurmtools_relay_7_slurmtools_job_7_rank0.prom") == "7"
+    assert model.relayed_job("slurmtools_health.prom") is None and model.relayed_job("slurmtools_relay_x_a.prom") is None
     assert model.is_inbox_file("a.prom") and not model.is_inbox_file(".a.prom.tmp")
     assert not model.is_inbox_file("a.txt") and not model.is_inbox_file("a b.prom")
     assert model.is_job_id("123") and not model.is_job_id("12a") and not model.is_job_id("")
