@@ -11,7 +11,7 @@ by the slow factor (with 3 or more nodes; a pair alone cannot say which end is s
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurmtools.preflight.canary import REFERENCE, TOLERANCE, CanaryResult
@@ -109,23 +109,42 @@ def judge_canary(results: Sequence[CanaryResult], size: int, chain: int, dtype: 
 
 
 def judge_throughput(results: Sequence[CanaryResult], slow_factor: float) -> List[Finding]:
-    """A device slower than the job's median device (of its kind) by slow_factor."""
+    """A device slower than the job's median device (of its kind) by slow_factor. When the slow
+    devices sit on more than half of the job's nodes, the median says nothing about any one of
+    them (the job's own load, or a slow kind): reported, no node named."""
     findings: List[Finding] = []
     kinds: Dict[str, List[CanaryResult]] = {}
     for result in results:
         kinds.setdefault(result.device_kind, []).append(result)
-    for members in kinds.values():
+    for kind, members in sorted(kinds.items()):
         if len(members) < 2:
             continue
         median = statistics.median(member.gflops for member in members)
         floor = median / slow_factor
-        for member in members:
-            if member.gflops < floor:
-                findings.append(Finding("throughput", member.node, f"{member.gflops:.3g}GFLOP/s",
-                                        f">={floor:.3g}GFLOP/s",
-                                        f"rank {member.rank} {member.device}: {median / max(member.gflops, 1e-9):.1f}x "
-                                        f"slower than the median device"))
+        slow = [member for member in members if member.gflops < floor]
+        nodes = {member.node for member in members}
+        slow_nodes = sorted({member.node for member in slow})
+        if len(nodes) >= 2 and len(slow_nodes) * 2 > len(nodes):
+            findings.append(Finding("throughput", None, f"{min(m.gflops for m in slow):.3g}GFLOP/s",
+                                    f">={floor:.3g}GFLOP/s",
+                                    f"{kind}: slow devices on {','.join(slow_nodes)}: too many to name one node"))
+            continue
+        for member in slow:
+            findings.append(Finding("throughput", member.node, f"{member.gflops:.3g}GFLOP/s", f">={floor:.3g}GFLOP/s",
+                                    f"rank {member.rank} {member.device}: {median / max(member.gflops, 1e-9):.1f}x "
+                                    f"slower than the median device"))
     return findings
+
+
+def fastest_of(first: Sequence[CanaryResult], second: Sequence[CanaryResult]) -> List[CanaryResult]:
+    """Each device's faster timing of two (its checksums stay the first run's): a device is slow only
+    when it is slow both times. A burst of the OS's or another process's work is not a slow device."""
+    again = {(result.rank, result.device): result for result in second}
+    out = []
+    for result in first:
+        other = again.get((result.rank, result.device))
+        out.append(result if other is None or other.seconds >= result.seconds else replace(result, seconds=other.seconds))
+    return out
 
 
 def pair_rounds(nodes: Sequence[str]) -> List[List[Tuple[str, str]]]:

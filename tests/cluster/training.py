@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
+import pytest
+
 from slurmtools import jobs, slurm
 from slurmtools.fsutil import json_lines
 from slurmtools.spec import JobSpec, spec_from_dict
@@ -49,10 +51,21 @@ def submit(spec: JobSpec) -> int:
 
 
 def _wait_finished(job: int, timeout_s: float) -> slurm.JobInfo:
+    seen: List[slurm.JobInfo] = []
+
     def done():
         info = slurm.job_state(job)
+        seen[:] = [info]
         return info if info.finished else None
-    return wait_for(done, timeout_s, f"job {job} to finish")
+    try:
+        return wait_for(done, timeout_s, f"job {job} to finish")
+    except BaseException:
+        # where it stuck: a pending job's reason and the nodes' states say why it never ran
+        last = seen[0] if seen else None
+        nodes = "; ".join(f"{n.name} {n.display_state} {n.reason}".strip() for n in slurm.nodes())
+        pytest.fail(f"timed out after {timeout_s:g} s waiting for job {job} to finish: last "
+                    f"{last.state if last else None} reason={last.reason if last else None} "
+                    f"nodes={last.nodes if last else None}; cluster: {nodes}")
 
 
 def wait_finished(job: int, timeout_s: float) -> slurm.JobInfo:

@@ -262,3 +262,28 @@ def test_a_link_is_slow_only_when_it_is_slow_twice():
     slow_twice = [LinkResult(("node1", "node2"), 0.1, 900.0), LinkResult(("node2", "node3"), 0.1, 950.0),
                   LinkResult(("node3", "node1"), 2.7, 85.0)]
     assert [f.node for f in judge_links(nodes, best_of(slow_twice, slow_twice), None, settings)] == ["node2"]
+
+
+def test_slow_devices_on_most_nodes_name_no_node():
+    """The job's own load, not a node: two of three nodes read slow against the median."""
+    found = judge_throughput([result("n1", gflops=60), result("n1", gflops=60, rank=1), result("n2", gflops=15),
+                              result("n2", gflops=15, rank=1), result("n3", gflops=15), result("n3", gflops=61, rank=1)],
+                             2.0)
+    assert [(f.test, f.node, f.detail) for f in found] == [
+        ("throughput", None, "cpu: slow devices on n2,n3: too many to name one node")]
+    two_nodes = judge_throughput([result("n1", gflops=60), result("n1", gflops=60, rank=1), result("n2", gflops=10),
+                                  result("n2", gflops=10, rank=1)], 2.0)
+    assert [f.node for f in two_nodes] == ["n2", "n2"]      # one of two: the slow one is named
+
+
+def test_a_device_is_slow_only_when_it_is_slow_twice():
+    """A burst of the OS's work slows one timing; the worker runs the canary again before it names a
+    node and keeps each device's faster timing (the first run's checksums)."""
+    from dataclasses import replace
+    from slurmtools.preflight.judge import fastest_of
+    first = [result("n1", gflops=60), result("n2", gflops=20, rank=1, digest="bb"), result("n3", gflops=58, rank=2)]
+    second = [replace(first[0], seconds=2.0), replace(first[1], seconds=1 / 3, digest="cc"), first[2]]
+    best = fastest_of(first, second)
+    assert [(r.rank, round(r.gflops), r.digest) for r in best] == [(0, 60, "aa"), (1, 60, "bb"), (2, 58, "aa")]
+    assert judge_throughput(best, 2.0) == []
+    assert [f.node for f in judge_throughput(fastest_of(first, first), 2.0)] == ["n2"]
