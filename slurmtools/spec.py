@@ -30,9 +30,14 @@ SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP")
 class RequeueSpec:
     """How the job survives: warning signal, restart budget, hang and node-death detection, hot spares."""
 
-    max_restarts: int = doc("Restarts after failures before giving up (warnings/preemptions are free).", 3,
+    max_restarts: int = doc("Restarts after failures within restart_window_h before giving up (warnings and "
+                            "preemptions are free). The default lets a 30-day run on 1,000 nodes go on at the "
+                            "worst published failure rate (docs/recovery.md, bench/failure_budget.py).", 10,
                             min=0, max=1000)
-    max_consecutive_failures: int = doc("Stop after this many identical failures in a row.", 2, min=1, max=100)
+    restart_window_h: float = doc("The failure budget's window: only failures this recent count against "
+                                  "max_restarts (0: the job's whole life).", 6.0, min=0.0, max=8760.0)
+    max_consecutive_failures: int = doc("Stop after this many identical failures in a row: the same cause on the "
+                                        "same node with no newer checkpoint in between.", 2, min=1, max=100)
     warning_signal: str = doc("Signal Slurm sends to the batch step before the time limit.", "USR1",
                               choices=SIGNALS)
     warning_lead_s: int = doc("Seconds before the time limit that the warning arrives (Slurm may send it "

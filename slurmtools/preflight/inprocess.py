@@ -74,8 +74,9 @@ def before_training(environ: Mapping[str, str], rank: int, job_id: str, attempt_
 def _requeue_without(outcome: launch.Outcome, job_id: str, attempt_id: str, control_dir: Optional[Path]) -> None:
     blamed = outcome.named
     events = ledger.read(control_dir) if control_dir is not None else []
-    spent = sum(1 for event in events if isinstance(event, ledger.AttemptEnd) and event.counted)
-    budget = RequeueSpec().max_restarts
+    limits = RequeueSpec()
+    spent = len(policy.in_window(ledger.history(events), limits.restart_window_h, time.time()))
+    budget = limits.max_restarts
     first = next(iter(blamed))
     stop = spent + 1 > budget
     reason = (f"restart budget spent ({budget} failures): preflight named {','.join(blamed)}" if stop

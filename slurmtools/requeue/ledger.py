@@ -189,8 +189,14 @@ def attempts(events: List[Event]) -> List[Attempt]:
 
 def history(events: List[Event]) -> List[AttemptRecord]:
     """Finished attempts as the policy sees them (oldest first)."""
-    return [AttemptRecord(Cause(a.cause), a.counted, a.checkpoint_step, a.node)
+    return [AttemptRecord(Cause(a.cause), a.counted, a.checkpoint_step, a.node, a.end_s)
             for a in attempts(events) if a.cause is not None]
+
+
+def ever_trained(events: List[Event]) -> bool:
+    """An earlier attempt of this job finished a training step (its failures since are the platform's
+    as much as the program's: the policy does not call them user errors)."""
+    return any(a.last_step is not None and a.last_step > (a.resume_step or 0) for a in attempts(events))
 
 
 def open_attempt(events: List[Event]) -> Optional[AttemptStart]:

@@ -8,8 +8,11 @@ OOM when allowed) -> restart in the allocation (a new step, no queue wait); a bl
 (node death, fatal XID, hung rank, silent data corruption, a node preflight named) -> restart without it on a spare or on fewer nodes when the
 allocation allows, else requeue excluding it (and drain it when the evidence is strong); a
 straggler the supervisor checkpointed away from -> the same, drained, not counted;
-user error before progress -> stop; OOM -> stop unless allowed; budget spent, same failure N
-times in a row, no newer checkpoint across K restarts -> stop with a summary. Restarts in
+user error (a user-error pattern, or no step ever trained in this job) -> stop; a platform failure
+(rendezvous, launch, transport, storage I/O) -> a crash, also before progress; OOM -> stop unless
+allowed; budget spent (counted failures within restart_window_h), same failure N
+times in a row (same cause and node, no newer checkpoint in between), no newer checkpoint across K
+restarts -> stop with a summary. Restarts in
 place and requeues share that one budget.
 """
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Dict, FrozenSet, Optional, Pattern, Sequence
+from typing import Dict, FrozenSet, List, Optional, Pattern, Sequence
 
 from slurmtools.spec import RequeueSpec
 from slurmtools.xid import XID_LINE, node_fault_xids
@@ -61,6 +64,7 @@ class Evidence:
     hang_detail: str = ""                    # the flight recorder's account of a hang, when it named the rank
     log_tail: str = ""                       # last lines of the job step's output
     progressed: bool = True                  # any step finished in this attempt
+    earlier_progress: bool = False           # an earlier attempt of this job trained, or a checkpoint exists
     node_states: Dict[str, str] = field(default_factory=dict)  # allocation node -> Slurm base state
     dead_node: Optional[str] = None          # every rank on it silent and its slurmd unreachable
     dead_detail: str = ""
@@ -101,6 +105,7 @@ class AttemptRecord:
     counted: bool
     checkpoint_step: Optional[int]
     node: Optional[str] = None
+    time_s: Optional[float] = None   # when it ended (older ledgers: unknown, always inside the window)
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,15 @@ _OOM = re.compile(r"(CUDA out of memory|OutOfMemoryError|torch\.OutOfMemoryError
                   r"Killed process \d+ .*out of memory|OUT_OF_MEMORY)", re.IGNORECASE)
 _USER = re.compile(r"\b(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|NameError|"
                    r"unrecognized arguments|No such file or directory: '[^']*\.py')\b")
+# the platform failed the attempt, not the program: rendezvous and store, step launch, transport,
+# storage I/O (a checkpoint read). Retried and counted like a crash, also before the first step.
+_INFRA = re.compile(
+    r"(RendezvousTimeoutError|RendezvousConnectionError|RendezvousClosedError|DistNetworkError|DistStoreError|"
+    r"The server socket has failed to (listen|bind)|"
+    r"srun: error: Task launch for \S+ failed|Communication connection failure|"
+    r"srun: error: Unable to create step|Unable to contact slurm controller|"
+    r"slurmstepd: error: .*(Connection refused|Connection timed out)|"
+    r"\[Errno (5|110|111|113|116|121)\]|Input/output error|Stale file handle|Remote I/O error)")
 _NODE_FAIL = re.compile(r"Node failure on (\S+)")
 _HOST_IN_LINE = re.compile(r"\b(?:host|node)[=: ]+([A-Za-z][\w.-]*)")
 
@@ -175,11 +189,16 @@ def classify(evidence: Evidence) -> Diagnosis:
     if ev.exit_code == 0:
         # clean exit without the complete marker: the program ended early on its own
         return Diagnosis(Cause.USER_ERROR, detail="exited 0 before training completed")
-    if _USER.search(ev.log_tail) or not ev.progressed:
-        user = _USER.search(ev.log_tail)
-        return Diagnosis(Cause.USER_ERROR,
-                         detail=(user.group(1) if user else f"exit {ev.exit_code} before the first step"))
-    return Diagnosis(Cause.CRASH, detail=f"exit {ev.exit_code}")
+    user = _USER.search(ev.log_tail)
+    if user:
+        return Diagnosis(Cause.USER_ERROR, detail=user.group(1))
+    infra = _INFRA.search(ev.log_tail)
+    if infra:
+        return Diagnosis(Cause.CRASH, detail=f"exit {ev.exit_code}, infrastructure: {infra.group(1)}")
+    if not ev.progressed and not ev.earlier_progress:
+        # nothing of this job ever trained: the program or its environment is broken
+        return Diagnosis(Cause.USER_ERROR, detail=f"exit {ev.exit_code} before the first step")
+    return Diagnosis(Cause.CRASH, detail=f"exit {ev.exit_code}" + ("" if ev.progressed else " before the first step"))
 
 
 def _blamed_host(text: str, pattern: Pattern[str]) -> Optional[str]:
@@ -192,8 +211,9 @@ def _blamed_host(text: str, pattern: Pattern[str]) -> Optional[str]:
 
 
 def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: RequeueSpec,
-           checkpoint_step: Optional[int], capacity: Capacity = Capacity()) -> Verdict:
-    """What to do after an attempt ended with diag, given earlier attempts (oldest first)."""
+           checkpoint_step: Optional[int], capacity: Capacity = Capacity(), now_s: Optional[float] = None) -> Verdict:
+    """What to do after an attempt ended with diag, given earlier attempts (oldest first); now_s
+    (when it ended) places the failure budget's window."""
     if diag.cause is Cause.COMPLETED:
         return Verdict(Action.COMPLETE, "training completed")
     if diag.cause is Cause.PREEMPTED:
@@ -210,17 +230,11 @@ def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: RequeueSpe
         return Verdict(Action.STOP, f"user error ({diag.detail}): a requeue would fail the same way")
     if diag.cause is Cause.OOM and not limits.retry_oom:
         return Verdict(Action.STOP, "out of memory: the same configuration would run out again")
-    counted_before = [a for a in history if a.counted]
+    counted_before = in_window(history, limits.restart_window_h, now_s)
     if len(counted_before) + 1 > limits.max_restarts:
-        return Verdict(Action.STOP, f"restart budget spent ({limits.max_restarts} failures): last {diag.cause.value}"
-                       f" ({diag.detail})", counted=True)
-    same = 1
-    for earlier in reversed(history):
-        if not earlier.counted:
-            continue
-        if earlier.cause is not diag.cause or earlier.node != diag.node:
-            break
-        same += 1
+        return Verdict(Action.STOP, f"restart budget spent ({limits.max_restarts} failures{_window_words(limits)}): "
+                       f"last {diag.cause.value} ({diag.detail})", counted=True)
+    same = consecutive(diag, history, checkpoint_step)
     if same >= limits.max_consecutive_failures:
         return Verdict(Action.STOP, f"{diag.cause.value} {same} times in a row ({diag.detail})", counted=True)
     if _no_progress(history, checkpoint_step, limits.no_progress_restarts):
@@ -239,6 +253,35 @@ def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: RequeueSpe
             # the suspect node leaves the step: the cause is gone, no backoff
             return Verdict(Action.RESTART, reason, counted=True, exclude_node=node, drain_node=drain)
     return Verdict(Action.REQUEUE, reason, counted=True, exclude_node=node, drain_node=drain, backoff_s=backoff)
+
+
+def in_window(history: Sequence[AttemptRecord], window_h: float, now_s: Optional[float]) -> List[AttemptRecord]:
+    """The counted failures the budget sees: those that ended within window_h of now_s (0 or no
+    clock: all of them; a record without a time is inside)."""
+    counted = [a for a in history if a.counted]
+    if window_h <= 0 or now_s is None:
+        return counted
+    since = now_s - window_h * 3600.0
+    return [a for a in counted if a.time_s is None or a.time_s >= since]
+
+
+def consecutive(diag: Diagnosis, history: Sequence[AttemptRecord], checkpoint_step: Optional[int]) -> int:
+    """This failure and the identical ones right before it: the same cause on the same node, with no
+    newer checkpoint in between (progress between two crashes makes them two separate events)."""
+    same = 1
+    newer = checkpoint_step
+    for earlier in reversed(history):
+        if not earlier.counted:
+            continue
+        if earlier.cause is not diag.cause or earlier.node != diag.node or earlier.checkpoint_step != newer:
+            break
+        same += 1
+        newer = earlier.checkpoint_step
+    return same
+
+
+def _window_words(limits: RequeueSpec) -> str:
+    return f" within {limits.restart_window_h:g} h" if limits.restart_window_h > 0 else ""
 
 
 def _no_progress(history: Sequence[AttemptRecord], checkpoint_step: Optional[int], restarts: int) -> bool:

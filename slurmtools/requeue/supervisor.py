@@ -193,6 +193,7 @@ def _evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: S
         collective_laggard_detail=collective.detail if collective else "",
         log_tail=tail,
         progressed=last_step is not None and last_step > (resume.step if resume else 0),
+        earlier_progress=resume is not None or ledger.ever_trained(ledger.read(control)),
         node_states=slurm_view.node_states(attempt.nodelist),
         dead_node=watch.dead_node,
         dead_detail=watch.dead_detail,
@@ -219,7 +220,8 @@ def _decide(config: SupervisorConfig, attempt: Attempt, evidence: policy.Evidenc
     newest = manager.latest(checksums=False) if manager else None
     checkpoint_step = newest.step if newest else None
     diag = policy.classify(evidence)
-    verdict = policy.decide(diag, ledger.history(events), config.requeue, checkpoint_step, capacity)
+    verdict = policy.decide(diag, ledger.history(events), config.requeue, checkpoint_step, capacity,
+                            now_s=time.time())
     if attempt.job_id is None and verdict.action is policy.Action.REQUEUE:
         verdict = replace(verdict, action=policy.Action.STOP,
                           reason=verdict.reason + "; not under Slurm, cannot requeue")

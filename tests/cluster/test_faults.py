@@ -235,6 +235,6 @@ def test_h_repeating_failure_stops_at_the_budget(workdir):
                                                              ("crash", "stop")]
     assert attempts(evts) == [f"{job}.0", f"{job}.0.1", f"{job}.0.2"]
     assert slurm.job_state(job).restarts == 0
-    assert "restart budget spent (2 failures)" in decisions[-1]["reason"]
+    assert "restart budget spent (2 failures within 6 h)" in decisions[-1]["reason"]
     assert CheckpointManager(spec.checkpoint_dir).latest().step == 4
     assert training.leftover_trainers(job) == []

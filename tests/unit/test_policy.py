@@ -60,14 +60,16 @@ def crash(step=None, node=None, cause=Cause.CRASH):
      "gpu7", "gpu7", "xid=79"),
     (Diagnosis(Cause.COLLECTIVE_TIMEOUT), [], 5, Action.REQUEUE, True, None, None, "collective_timeout"),
     (Diagnosis(Cause.CRASH, detail="exit 1"), [], 5, Action.REQUEUE, True, None, None, "crash (exit 1)"),
-    # same failure twice in a row -> stop
-    (Diagnosis(Cause.CRASH, detail="exit 1"), [crash(5)], 10, Action.STOP, True, None, None, "crash 2 times in a row"),
+    # the same failure twice in a row (no newer checkpoint in between) -> stop
+    (Diagnosis(Cause.CRASH, detail="exit 1"), [crash(5)], 5, Action.STOP, True, None, None, "crash 2 times in a row"),
+    # ... but progress in between makes them two separate failures
+    (Diagnosis(Cause.CRASH, detail="exit 1"), [crash(5)], 10, Action.REQUEUE, True, None, None, "crash (exit 1)"),
     # node failures on different nodes are not "the same failure"
     (Diagnosis(Cause.NODE_FAILURE, node="node3"), [crash(5, "node2", Cause.NODE_FAILURE)], 10, Action.REQUEUE, True,
      "node3", None, "node_failure"),
     # budget spent
     (Diagnosis(Cause.HANG), [crash(1), crash(2, cause=Cause.OOM), crash(3, cause=Cause.HANG)], 4, Action.STOP, True,
-     None, None, "restart budget spent (3 failures)"),
+     None, None, "restart budget spent (3 failures within 6 h)"),
 ])
 def test_decide(diag, history, ckpt, action, counted, exclude, drain, reason_part):
     v = decide(diag, history, LIMITS, ckpt)
@@ -91,5 +93,6 @@ def test_no_progress_guard():
 def test_backoff_doubles_with_consecutive_failures():
     limits = Limits(max_restarts=10, max_consecutive_failures=5, no_progress_restarts=10, backoff_s=5)
     assert decide(Diagnosis(Cause.CRASH), [], limits, 1).backoff_s == 5
-    assert decide(Diagnosis(Cause.CRASH), [crash(1)], limits, 2).backoff_s == 10
-    assert decide(Diagnosis(Cause.CRASH), [crash(1), crash(2)], limits, 3).backoff_s == 20
+    assert decide(Diagnosis(Cause.CRASH), [crash(1)], limits, 1).backoff_s == 10
+    assert decide(Diagnosis(Cause.CRASH), [crash(1), crash(1)], limits, 1).backoff_s == 20
+    assert decide(Diagnosis(Cause.CRASH), [crash(1), crash(1)], limits, 3).backoff_s == 5    # progress: anew

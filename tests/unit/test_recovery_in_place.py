@@ -83,11 +83,11 @@ def test_restarts_in_place_and_requeues_share_one_budget():
     history = [AttemptRecord(Cause.CRASH, True, 4), AttemptRecord(Cause.HANG, True, 8),
                AttemptRecord(Cause.COLLECTIVE_TIMEOUT, True, 12)]
     verdict = decide(Diagnosis(Cause.CRASH), history, LIMITS, 16, IN_PLACE)
-    assert verdict.action is Action.STOP and "restart budget spent (3 failures)" in verdict.reason
+    assert verdict.action is Action.STOP and "restart budget spent (3 failures within 6 h)" in verdict.reason
 
 
 def test_the_same_failure_twice_in_a_row_stops_in_place_too():
-    verdict = decide(Diagnosis(Cause.CRASH, detail="exit 1"), [AttemptRecord(Cause.CRASH, True, 4)], LIMITS, 8,
+    verdict = decide(Diagnosis(Cause.CRASH, detail="exit 1"), [AttemptRecord(Cause.CRASH, True, 4)], LIMITS, 4,
                      IN_PLACE)
     assert verdict.action is Action.STOP and "crash 2 times in a row" in verdict.reason
 

@@ -54,7 +54,7 @@ def test_unknown_key_names_line_and_suggests(tmp_path):
 def test_unknown_nested_key(tmp_path):
     msg = error_of(tmp_path, "name: x\ncommand: [t.py]\nrequeue:\n  max_restart: 2\n")
     assert msg.startswith(f"{tmp_path}/job.yaml:4: requeue.max_restart: unknown key; did you mean 'max_restarts'?")
-    assert "Valid keys: max_restarts, max_consecutive_failures" in msg
+    assert "Valid keys: max_restarts, restart_window_h, max_consecutive_failures" in msg
 
 
 def test_unknown_key_without_close_match_lists_keys(tmp_path):

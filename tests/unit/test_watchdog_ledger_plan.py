@@ -87,8 +87,11 @@ def test_ledger_append_read_and_history(tmp_path):
         fh.write('{"event": "start", "attempt_id": "torn')      # a killed writer's last line
     assert ledger.read(tmp_path) == records()
     assert ledger.history(ledger.read(tmp_path)) == [
-        AttemptRecord(Cause.HANG, True, 30, "node2"), AttemptRecord(Cause.PREEMPTED, False, 60, None),
-        AttemptRecord(Cause.COMPLETED, False, 100, None)]
+        AttemptRecord(Cause.HANG, True, 30, "node2", 100.0), AttemptRecord(Cause.PREEMPTED, False, 60, None, 200.0),
+        AttemptRecord(Cause.COMPLETED, False, 100, None, 291.0)]
+    assert ledger.ever_trained(ledger.read(tmp_path))
+    assert not ledger.ever_trained([ledger.AttemptStart("6.0", 1.0, resume_step=30),
+                                    ledger.AttemptEnd("6.0", 9.0, cause="crash", last_step=30)])
 
 
 def test_plan_for_the_seed_cluster():
