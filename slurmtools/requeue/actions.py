@@ -72,13 +72,13 @@ def restart_in_place(job_id: Optional[int], attempt_id: str, this_run: Run, diag
     (measured on 22.05)."""
     node = verdict.exclude_node
     if node is not None and job_id is not None:
-        if verdict.drain_node:
-            drain_node(job_id, attempt_id, verdict.drain_node, diag, direct=this_run.direct_drain)
-        this_run.lost.append(node)
+        for blamed in verdict.drained:
+            drain_node(job_id, attempt_id, blamed, diag, direct=this_run.direct_drain)
+        this_run.lost.extend(verdict.excluded)
         for error in step.kill_steps(job_id):
             emit("step_kill_failed", attempt_id, error=error)
-        emit("replace_node", attempt_id, node=node, spares_left=this_run.topology.spares(this_run.lost),
-             nodes=this_run.topology.pick(this_run.lost))
+        emit("replace_node", attempt_id, node=node, also=list(verdict.also_nodes),
+             spares_left=this_run.topology.spares(this_run.lost), nodes=this_run.topology.pick(this_run.lost))
     deadline = time.time() + verdict.backoff_s
     while time.time() < deadline and not flags.seen(signal.SIGTERM):
         time.sleep(0.1)
@@ -92,8 +92,8 @@ def requeue(job_id: int, attempt_id: str, diag: policy.Diagnosis, verdict: polic
              flags: SignalFlags, this_run: Run) -> int:
     """Requeue ourselves; with an exclusion or a backoff: hold, update, release (an update of
     ExcNodeList is refused while the job runs, but accepted at once once it is held)."""
-    if verdict.drain_node:
-        drain_node(job_id, attempt_id, verdict.drain_node, diag, direct=this_run.direct_drain)
+    for blamed in verdict.drained:
+        drain_node(job_id, attempt_id, blamed, diag, direct=this_run.direct_drain)
     if flags.seen(signal.SIGTERM):
         # Slurm is already ending this run (its own requeue, node failure or preemption).
         emit("requeue", attempt_id, by="slurm")
@@ -120,7 +120,7 @@ def requeue_fields(job_id: int, verdict: policy.Verdict, this_run: Run) -> Dict[
     """ExcNodeList (the blamed and lost nodes added to what is already excluded), NumNodes (the
     allocation's size again, when nodes were given back) and StartTime (backoff)."""
     fields: Dict[str, str] = {}
-    blamed = [node for node in [verdict.exclude_node, *this_run.lost] if node]
+    blamed = [*verdict.excluded, *this_run.lost]
     if blamed:
         from ClusterShell.NodeSet import NodeSet
         excluded = (slurm.show_job(job_id) or {}).get("ExcNodeList", "(null)")

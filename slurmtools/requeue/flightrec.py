@@ -21,7 +21,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurmtools.fsutil import read_small_regular, write_json_atomic
 from slurmtools.runtime import FLIGHT_RECORDER_REQUEST_FILE
@@ -104,34 +104,56 @@ class Laggard:
     collective: str           # what the others wait in, e.g. "gloo:all_reduce"
     seq: int                  # its collective_seq_id in the group
     group: str
-    waiting: Tuple[int, ...]  # the ranks that entered it
+    waiting: Tuple[int, ...]  # the ranks that entered it (or, never_started: that started it)
+    ranks: Tuple[int, ...] = ()   # every rank to blame, all on host (default: rank alone)
+    never_started: bool = False   # every rank entered it, but these ranks' entries never started
 
     @property
     def detail(self) -> str:
         where = f" on {self.host}" if self.host else ""
+        blamed = self.ranks or (self.rank,)
+        who = (f"rank {blamed[0]}" if len(blamed) == 1 else "ranks " + ",".join(str(rank) for rank in blamed)) + where
         waiting = ",".join(str(rank) for rank in self.waiting)
-        return (f"rank {self.rank}{where} never entered {self.collective} #{self.seq} of process group "
+        if self.never_started:
+            return (f"{who} never started {self.collective} #{self.seq} of process group {self.group} that ranks "
+                    f"{waiting} started (flight recorder entry states)")
+        return (f"{who} never entered {self.collective} #{self.seq} of process group "
                 f"{self.group} that ranks {waiting} wait in (flight recorder)")
 
 
-def _newest(entries: List[Any]) -> Dict[str, Tuple[int, str]]:
-    """group -> (highest collective_seq_id, its profiling name) among a rank's collective entries."""
-    out: Dict[str, Tuple[int, str]] = {}
+# an entry's state in the recorder's order; a rank whose entry of the collective all ranks entered
+# is still "scheduled" while others' "started" never launched it (a GPU-side hang)
+ENTRY_STATES = ("scheduled", "started", "completed")
+
+
+def _newest(entries: List[Any]) -> Dict[str, Tuple[int, str, str]]:
+    """group -> (highest collective_seq_id, its profiling name, its state) among a rank's collective entries."""
+    out: Dict[str, Tuple[int, str, str]] = {}
     for entry in entries:
         if not isinstance(entry, dict) or entry.get("is_p2p") is True:
             continue
         seq, group, name = entry.get("collective_seq_id"), entry.get("pg_id"), entry.get("profiling_name", "")
+        state = entry.get("state", "")
         if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(group, (int, str)):
             continue
         key = str(group)
         if key not in out or seq > out[key][0]:
-            out[key] = (seq, name if isinstance(name, str) else "")
+            out[key] = (seq, name if isinstance(name, str) else "", state if isinstance(state, str) else "")
     return out
 
 
+def one_node(ranks: Sequence[int], hosts: Mapping[int, str]) -> Optional[str]:
+    """The node every one of ranks sits on ("" for one rank of unknown host), else None."""
+    if len(ranks) == 1:
+        return hosts.get(ranks[0], "")
+    named = {hosts.get(rank) for rank in ranks}
+    return named.pop() if len(named) == 1 and None not in named else None
+
+
 def laggard(dumps: Mapping[int, Mapping[str, Any]], hosts: Mapping[int, str]) -> Optional[Laggard]:
-    """The one rank that never entered a collective its group's other ranks entered, or None
-    when the dumps name no single rank (all equal, several behind, fewer than two dumps). A rank
+    """The rank (or the ranks of one node) that never entered a collective its group's other ranks
+    entered; or, all having entered it, whose entry never started while the others' did. None when
+    the dumps name no single node (all equal, several nodes behind, fewer than two dumps). A rank
     of the job without a dump is not blamed here: its silence is the node watch's evidence."""
     if len(dumps) < 2:
         return None
@@ -142,9 +164,21 @@ def laggard(dumps: Mapping[int, Mapping[str, Any]], hosts: Mapping[int, str]) ->
         top = max(seqs.values())
         behind = sorted(rank for rank, seq in seqs.items() if seq < top)
         waiting = tuple(sorted(rank for rank, seq in seqs.items() if seq == top))
-        if len(behind) == 1:
-            name = newest[waiting[0]][group][1] or "a collective"
-            return Laggard(behind[0], hosts.get(behind[0]), name, top, group, waiting)
+        name = newest[waiting[0]][group][1] or "a collective"
+        host = one_node(behind, hosts) if behind else None
+        if behind and host is not None:
+            return Laggard(behind[0], host or None, name, top, group, waiting, tuple(behind))
+        if behind:
+            continue
+        states = {rank: newest[rank][group][2] for rank in seqs}
+        if not all(state in ENTRY_STATES for state in states.values()) or len(set(states.values())) < 2:
+            continue
+        low = min(states.values(), key=ENTRY_STATES.index)
+        stuck = sorted(rank for rank, state in states.items() if state == low)
+        host = one_node(stuck, hosts)
+        if low != "completed" and host is not None:
+            started = tuple(sorted(rank for rank in seqs if rank not in stuck))
+            return Laggard(stuck[0], host or None, name, top, group, started, tuple(stuck), never_started=True)
     return None
 
 

@@ -6,7 +6,9 @@ answer either is gone (the same question Slurm asks, without waiting SlurmdTimeo
 from __future__ import annotations
 
 import socket
-from typing import Dict, List, Optional, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError
@@ -14,6 +16,7 @@ from slurmtools.requeue import watchdog
 
 CONNECT_TIMEOUT_S = 2.0
 PROBE_INTERVAL_S = 2.0
+PROBE_THREADS = 8
 
 
 def slurmd_answers(address: str, port: int, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
@@ -25,18 +28,35 @@ def slurmd_answers(address: str, port: int, timeout_s: float = CONNECT_TIMEOUT_S
         return False
 
 
-class NodeWatch:
-    """Node death in seconds: a node whose ranks are all silent past the node timeout and whose
-    slurmd does not answer. Watched only when the allocation can go on without a node."""
+@dataclass(frozen=True)
+class Death:
+    """The nodes found dead together: the first was silent past the timeout; every other node of
+    the step whose slurmd did not answer either leaves with it."""
+    nodes: Tuple[str, ...]
+    silent_s: float
+    timeout_s: float
 
-    def __init__(self, node_timeout_s: int, nodes: Sequence[str], batch_host: Optional[str]) -> None:
+
+class NodeWatch:
+    """Node death in seconds: a node whose ranks are all silent past the node timeout (or never
+    beat since the launch) and whose slurmd does not answer. The probes run in threads, so a
+    node that does not answer never holds up the supervisor's loop (warning signals, hangs)."""
+
+    def __init__(self, node_timeout_s: int, nodes: Sequence[str], batch_host: Optional[str],
+                 launched_s: float) -> None:
         self.configured_s = node_timeout_s
         self.candidates = [node for node in nodes if node != batch_host]   # our own node dies with us
+        self.launched_s = launched_s
         self.step_times_s: List[float] = []
         self.last_step: Optional[int] = None
         self.last_change_t = 0.0
         self.probed_at: Dict[str, float] = {}
+        self.probes: Dict[str, "Future[bool]"] = {}
         self.endpoints: Dict[str, "tuple[str, int]"] = {}    # asked of the controller once per node
+        self.pool = ThreadPoolExecutor(max_workers=PROBE_THREADS, thread_name_prefix="slurmd-probe")
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def answers(self, node: str) -> bool:
         """Whether the node's slurmd answers (True when the controller cannot say where it listens:
@@ -59,12 +79,34 @@ class NodeWatch:
         if self.last_step is None or low != self.last_step:
             self.last_step, self.last_change_t = low, now
 
-    def dead(self, beats: List[watchdog.Beat], now: float) -> "Optional[tuple[str, float, float]]":
+    def dead(self, beats: List[watchdog.Beat], now: float) -> Optional[Death]:
+        """Start a probe of each silent node (at most one in flight per node, one per
+        PROBE_INTERVAL_S); a Death once one did not answer, with every node of the step probed."""
         timeout = watchdog.node_timeout_s(self.configured_s, self.step_times_s)
-        for host, silent_s in watchdog.silent_nodes(beats, now, timeout):
-            if host not in self.candidates or now - self.probed_at.get(host, 0.0) < PROBE_INTERVAL_S:
-                continue
-            self.probed_at[host] = now
-            if not self.answers(host):
-                return host, silent_s, timeout
-        return None
+        silent = dict(watchdog.silent_step_nodes(beats, self.candidates, self.launched_s, now, timeout))
+        for host in silent:
+            if host not in self.probes and now - self.probed_at.get(host, 0.0) >= PROBE_INTERVAL_S:
+                self.probed_at[host] = now
+                self.probes[host] = self.pool.submit(self.answers, host)
+        found = []
+        for host, probe in list(self.probes.items()):
+            if probe.done():
+                del self.probes[host]
+                if not _answered(probe) and host in silent:
+                    found.append(host)
+        if not found:
+            return None
+        # a second node lost at the same moment need not be silent past the timeout yet: ask them all
+        others = {node: self.pool.submit(self.answers, node) for node in self.candidates if node not in found}
+        wait(list(others.values()), timeout=CONNECT_TIMEOUT_S + 1.0)
+        also = [node for node, probe in others.items() if probe.done() and not _answered(probe)]
+        first = max(found, key=lambda host: silent[host])
+        return Death((first, *sorted(set(found + also) - {first})), silent[first], timeout)
+
+
+def _answered(probe: "Future[bool]") -> bool:
+    """A probe that raised is no evidence of death."""
+    try:
+        return probe.result()
+    except Exception:       # noqa: BLE001 - any failure of our own probe is no verdict on the node
+        return True

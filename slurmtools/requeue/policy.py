@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Dict, FrozenSet, List, Optional, Pattern, Sequence
+from typing import Dict, FrozenSet, List, Optional, Pattern, Sequence, Tuple
 
 from slurmtools.spec import RequeueSpec
 from slurmtools.xid import XID_LINE, node_fault_xids
@@ -68,6 +68,7 @@ class Evidence:
     node_states: Dict[str, str] = field(default_factory=dict)  # allocation node -> Slurm base state
     dead_node: Optional[str] = None          # every rank on it silent and its slurmd unreachable
     dead_detail: str = ""
+    dead_also: Tuple[str, ...] = ()          # more nodes of the step whose slurmd did not answer either
     collective_laggard_node: Optional[str] = None   # flight-recorder dumps name the rank that never entered
     collective_laggard_detail: str = ""
     sdc_found: bool = False                  # the trainer's SDC canary stopped training (its marker)
@@ -85,7 +86,8 @@ class Capacity:
     """What the running allocation can still do without Slurm's queue."""
 
     in_allocation: bool = False                     # a new step may be launched here
-    replaceable: FrozenSet[str] = frozenset()       # nodes the job can go on without
+    replaceable: FrozenSet[str] = frozenset()       # nodes the job can go on without (each alone)
+    slack: Optional[int] = None                     # how many of them it can lose together (None: one)
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ class Diagnosis:
     detail: str = ""
     fatal_for_node: bool = False     # evidence strong enough to drain the node
     check: str = ""                  # the drain reason's check (default: job.<cause>)
+    also_nodes: Tuple[str, ...] = ()  # lost together with node, on the same evidence
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,15 @@ class Verdict:
     exclude_node: Optional[str] = None
     drain_node: Optional[str] = None
     backoff_s: float = 0.0
+    also_nodes: Tuple[str, ...] = ()  # excluded with exclude_node (and drained with drain_node)
+
+    @property
+    def excluded(self) -> Tuple[str, ...]:
+        return (self.exclude_node, *self.also_nodes) if self.exclude_node else ()
+
+    @property
+    def drained(self) -> Tuple[str, ...]:
+        return (self.drain_node, *self.also_nodes) if self.drain_node else ()
 
 
 _COLLECTIVE = re.compile(
@@ -137,13 +149,17 @@ _INFRA = re.compile(
     r"slurmstepd: error: .*(Connection refused|Connection timed out)|"
     r"\[Errno (5|110|111|113|116|121)\]|Input/output error|Stale file handle|Remote I/O error)")
 _NODE_FAIL = re.compile(r"Node failure on (\S+)")
+# a node's Slurm state that is evidence of its failure (slurm_view adds not_responding: Slurm's
+# NOT_RESPONDING flag, whatever the base state)
+NOT_RESPONDING = "not_responding"
+DOWN_STATES = ("down", "fail", "failing", NOT_RESPONDING)
 _HOST_IN_LINE = re.compile(r"\b(?:host|node)[=: ]+([A-Za-z][\w.-]*)")
 
 
 def classify(evidence: Evidence) -> Diagnosis:
     """The cause of an attempt's end, and the node to blame when the evidence names one."""
     ev = evidence
-    down = sorted(node for node, state in ev.node_states.items() if state in ("down", "fail", "failing"))
+    down = sorted(node for node, state in ev.node_states.items() if state in DOWN_STATES)
     node_fail = _NODE_FAIL.search(ev.log_tail)
     if ev.preflight_node:
         return Diagnosis(Cause.PREFLIGHT, node=ev.preflight_node, detail=ev.preflight_detail,
@@ -162,13 +178,14 @@ def classify(evidence: Evidence) -> Diagnosis:
                          else "warning signal")
     if ev.dead_node:
         return Diagnosis(Cause.NODE_FAILURE, node=ev.dead_node, detail=ev.dead_detail or f"node {ev.dead_node} died",
-                         fatal_for_node=True)
+                         fatal_for_node=True, also_nodes=tuple(n for n in ev.dead_also if n != ev.dead_node))
     if ev.sdc_found:
         return Diagnosis(Cause.SDC, node=ev.sdc_node, detail=ev.sdc_detail or "silent data corruption",
                          fatal_for_node=ev.sdc_node is not None)
     if node_fail or down:
         node = node_fail.group(1).rstrip(":,") if node_fail else down[0]
-        return Diagnosis(Cause.NODE_FAILURE, node=node, detail=f"node {node} failed")
+        return Diagnosis(Cause.NODE_FAILURE, node=node, detail=f"node {node} failed",
+                         also_nodes=tuple(n for n in down if n != node))
     fatal = node_fault_xids(ev.log_tail)     # drain- or reboot-class in NVIDIA's catalogue
     if fatal:
         return Diagnosis(Cause.GPU_FATAL, node=_blamed_host(ev.log_tail, XID_LINE), detail=f"xid={fatal[0]}",
@@ -246,13 +263,23 @@ def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: RequeueSpe
     # Slurm marks a node it saw fail down itself; a node we found dead first is drained by us
     drain = node if diag.fatal_for_node else None
     reason = f"{diag.cause.value} ({diag.detail})"
+    also = diag.also_nodes if node is not None else ()
     if capacity.in_allocation and limits.in_allocation:
         if node is None:
             return Verdict(Action.RESTART, reason, counted=True, backoff_s=backoff)
-        if node in capacity.replaceable:
-            # the suspect node leaves the step: the cause is gone, no backoff
-            return Verdict(Action.RESTART, reason, counted=True, exclude_node=node, drain_node=drain)
-    return Verdict(Action.REQUEUE, reason, counted=True, exclude_node=node, drain_node=drain, backoff_s=backoff)
+        if _can_lose(capacity, (node, *also)):
+            # the suspect nodes leave the step together: the cause is gone, no backoff
+            return Verdict(Action.RESTART, reason, counted=True, exclude_node=node, drain_node=drain,
+                           also_nodes=also)
+    return Verdict(Action.REQUEUE, reason, counted=True, exclude_node=node, drain_node=drain, backoff_s=backoff,
+                   also_nodes=also)
+
+
+def _can_lose(capacity: Capacity, nodes: Sequence[str]) -> bool:
+    """Every node replaceable, and (more than one) no more than the allocation can lose together."""
+    if not all(node in capacity.replaceable for node in nodes):
+        return False
+    return len(nodes) == 1 or (capacity.slack is not None and len(nodes) <= capacity.slack)
 
 
 def in_window(history: Sequence[AttemptRecord], window_h: float, now_s: Optional[float]) -> List[AttemptRecord]:

@@ -10,14 +10,14 @@ from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError
 from slurmtools.requeue import ledger, policy, watchdog
 
-DOWN_STATES = ("down", "fail", "failing")
-
-
 def node_states(nodelist: str) -> Dict[str, str]:
+    """Each node's base state, or not_responding when Slurm flags it so (an allocated node whose
+    slurmd missed its pings is evidence, whatever its base state says)."""
     if not nodelist:
         return {}
     try:
-        return {node.name: node.state for node in slurm.nodes(nodelist)}
+        return {node.name: policy.NOT_RESPONDING if "NOT_RESPONDING" in node.flags else node.state
+                for node in slurm.nodes(nodelist)}
     except SlurmCommandError:
         return {}
 
@@ -49,7 +49,7 @@ def close_dangling_attempt(control: Path, events: List[ledger.Event],
         return None
     beats = watchdog.read_heartbeats(control)
     states = node_states(last.nodes)
-    down = sorted(node for node, state in states.items() if state in DOWN_STATES)
+    down = sorted(node for node, state in states.items() if state in policy.DOWN_STATES)
     cause = policy.Cause.NODE_FAILURE if down else policy.Cause.CRASH
     end = ledger.AttemptEnd(
         attempt_id=last.attempt_id, time_s=max((beat.time_s for beat in beats), default=last.time_s),

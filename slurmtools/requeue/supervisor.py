@@ -73,6 +73,7 @@ class Watch:
     killed_by_us: bool = False
     stall: Optional[watchdog.Stall] = None
     dead_node: Optional[str] = None
+    dead_also: "tuple[str, ...]" = ()
     dead_detail: str = ""
     straggler: Optional[straggler.Straggler] = None
 
@@ -144,12 +145,13 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
             node_watch.observe(beats, now)
             dead = node_watch.dead(beats, now)
             if dead is not None:
-                node, silent_s, timeout_s = dead
-                watch.dead_node = node
-                watch.dead_detail = (f"node {node}: every rank silent for {silent_s:.1f} s (node timeout "
-                                     f"{timeout_s:.0f} s) and its slurmd does not answer")
-                emit("node_dead", attempt.attempt_id, node=node, silent_s=round(silent_s, 1),
-                     node_timeout_s=round(timeout_s, 1))
+                node, *also = dead.nodes
+                watch.dead_node, watch.dead_also = node, tuple(also)
+                watch.dead_detail = (f"node {node}: every rank silent for {dead.silent_s:.1f} s (node timeout "
+                                     f"{dead.timeout_s:.0f} s) and its slurmd does not answer"
+                                     + (f"; nor does the slurmd of {','.join(also)}" if also else ""))
+                emit("node_dead", attempt.attempt_id, node=node, also=list(also), silent_s=round(dead.silent_s, 1),
+                     node_timeout_s=round(dead.timeout_s, 1))
                 step.kill_now(child)
                 watch.killed_by_us = True
                 break
@@ -196,6 +198,7 @@ def _evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: S
         earlier_progress=resume is not None or ledger.ever_trained(ledger.read(control)),
         node_states=slurm_view.node_states(attempt.nodelist),
         dead_node=watch.dead_node,
+        dead_also=watch.dead_also,
         dead_detail=watch.dead_detail,
         sdc_found=corruption is not None,
         sdc_node=corruption[0] if corruption else None,
@@ -210,7 +213,8 @@ def _capacity(attempt: Attempt, run: Run, nodes: Sequence[str], flags: SignalFla
     """A new step may follow under Slurm while Slurm is not ending this run (no SIGTERM seen)."""
     if attempt.job_id is None or flags.seen(signal.SIGTERM):
         return policy.Capacity()
-    return policy.Capacity(True, frozenset(node for node in nodes if run.topology.can_lose(node, run.lost)))
+    return policy.Capacity(True, frozenset(node for node in nodes if run.topology.can_lose(node, run.lost)),
+                           run.topology.slack(run.lost))
 
 
 def _decide(config: SupervisorConfig, attempt: Attempt, evidence: policy.Evidence, beats: List[watchdog.Beat],
@@ -332,8 +336,10 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
     except OSError as exc:
         emit("stop", attempt.attempt_id, reason=f"cannot start {argv[0]}: {exc}")
         return 1
-    node_watch = (nodecheck.NodeWatch(config.requeue.node_timeout_s, nodes, this_run.topology.batch_host)
-                  if attempt.job_id is not None and this_run.topology.can_lose_any(this_run.lost) else None)
+    # without a spare too: a dead node then means a requeue without it now, not after SlurmdTimeout
+    node_watch = (nodecheck.NodeWatch(config.requeue.node_timeout_s, nodes or this_run.topology.allocation,
+                                      this_run.topology.batch_host, start_t)
+                  if attempt.job_id is not None else None)
     requeue = config.requeue
     stragglers = (straggler.StragglerWatch(requeue.straggler_factor, requeue.straggler_windows,
                                            requeue.straggler_window_steps) if requeue.straggler_factor > 0 else None)
@@ -347,6 +353,8 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
                        lambda: _warn_when_due(clock, attempt, flags, warn_sig))
     finally:
         launched.finish(config.stop_timeout_s)
+        if node_watch is not None:
+            node_watch.close()
     emit("step_end", attempt.attempt_id, exit_code=watch.exit_code, run_s=round(time.time() - start_t, 3))
     evidence, beats = _evidence(config, attempt, watch, flags, "".join(launched.tail), resume)
     capacity = _capacity(attempt, this_run, nodes, flags)

@@ -40,6 +40,11 @@ class Topology:
         """Whether some node of the next step could be lost without leaving the allocation."""
         return any(self.can_lose(node, lost) for node in self.pick(lost) or [])
 
+    def slack(self, lost: Collection[str]) -> int:
+        """How many more nodes (the batch host never among them) the allocation can lose together."""
+        left = [node for node in self.allocation if node not in lost]
+        return max(0, len(left) - max(self.min_nodes, 1)) if self.batch_host not in lost else 0
+
     def spares(self, lost: Collection[str]) -> List[str]:
         active = self.pick(lost) or []
         return [node for node in self.allocation if node not in lost and node not in active]

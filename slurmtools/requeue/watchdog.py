@@ -152,6 +152,12 @@ def judge(beats: List[Beat], now_s: float, timeout_s: float, expected_ranks: Opt
     if len(steps) > 1 and len(laggards) == 1:
         lag = laggards[0]
         return Stall(idle, lag.rank, lag.host, lag.step)
+    hosts = {lag.host for lag in laggards}
+    if len(steps) > 1 and len(hosts) == 1 and "" not in hosts:
+        # a whole node behind (its 8 ranks on a GPU node): the node is the laggard
+        ranks = ",".join(str(lag.rank) for lag in laggards)
+        return Stall(idle, laggards[0].rank, laggards[0].host, low,
+                     f"ranks {ranks} on {laggards[0].host} stopped at step {low}; the others went on")
     if expected_ranks is not None and len(beats) == expected_ranks - 1:
         # one rank never beat at all: it is the laggard, but its host is unknown
         missing = sorted(set(range(expected_ranks)) - {b.rank for b in beats})
@@ -159,16 +165,19 @@ def judge(beats: List[Beat], now_s: float, timeout_s: float, expected_ranks: Opt
     return Stall(idle, None, None, low)
 
 
-def silent_nodes(beats: List[Beat], now_s: float, timeout_s: float) -> List[Tuple[str, float]]:
-    """(host, silent seconds) of each node none of whose ranks has shown life for timeout_s,
-    most silent first. Silence alone is no death (a stuck filesystem silences every node; the
-    survivors of a dead peer may have exited): the supervisor asks the node's slurmd next."""
+def silent_step_nodes(beats: List[Beat], nodes: List[str], since_s: float, now_s: float,
+                      timeout_s: float) -> List[Tuple[str, float]]:
+    """(host, silent seconds) of each of the step's nodes none of whose ranks has shown life for
+    timeout_s, most silent first; a node none of whose ranks ever beat is silent since since_s
+    (the step's launch: a node that dies during start-up never beats at all). Silence alone is
+    no death (a stuck filesystem silences every node; the survivors of a dead peer may have
+    exited): the supervisor asks the node's slurmd next."""
     if timeout_s <= 0:
         return []
-    newest: Dict[str, float] = {}
+    newest: Dict[str, float] = {node: since_s for node in nodes}
     for beat in beats:
-        if beat.host:
-            newest[beat.host] = max(newest.get(beat.host, 0.0), beat.last_alive_s)
+        if beat.host in newest:
+            newest[beat.host] = max(newest[beat.host], beat.last_alive_s)
     silent = [(host, now_s - t) for host, t in sorted(newest.items()) if now_s - t >= timeout_s]
     return sorted(silent, key=lambda item: -item[1])
 

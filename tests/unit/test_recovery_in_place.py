@@ -110,9 +110,15 @@ def beat(rank, host, alive, step=5, time_s=100.0):
 def test_silent_nodes_are_those_whose_every_rank_is_silent():
     beats = [beat(0, "node1", 130.0), beat(1, "node1", 131.0), beat(2, "node2", 118.0), beat(3, "node2", 131.0),
              beat(4, "node3", 112.0), beat(5, "node3", 115.0)]
-    assert watchdog.silent_nodes(beats, 131.0, 10.0) == [("node3", 16.0)]
-    assert watchdog.silent_nodes(beats, 131.0, 0) == []
-    assert [host for host, _ in watchdog.silent_nodes(beats, 200.0, 10.0)] == ["node3", "node1", "node2"]  # ties by name
+    nodes = ["node1", "node2", "node3"]
+    assert watchdog.silent_step_nodes(beats, nodes, 90.0, 131.0, 10.0) == [("node3", 16.0)]
+    assert watchdog.silent_step_nodes(beats, nodes, 90.0, 131.0, 0) == []
+    assert [host for host, _ in watchdog.silent_step_nodes(beats, nodes, 90.0, 200.0, 10.0)] == [
+        "node3", "node1", "node2"]                                           # ties by name
+    # a node of the step none of whose ranks ever beat is silent since the launch (90.0)
+    assert watchdog.silent_step_nodes(beats, [*nodes, "node4"], 90.0, 131.0, 10.0) == [("node4", 41.0),
+                                                                                          ("node3", 16.0)]
+    assert watchdog.silent_step_nodes(beats, ["node1"], 90.0, 131.0, 10.0) == []    # other hosts: not the step's
 
 
 def test_a_rank_without_the_alive_field_is_alive_when_it_last_stepped():

@@ -1,0 +1,126 @@
+"""Several nodes lost at once leave the step together; a node that never beat is probed; the node
+watch runs without spares; Slurm's NOT_RESPONDING is evidence. Pure rules, and the node watch's
+logic with its slurmd probe replaced (the real probe is a TCP connect, tested on the cluster)."""
+import time
+
+import pytest
+
+from slurmtools.requeue import nodecheck, watchdog
+from slurmtools.requeue.policy import Action, Capacity, Cause, Diagnosis, Evidence, classify, decide
+from slurmtools.requeue.topology import Topology, topology_of
+from slurmtools.spec import RequeueSpec
+
+LIMITS = RequeueSpec(backoff_s=5.0)
+
+
+def two_dead():
+    return classify(Evidence(exit_code=None, dead_node="node3", dead_also=("node2",),
+                             dead_detail="node node3: every rank silent for 10.2 s"))
+
+
+def test_nodes_lost_together_are_one_diagnosis():
+    diag = two_dead()
+    assert (diag.cause, diag.node, diag.also_nodes, diag.fatal_for_node) == (Cause.NODE_FAILURE, "node3", ("node2",),
+                                                                             True)
+
+
+def test_two_dead_nodes_leave_for_two_spares_together():
+    topology = Topology(("node1", "node2", "node3", "node4", "node5"), 3, 3)     # two spares
+    capacity = Capacity(True, frozenset({"node2", "node3"}), topology.slack([]))
+    verdict = decide(two_dead(), [], LIMITS, 8, capacity, now_s=1.0)
+    assert (verdict.action, verdict.excluded, verdict.drained, verdict.backoff_s) == (
+        Action.RESTART, ("node3", "node2"), ("node3", "node2"), 0.0)
+
+
+def test_two_dead_nodes_with_one_spare_requeue_excluding_both():
+    topology = Topology(("node1", "node2", "node3", "node4"), 3, 3)               # one spare
+    assert topology.slack([]) == 1
+    capacity = Capacity(True, frozenset({"node2", "node3"}), topology.slack([]))
+    verdict = decide(two_dead(), [], LIMITS, 8, capacity, now_s=1.0)
+    assert (verdict.action, verdict.excluded, verdict.drained) == (Action.REQUEUE, ("node3", "node2"),
+                                                                   ("node3", "node2"))
+
+
+def test_fewer_nodes_where_min_nodes_allows_both():
+    topology = topology_of(["node1", "node2", "node3", "node4"], RequeueSpec(min_nodes=2))
+    assert (topology.train_nodes, topology.slack([])) == (4, 2)
+    assert topology.pick(["node2", "node3"]) == ["node1", "node4"]
+    assert topology.slack(["node1"]) == 0                        # the batch host lost: nothing goes on
+
+
+def test_without_spares_a_dead_node_is_a_requeue_excluding_it_at_once():
+    diag = classify(Evidence(exit_code=None, dead_node="node2", dead_detail="node node2: every rank silent"))
+    verdict = decide(diag, [], LIMITS, 4, Capacity(True, frozenset(), 0), now_s=1.0)
+    assert (verdict.action, verdict.excluded, verdict.drained) == (Action.REQUEUE, ("node2",), ("node2",))
+
+
+def test_not_responding_is_evidence_of_a_node_failure():
+    diag = classify(Evidence(exit_code=1, node_states={"node1": "allocated", "node2": "not_responding",
+                                                       "node3": "down"},
+                             log_tail="gloo: Connection closed by peer\n"))
+    assert (diag.cause, diag.node, diag.also_nodes) == (Cause.NODE_FAILURE, "node2", ("node3",))
+
+
+class FakeWatch(nodecheck.NodeWatch):
+    """The node watch with its slurmd probe answered from a table."""
+
+    def __init__(self, dead_nodes, *args):
+        super().__init__(*args)
+        self.dead_nodes = set(dead_nodes)
+
+    def answers(self, node):
+        return node not in self.dead_nodes
+
+
+def beat(rank, host, alive):
+    return watchdog.Beat(rank, host, 5, alive, None, alive)
+
+
+def settle(watch, beats, now):
+    """dead() until the probes in flight are done (they run in threads)."""
+    for _ in range(100):
+        found = watch.dead(beats, now)
+        if found is not None or not watch.probes:
+            return found
+        time.sleep(0.01)
+    pytest.fail("probes never finished")
+
+
+def test_the_watch_finds_every_dead_node_of_the_step_together():
+    """node3 is silent past the timeout; node2 died a moment later (still within the timeout) but
+    its slurmd does not answer either: both leave together."""
+    watch = FakeWatch({"node2", "node3"}, 10, ["node1", "node2", "node3", "node4"], "node1", 100.0)
+    try:
+        beats = [beat(0, "node1", 129.0), beat(1, "node2", 125.0), beat(2, "node3", 118.0), beat(3, "node4", 129.0)]
+        death = settle(watch, beats, 130.0)
+        assert death == nodecheck.Death(("node3", "node2"), 12.0, 10.0)
+    finally:
+        watch.close()
+
+
+def test_a_node_that_never_beat_is_probed_after_the_timeout_since_the_launch():
+    watch = FakeWatch({"node3"}, 10, ["node1", "node2", "node3"], "node1", 100.0)
+    try:
+        beats = [beat(0, "node1", 109.0), beat(1, "node2", 109.0)]
+        assert settle(watch, beats, 109.0) is None                   # 9 s after the launch: not yet
+        death = settle(watch, beats, 111.0)
+        assert death is not None and death.nodes == ("node3",) and death.silent_s == 11.0
+    finally:
+        watch.close()
+
+
+def test_a_silent_node_whose_slurmd_answers_is_not_dead():
+    watch = FakeWatch(set(), 10, ["node1", "node2"], "node1", 100.0)
+    try:
+        assert settle(watch, [beat(0, "node1", 129.0), beat(1, "node2", 100.0)], 130.0) is None
+        assert watch.probed_at == {"node2": 130.0}
+    finally:
+        watch.close()
+
+
+def test_the_batch_host_is_never_declared_dead_by_its_own_supervisor():
+    watch = FakeWatch({"node1"}, 10, ["node1", "node2"], "node1", 100.0)
+    try:
+        assert settle(watch, [beat(0, "node1", 100.0), beat(1, "node2", 129.0)], 130.0) is None
+    finally:
+        watch.close()
