@@ -38,6 +38,9 @@ TRANSIENT_ERRORS = re.compile(r"Socket timed out|Unable to contact slurm control
 # the ones that mean the request never reached slurmctld: safe to retry even for sbatch
 NOT_DELIVERED = re.compile(r"Unable to contact slurm controller|Connection refused")
 RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 8.0)
+# what a job's own requeue rides through: a controller restart or failover takes minutes on a
+# large cluster, and a requeue that gives up ends the job FAILED
+REQUEUE_OUTAGE_S = 180.0
 # (slurm.conf, directory of the cluster's client commands or None)
 _CONF: "contextvars.ContextVar[Optional[Tuple[str, Optional[str]]]]" = contextvars.ContextVar("slurm_conf", default=None)
 
@@ -61,22 +64,26 @@ def _ignore_sigterm() -> None:
 
 def run_slurm(argv: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, input_text: Optional[str] = None,
               env: Optional[Mapping[str, str]] = None, survive_sigterm: bool = False,
-              retry: Optional[re.Pattern[str]] = TRANSIENT_ERRORS) -> str:
+              retry: Optional[re.Pattern[str]] = TRANSIENT_ERRORS, outage_s: float = 0.0) -> str:
     """Run one Slurm command and return its stdout; never through a shell. Transient controller
-    errors (retry) are retried with backoff; anything else fails at once.
+    errors (retry) are retried with backoff (about 25 s; outage_s: at least that long since the
+    first try); anything else fails at once.
 
     survive_sigterm: the command ignores SIGTERM (an ignored signal survives exec). A job that
     requeues itself is sent SIGTERM at once, its own scontrol children included; the commands
     that must still finish (update, release) take milliseconds, well inside KillWait.
     """
-    for delay_s in (*RETRY_DELAYS_S, None):
+    until = time.monotonic() + outage_s
+    tries = 0
+    while True:
         try:
             return _run_once(argv, timeout_s, input_text, env, survive_sigterm)
         except SlurmCommandError as exc:
-            if delay_s is None or retry is None or exc.timed_out or not retry.search(exc.stderr):
+            more = tries < len(RETRY_DELAYS_S) or time.monotonic() < until
+            if not more or retry is None or exc.timed_out or not retry.search(exc.stderr):
                 raise
-            time.sleep(delay_s)
-    raise AssertionError("unreachable")
+            time.sleep(RETRY_DELAYS_S[min(tries, len(RETRY_DELAYS_S) - 1)])
+            tries += 1
 
 
 def _run_once(argv: Sequence[str], timeout_s: float, input_text: Optional[str], env: Optional[Mapping[str, str]],
@@ -186,26 +193,28 @@ def cancel(job_id: int, signal_name: Optional[str] = None) -> None:
 
 
 def requeue(job_id: int) -> None:
-    """Safe from inside the job too: the SIGTERM that follows the requeue cannot kill scontrol."""
-    run_slurm(["scontrol", "requeue", str(job_id)], survive_sigterm=True)
+    """Safe from inside the job too: the SIGTERM that follows the requeue cannot kill scontrol;
+    rides through a controller outage of REQUEUE_OUTAGE_S."""
+    run_slurm(["scontrol", "requeue", str(job_id)], survive_sigterm=True, outage_s=REQUEUE_OUTAGE_S)
 
 
-def update_job(job_id: int, *, survive_sigterm: bool = False, **fields: str) -> None:
+def update_job(job_id: int, *, survive_sigterm: bool = False, outage_s: float = 0.0, **fields: str) -> None:
     """`scontrol update JobId=N Key=Value ...` (e.g. ExcNodeList, StartTime)."""
     run_slurm(["scontrol", "update", f"JobId={job_id}", *[f"{k}={v}" for k, v in fields.items()]],
-              survive_sigterm=survive_sigterm)
+              survive_sigterm=survive_sigterm, outage_s=outage_s)
 
 
 def requeue_excluding(job_id: int, fields: Mapping[str, str], attempts: int = 3) -> None:
     """Requeue a job and change what a running job may not (ExcNodeList, StartTime): hold it,
-    update, release. Safe to call from inside the job itself, which Slurm starts ending at the hold."""
-    run_slurm(["scontrol", "requeuehold", str(job_id)], survive_sigterm=True)
+    update, release. Safe to call from inside the job itself, which Slurm starts ending at the hold;
+    each command rides through a controller outage of REQUEUE_OUTAGE_S."""
+    run_slurm(["scontrol", "requeuehold", str(job_id)], survive_sigterm=True, outage_s=REQUEUE_OUTAGE_S)
     try:
-        update_job(job_id, survive_sigterm=True, **fields)
+        update_job(job_id, survive_sigterm=True, outage_s=REQUEUE_OUTAGE_S, **fields)
     finally:
         for attempt in range(attempts):
             try:
-                run_slurm(["scontrol", "release", str(job_id)], survive_sigterm=True)
+                run_slurm(["scontrol", "release", str(job_id)], survive_sigterm=True, outage_s=REQUEUE_OUTAGE_S)
                 break
             except SlurmCommandError:
                 if attempt == attempts - 1:
