@@ -47,6 +47,7 @@ class TrainConfig:
     seed: int = 1234
     step_sleep_s: float = 0.0
     fail_at_step: int = -1
+    fail_again_at_step: int = -1    # the attempt after the faulting one fails here (a second, later crash)
     hang_at_step: str = ""
     slow_checkpoint_at: int = -1
     slow_checkpoint_s: float = 30.0
@@ -254,6 +255,8 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
     hang_rank, _, hang_step = cfg.hang_at_step.partition(":") if faults else ("", "", "")
     skip_rank, _, skip_step = cfg.skip_collective_at.partition(":") if faults else ("", "", "")
     fail_at = cfg.fail_at_step if faults else -1
+    if cfg.faults_on_attempt >= 0 and attempt_number(os.environ) == cfg.faults_on_attempt + 1:
+        fail_at = cfg.fail_again_at_step
     slow_at = cfg.slow_checkpoint_at if faults else -1
     slow_host, _, slow_s = cfg.slow_node.partition(":") if faults else ("", "", "")
     slower_s = float(slow_s or 0) if slow_host == socket.gethostname() else 0.0

@@ -204,6 +204,23 @@ def test_g_user_bug_stops_after_one_attempt(workdir):
     assert "injected failure at step 0" in training.stderr(spec, job)
 
 
+def test_i_a_second_crash_long_after_the_first_goes_on(workdir, reference_run):
+    """A crash at step 6 (checkpoint 4), and on the restart another at step 14 (checkpoints 8 and
+    12 between): two separate failures, not the same one twice in a row; the job completes."""
+    spec = training.training_spec(workdir, "twocrash", extra=["--fail-at-step", "6", "--fail-again-at-step", "14",
+                                                              "--no-async-checkpoint"])
+    job = training.submit(spec)
+    info = training.wait_finished(job, 240)
+    evts = training.events(spec, job)
+    assert info.state == "COMPLETED", training.describe(spec, job)
+    decisions = training.supervisor_events(evts, "decision")
+    assert [(d["cause"], d["action"]) for d in decisions] == [("crash", "restart"), ("crash", "restart"),
+                                                             ("completed", "complete")]
+    assert [d["checkpoint_step"] for d in decisions[:2]] == [4, 12]
+    assert [e["step"] for e in training.trainer_events(evts, "resumed")] == [4, 12]
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+
+
 def test_cancel_by_a_person_stops_without_requeue(workdir):
     spec = training.training_spec(workdir, "cancel", extra=["--step-sleep-s", "0.5"])
     job = training.submit(spec)
