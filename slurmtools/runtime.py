@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from slurmtools.fsutil import write_json_atomic
 from slurmtools.signals import SignalFlags
@@ -323,11 +323,13 @@ class TrainingControl:
         if self.control_dir is not None and self.rank == 0:
             write_json_atomic(self.control_dir / STOPPED_FILE, {"step": step, "attempt_id": self.attempt_id})
 
-    def mark_sdc(self, step: int, ranks: List[int], node: Optional[str], detail: str) -> None:
-        """The canary found ranks computing wrong results: the supervisor blames node."""
+    def mark_sdc(self, step: int, ranks: List[int], node: Optional[str], detail: str,
+                 nodes: Sequence[str] = ()) -> None:
+        """The canary found ranks computing wrong results: the supervisor blames node (and nodes)."""
         if self.control_dir is not None and self.rank == 0:
             write_json_atomic(self.control_dir / SDC_FILE, {"step": step, "ranks": ranks, "node": node,
-                                                            "detail": detail, "attempt_id": self.attempt_id})
+                                                            "nodes": list(nodes), "detail": detail,
+                                                            "attempt_id": self.attempt_id})
 
     def mark_complete(self, step: int) -> None:
         self.flush_metrics()

@@ -3,16 +3,18 @@ weights and the ranks compare checksums of the result (logits and loss) with one
 
 Ranks of one job run the same code on the same weights and inputs, so they agree bit for bit; a
 GPU that computes wrong numbers without raising an error disagrees. The ranks that differ from a
-strict majority are named with their nodes (pure: `odd_ones`, `verdict`); without a strict
-majority nothing is named, but training still stops: which side is right is unknown. The
-trainer checks every `distributed.sdc_check_every` steps and before sealing any checkpoint, so a
+strict majority are named with their nodes, on one node or several (pure: `odd_ones`, `verdict`).
+Without a strict majority (1 rank against 1, a node-wide fault on a 2-node job, 4 against 4) the
+checksums cannot say which side is right: every rank then runs the device canary of preflight,
+whose result has a float64 reference, and the nodes whose devices miss it are named
+(`by_reference`); training stops either way. The trainer checks every `distributed.sdc_check_every` steps and before sealing any checkpoint, so a
 corrupted state is never the newest complete checkpoint.
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -26,8 +28,9 @@ class Vote:
 class Verdict:
     step: int
     odd_ranks: List[int]
-    node: Optional[str]          # the one node every odd rank is on, when there is one
+    node: Optional[str]          # the first node to blame (None: nobody)
     detail: str
+    nodes: Tuple[str, ...] = ()  # every node to blame, node first
 
 
 def odd_ones(votes: Sequence[Vote]) -> Optional[List[Vote]]:
@@ -55,7 +58,16 @@ def verdict(votes: Sequence[Vote], step: int) -> Optional[Verdict]:
     hosts = sorted({vote.host for vote in odd})
     ranks = [vote.rank for vote in odd]
     who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ",".join(map(str, ranks))
-    node = hosts[0] if len(hosts) == 1 else None
-    where = f" on {node}" if node else f" on {','.join(hosts)}"
-    return Verdict(step, ranks, node, f"{who}{where} disagree(s) with {len(votes) - len(odd)} of {len(votes)} "
-                                      f"ranks on the reference batch at step {step}")
+    return Verdict(step, ranks, hosts[0], f"{who} on {','.join(hosts)} disagree(s) with {len(votes) - len(odd)} of "
+                                          f"{len(votes)} ranks on the reference batch at step {step}", tuple(hosts))
+
+
+def by_reference(found: Verdict, votes: Sequence[Vote], off_nodes: Sequence[str]) -> Verdict:
+    """A verdict without a majority, decided by the device canary's float64 reference: the nodes
+    whose devices missed it (off_nodes) are named; none missed it: still nobody."""
+    nodes = sorted(set(off_nodes))
+    if found.odd_ranks or not nodes:
+        return found
+    ranks = [vote.rank for vote in votes if vote.host in nodes]
+    return Verdict(found.step, ranks, nodes[0], f"{found.detail}; the device canary on {','.join(nodes)} misses "
+                                                f"the float64 reference", tuple(nodes))

@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor
 from slurmtools import checkpoint_torch, sdc
 from slurmtools.checkpoint import CheckpointManager
 from slurmtools.preflight import canary as preflight_canary
+from slurmtools.preflight import judge as preflight_judge
 from slurmtools.runtime import SDC_CHECK_EVERY_ENV, TrainingControl, agree, attempt_number
 
 
@@ -177,11 +178,22 @@ def reference_digest(model: nn.Module, cfg: TrainConfig, device: torch.device, c
 
 
 def canary(model: nn.Module, cfg: TrainConfig, device: torch.device, step: int, corrupt: bool) -> Optional[sdc.Verdict]:
-    """Every rank's reference digest, all-gathered; the verdict when they do not all agree."""
+    """Every rank's reference digest, all-gathered; the verdict when they do not all agree. Without
+    a majority every rank also runs the device canary (a float64 reference) to say which side is
+    wrong (corrupt: the test-only fault makes this rank's device wrong there too, as a GPU's would)."""
     vote = sdc.Vote(dist.get_rank(), socket.gethostname(), reference_digest(model, cfg, device, corrupt))
     votes: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(votes, vote)
-    return sdc.verdict(votes, step)
+    found = sdc.verdict(votes, step)
+    if found is None or found.odd_ranks:
+        return found
+    kind = "cuda" if device.type == "cuda" else "cpu"
+    shape = preflight_canary.SHAPES[kind]
+    mine = preflight_canary.run_on(str(device), shape, fault=corrupt, rank=dist.get_rank())
+    results: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(results, mine)
+    findings = preflight_judge.judge_canary(results, shape.size, shape.chain, preflight_canary.DTYPE)
+    return sdc.by_reference(found, votes, [finding.node for finding in findings if finding.node])
 
 
 def full_state(model: nn.Module, optim: torch.optim.Optimizer) -> "tuple[Dict[str, Any], Dict[str, Any]]":
@@ -316,9 +328,9 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
             if found is not None:     # stop before this state becomes a checkpoint
                 if saver is not None:
                     saver.close()     # the save in flight began after a passing check
-                control.mark_sdc(found.step, found.odd_ranks, found.node, found.detail)
+                control.mark_sdc(found.step, found.odd_ranks, found.node, found.detail, found.nodes)
                 if rank == 0:
-                    log({"event": "sdc", "step": step, "ranks": found.odd_ranks, "node": found.node,
+                    log({"event": "sdc", "step": step, "ranks": found.odd_ranks, "node": found.node, "nodes": list(found.nodes),
                          "detail": found.detail, "attempt_id": control.attempt_id})
                 raise RuntimeError(f"silent data corruption: {found.detail}")
         if sealing and manager is not None:

@@ -73,6 +73,7 @@ class Evidence:
     collective_laggard_detail: str = ""
     sdc_found: bool = False                  # the trainer's SDC canary stopped training (its marker)
     sdc_node: Optional[str] = None
+    sdc_also: Tuple[str, ...] = ()           # more nodes the canary named with sdc_node
     sdc_detail: str = ""
     straggler_node: Optional[str] = None     # the supervisor asked for a checkpoint to swap it out
     straggler_detail: str = ""
@@ -181,7 +182,7 @@ def classify(evidence: Evidence) -> Diagnosis:
                          fatal_for_node=True, also_nodes=tuple(n for n in ev.dead_also if n != ev.dead_node))
     if ev.sdc_found:
         return Diagnosis(Cause.SDC, node=ev.sdc_node, detail=ev.sdc_detail or "silent data corruption",
-                         fatal_for_node=ev.sdc_node is not None)
+                         fatal_for_node=ev.sdc_node is not None, also_nodes=ev.sdc_also if ev.sdc_node else ())
     if node_fail or down:
         node = node_fail.group(1).rstrip(":,") if node_fail else down[0]
         return Diagnosis(Cause.NODE_FAILURE, node=node, detail=f"node {node} failed",

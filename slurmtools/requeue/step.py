@@ -137,8 +137,9 @@ def prepare_control_dir(control_dir: Path) -> None:
         _remove(path)
 
 
-def sdc_record(control_dir: Path) -> Optional[Tuple[Optional[str], str]]:
-    """(node to blame or None, detail) from the SDC canary's marker, when a well-formed one is there."""
+def sdc_record(control_dir: Path) -> Optional[Tuple[Optional[str], str, Tuple[str, ...]]]:
+    """(node to blame or None, detail, the other nodes to blame) from the SDC canary's marker,
+    when a well-formed one is there."""
     raw = read_small_regular(control_dir / SDC_FILE, 65536)
     try:
         data = json.loads(raw) if raw is not None else None
@@ -147,7 +148,11 @@ def sdc_record(control_dir: Path) -> Optional[Tuple[Optional[str], str]]:
     if not isinstance(data, dict) or not isinstance(data.get("detail"), str):
         return None
     node = data.get("node")
-    return (node if isinstance(node, str) and node else None), data["detail"][:500]
+    node = node if isinstance(node, str) and node else None
+    raw_nodes = data.get("nodes")
+    listed: List[object] = raw_nodes if isinstance(raw_nodes, list) else []
+    also = tuple(name for name in listed[:64] if isinstance(name, str) and name and name != node)
+    return node, data["detail"][:500], also if node else ()
 
 
 def marker(path: Path) -> bool:

@@ -203,6 +203,7 @@ def _evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: S
         sdc_found=corruption is not None,
         sdc_node=corruption[0] if corruption else None,
         sdc_detail=corruption[1] if corruption else "",
+        sdc_also=corruption[2] if corruption else (),
         straggler_node=watch.straggler.node if watch.straggler else None,
         straggler_detail=watch.straggler.detail if watch.straggler else "",
     )

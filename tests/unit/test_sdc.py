@@ -32,17 +32,46 @@ def test_all_agree_is_no_verdict_and_one_odd_rank_is_named_with_its_node():
     assert found.detail == "rank 3 on node2 disagree(s) with 3 of 4 ranks on the reference batch at step 6"
 
 
-def test_odd_ranks_on_two_nodes_name_no_single_node_and_no_majority_names_nobody():
+def test_odd_ranks_on_two_nodes_name_both_and_no_majority_names_nobody_by_itself():
     spread = sdc.verdict(votes("a", "b", "a", "a", "c", hosts=("n1", "n1", "n2", "n2", "n3")), 9)
-    assert (spread.odd_ranks, spread.node) == ([1, 4], None)
+    assert (spread.odd_ranks, spread.node, spread.nodes) == ([1, 4], "n1", ("n1", "n3"))
+    assert spread.detail == "ranks 1,4 on n1,n3 disagree(s) with 3 of 5 ranks on the reference batch at step 9"
     split = sdc.verdict(votes("a", "a", "b", "b"), 9)
-    assert (split.odd_ranks, split.node) == ([], None)
+    assert (split.odd_ranks, split.node, split.nodes) == ([], None, ())
     assert split.detail == "2 different results of the reference batch among 4 ranks at step 9, no majority"
+
+
+def test_without_a_majority_the_float64_reference_names_the_wrong_side():
+    """A node-wide fault on a 2-node job (2 against 2), and one rank against one."""
+    split_votes = votes("a", "a", "b", "b")
+    decided = sdc.by_reference(sdc.verdict(split_votes, 9), split_votes, ["node2", "node2"])
+    assert (decided.odd_ranks, decided.node, decided.nodes) == ([2, 3], "node2", ("node2",))
+    assert decided.detail == ("2 different results of the reference batch among 4 ranks at step 9, no majority; "
+                              "the device canary on node2 misses the float64 reference")
+    pair = votes("a", "b", hosts=("node1", "node2"))
+    assert sdc.by_reference(sdc.verdict(pair, 3), pair, ["node1"]).nodes == ("node1",)
+    undecided = sdc.verdict(pair, 3)
+    assert sdc.by_reference(undecided, pair, []) == undecided              # nobody misses it: still nobody
+    majority = sdc.verdict(votes("a", "a", "a", "b"), 6)
+    assert sdc.by_reference(majority, votes("a", "a", "a", "b"), ["node1"]) == majority   # a majority stands
+
+
+def test_the_device_canary_decides_one_rank_against_one():
+    """The device canary's results as judge_canary sees them: one device missing the reference."""
+    from slurmtools.preflight import canary as device_canary
+    from slurmtools.preflight.judge import judge_canary
+    shape = device_canary.Shape(384, 4, 1)
+    good = device_canary.run_on("cpu", shape, rank=0)
+    bad = device_canary.run_on("cpu", shape, fault=True, rank=1)
+    bad = type(bad)(**{**bad.__dict__, "node": "node2"})
+    findings = judge_canary([good, bad], shape.size, shape.chain, device_canary.DTYPE)
+    assert [f.node for f in findings if f.node] == ["node2"]
 
 
 def test_the_marker_becomes_a_drain_and_a_restart_without_the_node(tmp_path):
     (tmp_path / SDC_FILE).write_text(json.dumps({"step": 6, "ranks": [3], "node": "node2", "detail": "rank 3 on node2 x"}))
-    node, detail = step.sdc_record(tmp_path)
+    node, detail, also = step.sdc_record(tmp_path)
+    assert also == ()
     diag = classify(Evidence(exit_code=1, sdc_found=True, sdc_node=node, sdc_detail=detail,
                              log_tail="RuntimeError: silent data corruption: rank 3 on node2 x"))
     assert (diag.cause, diag.node, diag.fatal_for_node) == (Cause.SDC, "node2", True)
@@ -100,3 +129,14 @@ def test_a_malformed_fault_flag_of_the_example_trainer_is_a_one_line_usage_error
     out = subprocess.run([sys.executable, str(train), flag, value], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1] == f"train.py: error: argument {flag}: expected {form}, got {value!r}"
+
+
+def test_a_marker_naming_two_nodes_blames_both(tmp_path):
+    (tmp_path / SDC_FILE).write_text(json.dumps({"step": 9, "ranks": [1, 4], "node": "n1", "nodes": ["n1", "n3"],
+                                                 "detail": "ranks 1,4 on n1,n3 disagree(s)"}))
+    node, detail, also = step.sdc_record(tmp_path)
+    assert (node, also) == ("n1", ("n3",))
+    diag = classify(Evidence(exit_code=1, sdc_found=True, sdc_node=node, sdc_also=also, sdc_detail=detail))
+    assert (diag.cause, diag.node, diag.also_nodes, diag.fatal_for_node) == (Cause.SDC, "n1", ("n3",), True)
+    verdict = decide(diag, [], RequeueSpec(), 4, Capacity(True, frozenset({"n1", "n3"}), 1))
+    assert (verdict.action, verdict.excluded, verdict.drained) == (Action.REQUEUE, ("n1", "n3"), ("n1", "n3"))
