@@ -330,8 +330,8 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
                     saver.close()     # the save in flight began after a passing check
                 control.mark_sdc(found.step, found.odd_ranks, found.node, found.detail, found.nodes)
                 if rank == 0:
-                    log({"event": "sdc", "step": step, "ranks": found.odd_ranks, "node": found.node, "nodes": list(found.nodes),
-                         "detail": found.detail, "attempt_id": control.attempt_id})
+                    log({"event": "sdc", "step": step, "ranks": found.odd_ranks, "node": found.node,
+                         "nodes": list(found.nodes), "detail": found.detail, "attempt_id": control.attempt_id})
                 raise RuntimeError(f"silent data corruption: {found.detail}")
         if sealing and manager is not None:
             t0 = time.monotonic()
