@@ -276,19 +276,32 @@ _USER_ID = re.compile(r"\((\d+)\)$")
 
 
 def job_owner(job_id: int) -> Optional[Tuple[int, str]]:
-    """(uid, allocated hostlist) of a job, from slurmctld while it knows the job, else from accounting
-    (a blame may come a little after the job ended); None when neither knows it."""
+    """(uid, hostlist of every node the job was given, in this run or a run before a requeue) of a
+    job, from slurmctld while it knows the job, else from accounting (a blame may come a little
+    after the job ended, or from the run after the one whose node died); None when neither knows it."""
     record = show_job(job_id)
     if record is not None:
         uid = _USER_ID.search(record.get("UserId", ""))
         if uid:
-            return int(uid.group(1)), record.get("NodeList", "")
+            nodes = [record.get("NodeList", "")]
+            if record.get("Restarts", "0") not in ("", "0"):
+                try:
+                    nodes += [row["NodeList"] for row in sacct_rows(job_id, ("JobID", "NodeList"), all_attempts=True)
+                              if row["JobID"] == str(job_id)]
+                except SlurmCommandError:
+                    pass            # this run's nodes are still known
+            return int(uid.group(1)), _hostlists(nodes)
     try:
-        rows = sacct_rows(job_id, ("JobID", "UID", "NodeList"))
+        rows = sacct_rows(job_id, ("JobID", "UID", "NodeList"), all_attempts=True)
     except SlurmCommandError:
         return None
-    row = next((r for r in rows if r["JobID"] == str(job_id) and r["UID"].isdigit()), None)
-    return (int(row["UID"]), row["NodeList"]) if row else None
+    mine = [r for r in rows if r["JobID"] == str(job_id) and r["UID"].isdigit()]
+    return (int(mine[-1]["UID"]), _hostlists([r["NodeList"] for r in mine])) if mine else None
+
+
+def _hostlists(lists: Sequence[str]) -> str:
+    """Several hostlists as one (a pending run's "None assigned" and "(null)" left out)."""
+    return ",".join(item for item in lists if item and item not in ("(null)", "None assigned"))
 
 
 def cluster_name() -> str:

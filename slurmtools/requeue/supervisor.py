@@ -97,6 +97,13 @@ def _begin(config: SupervisorConfig, attempt: Attempt, manager: Optional[Checkpo
     dangling = slurm_view.close_dangling_attempt(control, events, resume.step if resume else None)
     if dangling:
         events.append(dangling)
+        if dangling.node and attempt.job_id is not None:
+            # the run before died with its node (the batch host, say: nobody was left to blame it)
+            lost = policy.Diagnosis(policy.Cause.NODE_FAILURE, dangling.node, fatal_for_node=True,
+                                    detail=f"node {dangling.node} went down under attempt {dangling.attempt_id}, "
+                                           f"its supervisor with it")
+            actions.drain_node(attempt.job_id, attempt.attempt_id, dangling.node, lost,
+                               direct=config.requeue.direct_drain)
     step.prepare_control_dir(control)
     ledger.append(control, ledger.AttemptStart(attempt.attempt_id, time.time(), attempt.restart, attempt.nodelist,
                                                resume.step if resume else None))

@@ -221,6 +221,31 @@ def test_i_a_second_crash_long_after_the_first_goes_on(workdir, reference_run):
     assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
 
 
+def test_j_the_batch_host_killed_requeues_resumes_and_blames_it(cluster, workdir, reference_run):
+    """The batch host (rank 0, the rendezvous, the supervisor) dies: Slurm requeues the batch
+    script once it marks the node down; the next run resumes from the newest complete checkpoint
+    on the other nodes, and its supervisor blames the dead host (drained by the root path)."""
+    spec = training.training_spec(workdir, "hostkill", extra=["--step-sleep-s", "0.5"])
+    job = training.submit(spec)
+    training.wait_step(spec, job, 6)
+    host = _expand(slurm.job_state(job).nodes)[0]
+    mc.kill_node(cluster, host)
+    try:
+        info = training.wait_finished(job, 300)
+        reason = training.blamed_reason(host, job)
+    finally:
+        _restore(cluster, host)
+    evts = training.events(spec, job)
+    assert info.state == "COMPLETED", training.describe(spec, job)
+    starts = training.supervisor_events(evts, "start")
+    assert len(starts) == 2 and host not in _expand(starts[1]["nodes"]), starts
+    assert training.trainer_events(evts, "resumed")[0]["step"] in (4, 8)
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+    assert reason.startswith(f"slurmtools: CRITICAL job.node_failure node {host} went down under attempt {job}.0,"), \
+        reason
+    assert training.leftover_trainers(job) == []
+
+
 def test_cancel_by_a_person_stops_without_requeue(workdir):
     spec = training.training_spec(workdir, "cancel", extra=["--step-sleep-s", "0.5"])
     job = training.submit(spec)
