@@ -58,10 +58,10 @@ class RequeueSpec:
                            "failure is drained and replaced by a spare without a requeue.", 0, min=0, max=1000)
     min_nodes: int = doc("When no spare is left, go on with fewer nodes down to this many (the checkpoint is "
                          "resharded on load); 0: never fewer than `nodes`.", 0, min=0, max=100000)
-    node_timeout_s: int = doc("Every rank of one node silent this long while the others are alive (and its "
-                              "slurmd unreachable) counts as that node's death; 0: 4x the median step time, "
-                              "at least 10 s. Watched only when spares or min_nodes allow recovery in place.",
-                              0, min=0, max=86400)
+    node_timeout_s: int = doc("Every rank of one node silent this long (or none of its ranks beating this long "
+                              "after the launch), and its slurmd unreachable, counts as that node's death; 0: "
+                              "4x the median step time, at least 10 s. With spares or min_nodes the job goes on "
+                              "in place; without, it requeues excluding the node at once.", 0, min=0, max=86400)
     straggler_factor: float = doc("A node whose ranks' local compute per step (TrainingControl.busy) is this "
                                   "many times the other nodes' median for `straggler_windows` windows in a row is "
                                   "a straggler: with a spare left it is checkpointed away from, drained and "
