@@ -186,7 +186,7 @@ def _start_listener(layout: MiniClusterLayout, daemon: str, host: str, port: int
 
 
 def start_slurmdbd(layout: MiniClusterLayout) -> Optional[int]:
-    return _start_listener(layout, "slurmdbd", "127.0.0.1", layout.slurmdbd_port)
+    return _start_listener(layout, "slurmdbd", layout.controller_addr, layout.slurmdbd_port)
 
 
 def start_slurmctld(layout: MiniClusterLayout) -> Optional[int]:

@@ -120,7 +120,7 @@ def held_by_others(layout: MiniClusterLayout, record: Dict[str, Any]) -> Optiona
         if taken:
             return f"network namespace {taken[0]} exists and is not this cluster's"
     for daemon, host, port in (("slurmctld", "0.0.0.0", layout.slurmctld_port),
-                               ("slurmdbd", "127.0.0.1", layout.slurmdbd_port),
+                               ("slurmdbd", "0.0.0.0", layout.slurmdbd_port),
                                ("mariadbd", "127.0.0.1", layout.db_port)):
         if not daemons.pid_alive(pids.get(daemon)) and not _port_free(host, port):
             return f"port {port} ({daemon}) is in use by another program"

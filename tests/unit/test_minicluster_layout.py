@@ -64,6 +64,9 @@ def test_slurmdbd_conf_points_at_our_own_database_port():
     assert "StoragePort=13397" in text.splitlines()
     assert "DbdPort=16909" in text.splitlines() and "AuthInfo=socket=/s/munge/munge.socket" in text.splitlines()
     assert "StoragePass=pw" in text.splitlines()
+    # the nodes reach slurmdbd on the bridge (sacct from a node), as a real cluster's do
+    assert "DbdAddr=10.77.9.1" in text.splitlines()
+    assert "AccountingStorageHost=10.77.9.1" in layout(slot=9).render_slurm_conf().splitlines()
 
 
 def test_names_and_addresses():
