@@ -6,9 +6,13 @@ in-allocation path (a new step, no requeue) and on the requeue path, each split 
 detect / wait / launch / checkpoint load / first step, and a line `ratio <fault> <x>` (in
 allocation / requeue). Then the goodput of a run of about --goodput-min minutes with three
 injected failures of different kinds (crash, hung rank, node kill; one spare, min_nodes 1)
-against the failure-free run of the same length; and the warning signal's path.
+against the failure-free run of the same length; and the warning signal's path. Then failures
+that come together, on a 3-node x 1-process job: two nodes killed at once (requeue excluding both;
+two spares in the allocation) and the batch host killed (Slurm requeues the batch script), each
+with its `ratio` line against one node killed on the requeue path of the same job.
 
-    .venv/bin/python bench/resume.py [--goodput-min 5]   (brings its own cluster up and down)
+    .venv/bin/python bench/resume.py [--goodput-min 5] [--only SECTION,...]
+    (brings its own 5-node cluster up and down; sections: floor, faults, warning, goodput, correlated)
 
 The warning is delivered as Slurm delivers `--signal=B:USR1@lead` (scancel --batch --signal=USR1)
 so its moment is known; the real time-limit path is covered by the fault tests.
@@ -49,9 +53,14 @@ def wait(pred, timeout_s: float, what: str, interval_s: float = 0.1):
     raise SystemExit(f"timed out waiting for {what}")
 
 
-def spec(work: Path, name: str, extra: List[str] = (), steps: int = STEPS, **requeue: Any):
+SECTIONS = ("floor", "faults", "warning", "goodput", "correlated")
+
+
+def spec(work: Path, name: str, extra: List[str] = (), steps: int = STEPS, nodes: int = 2, processes_per_node: int = 2,
+         **requeue: Any):
     return spec_from_dict({
-        "name": name, "nodes": 2, "processes_per_node": 2, "python": sys.executable, "time_limit_min": 30,
+        "name": name, "nodes": nodes, "processes_per_node": processes_per_node, "python": sys.executable,
+        "time_limit_min": 30,
         "command": [str(TRAIN), "--steps", str(steps), "--checkpoint-every", "5", "--step-sleep-s", "0.25", *extra],
         "output_dir": str(work / name / "logs"), "checkpoint_dir": str(work / name / "ckpt"),
         "requeue": dict({"hang_timeout_s": 120, "backoff_s": 0, "warning_lead_s": 60, "checkpoint_grace_s": 30,
@@ -75,9 +84,11 @@ def step_reached(s, job: int, step: int) -> bool:
     return any(e.get("step", 0) >= step and "loss" in e for e in events(s, job))
 
 
-def breakdown(evts: List[Dict[str, Any]], fault_t: float) -> Dict[str, float]:
-    """Phases from the supervisor's and trainer's timestamped JSON lines."""
-    decision = next(e for e in evts if e.get("slurmtools") == "decision" and e["t"] >= fault_t - 1)
+def breakdown(evts: List[Dict[str, Any]], fault_t: float, decided_t: float = 0.0) -> Dict[str, float]:
+    """Phases from the supervisor's and trainer's timestamped JSON lines; decided_t: when Slurm
+    requeued a job whose supervisor died with its batch host (no decision line of its own)."""
+    decision = ({"t": decided_t} if decided_t else
+                next(e for e in evts if e.get("slurmtools") == "decision" and e["t"] >= fault_t - 1))
     start = next(e for e in evts if e.get("slurmtools") == "start" and e["t"] > decision["t"])
     resumed = next(e for e in evts if e.get("event") == "resumed" and e["t"] > start["t"])
     first = next(e for e in evts if "loss" in e and e["t"] > resumed["t"])
@@ -163,6 +174,38 @@ def one_fault(layout, work: Path, fault: str, path: str) -> Dict[str, float]:
     return b
 
 
+def requeued_at(job: int, timeout_s: float) -> float:
+    """When Slurm took the job back into the queue (its batch host died): polled at 0.1 s."""
+    wait(lambda: slurm.job_state(job).state in ("PENDING", "REQUEUED", "CONFIGURING") or finished(job), timeout_s,
+         "Slurm's requeue")
+    return time.time()
+
+
+def correlated_fault(layout, work: Path, fault: str) -> Dict[str, float]:
+    """A 3-node x 1-process job; the fault at step 12; the breakdown (the nodes restored after)."""
+    requeue: Dict[str, Any] = {"spare_nodes": 2} if "spares" in fault else {}
+    s = spec(work, fault.replace(" ", "-").replace(",", ""), ["--no-async-checkpoint"], nodes=3,
+             processes_per_node=1, **requeue)
+    job = submit(s)
+    wait(lambda: step_reached(s, job, 12), 120, "step 12")
+    nodes = current_nodes(s, job)
+    victims = {"one node killed, requeue": nodes[1:2], "batch host killed, requeue": nodes[:1]}.get(fault, nodes[1:])
+    fault_t = time.time()
+    for node in victims:
+        mc.kill_node(layout, node)
+    decided_t = requeued_at(job, 400) if nodes[0] in victims else 0.0
+    wait(lambda: finished(job), 400, f"{fault} run")
+    evts = events(s, job)
+    for node in victims:
+        mc.restart_node(layout, node)
+    wait(lambda: all(n.state == "idle" and not n.flags or n.drained for n in slurm.nodes()), 90, "nodes back")
+    resume_drained()
+    wait(lambda: all(n.state == "idle" and not n.flags for n in slurm.nodes()), 90, "nodes idle")
+    b = breakdown(evts, fault_t, decided_t)
+    show(f"{fault} ({slurm.job_state(job).state})", b)
+    return b
+
+
 def goodput_run(layout, work: Path, name: str, steps: int, faults: bool) -> float:
     s = spec(work, name, steps=steps, spare_nodes=1, min_nodes=1, hang_timeout_s=10, max_restarts=10)
     t0 = time.time()
@@ -200,16 +243,30 @@ def main() -> None:
     import argparse
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--goodput-min", type=float, default=5.0, help="length of the goodput runs (minutes)")
+    parser.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, of {','.join(SECTIONS)}")
     args = parser.parse_args()
+    only = args.only.split(",")
+    unknown = sorted(set(only) - set(SECTIONS))
+    if unknown:
+        raise SystemExit(f"bench/resume.py: --only: {','.join(unknown)} is not a section ({','.join(SECTIONS)})")
     mc.down(mc.find_layout("resume", Path("/var/tmp/slurmtools-bench-resume")), purge=True)
-    # 4 nodes: a 2-node job with a spare that is requeued without a dead node needs a fourth
-    layout = mc.layout_for_up("resume", Path("/var/tmp/slurmtools-bench-resume"), nodes=4, gpus_per_node=4,
+    # 5 nodes: a 3-node job with two spares; a 2-node job with a spare requeued without a dead node
+    layout = mc.layout_for_up("resume", Path("/var/tmp/slurmtools-bench-resume"), nodes=5, gpus_per_node=4,
                               prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
     mc.up(layout, install=True, wait_s=120)
     os.environ["SLURM_CONF"] = str(layout.slurm_conf)
     work = Path(tempfile.mkdtemp(prefix="slurmtools-bench-"))
     work.chmod(0o755)
     try:
+        run_sections(layout, work, only, args.goodput_min)
+    finally:
+        for j in slurm.run_slurm(["squeue", "-h", "-o", "%i"]).split():
+            slurm.cancel(int(j))
+        mc.down(layout, purge=True)
+
+
+def run_sections(layout, work: Path, only: List[str], goodput_min: float) -> None:
+    if "floor" in only:
         floor_job = slurm.submit("#!/bin/bash\n#SBATCH -N2 --requeue -o /dev/null\nsrun sleep 300\n")
         wait(lambda: slurm.job_state(floor_job).state == "RUNNING", 30, "floor job")
         t0 = time.time()
@@ -221,11 +278,13 @@ def main() -> None:
         slurm.cancel(floor_job)
         wait(lambda: finished(floor_job), 30, "cancel")
 
+    if "faults" in only:
         for fault in ("crash after progress", "hung rank", "node kill", "node kill with a spare"):
             in_place = one_fault(layout, work, fault, "in-allocation")
             requeued = one_fault(layout, work, fault, "requeue")
             print(f"ratio {fault.replace(' ', '-')} {in_place['total'] / requeued['total']:.2f}", flush=True)
 
+    if "warning" in only:
         s = spec(work, "warning")
         job = submit(s)
         wait(lambda: step_reached(s, job, 12), 120, "step 12")
@@ -234,18 +293,22 @@ def main() -> None:
         wait(lambda: finished(job), 300, "warning run")
         show("warning signal (requeue, not counted)", breakdown(events(s, job), fault))
 
+    if "goodput" in only:
         # steps for about goodput_min minutes failure-free at the step time measured on 2 cores
         # (0.25 s sleep + compute + checkpoints: 400 steps took 160 s on 2026-11-30)
-        steps = max(40, int(args.goodput_min * 60 / 0.40))
+        steps = max(40, int(goodput_min * 60 / 0.40))
         free = goodput_run(layout, work, "failure-free", steps, faults=False)
         faulty = goodput_run(layout, work, "three-failures", steps, faults=True)
         print(f"goodput: three failures (crash, hung rank, node kill) cost {faulty - free:.1f} s over "
               f"{free:.1f} s failure-free: {free / faulty:.1%} of the failure-free speed", flush=True)
-    finally:
-        for j in slurm.run_slurm(["squeue", "-h", "-o", "%i"]).split():
-            slurm.cancel(int(j))
-        mc.down(layout, purge=True)
 
+    if "correlated" in only:
+        single = correlated_fault(layout, work, "one node killed, requeue")
+        for fault in ("two nodes killed at once, requeue", "two nodes killed at once, two spares",
+                      "batch host killed, requeue"):
+            b = correlated_fault(layout, work, fault)
+            print(f"ratio {fault.split(',')[0].replace(' ', '-')}{'-spares' if 'spares' in fault else ''} "
+                  f"{b['total'] / single['total']:.2f}", flush=True)
 
 if __name__ == "__main__":
     if os.geteuid() != 0:

@@ -3,19 +3,24 @@
 # mypy, the unit tests, then the cluster tests in two lanes side by side, each on a named cluster of
 # its own (cluster tests wait on Slurm's timers far more than on the CPUs):
 #   lane 1: the whole cluster suite on the machine's own Slurm (cluster `test`);
-#   lane 2: the core cluster tests (marker every_release) on each other supported release, from its
-#           Debian root, one after another (clusters `t2411`, `t2605`).
-# SLURMTOOLS_TEST_RELEASES overrides lane 2's list: words RELEASE:core or RELEASE:cluster (the whole
-# cluster suite on that release); "" runs none. Lane 2's output is printed when both lanes are done.
+#   lane 2: the fault matrix (marker matrix: two nodes lost at once, a node lost during start-up or
+#           during a recovery, the controller restarted during a requeue) on a 5-node cluster of the
+#           machine's own Slurm (cluster `mhost`), then the core cluster tests (marker every_release)
+#           on each other supported release, from its Debian root (clusters `t2411`, `t2605`), one
+#           after another.
+# SLURMTOOLS_TEST_RELEASES overrides lane 2's list: words RELEASE:core, RELEASE:cluster (the whole
+# cluster suite but the matrix on that release) or RELEASE:matrix (the matrix on a 5-node cluster);
+# RELEASE `host` is the machine's own Slurm; "" runs none. Lane 2's output is printed when both
+# lanes are done.
 # Each phase's wall time and the total are printed at the end.
 # Extra arguments run that one pytest on the machine's Slurm only (e.g. -m "not cluster").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-runs=${SLURMTOOLS_TEST_RELEASES-24.11:core 26.05:core}
+runs=${SLURMTOOLS_TEST_RELEASES-host:matrix 24.11:core 26.05:core}
 for run in $runs; do      # a bad word fails before an hour of tests, not after
   case "$run" in
-    *:cluster|*:core) ;;
-    *) echo "scripts/test.sh: SLURMTOOLS_TEST_RELEASES: '$run' is not RELEASE:cluster or RELEASE:core" >&2
+    *:cluster|*:core|*:matrix) ;;
+    *) echo "scripts/test.sh: SLURMTOOLS_TEST_RELEASES: '$run' is not RELEASE:cluster, RELEASE:core or RELEASE:matrix" >&2
        exit 2 ;;
   esac
 done
@@ -54,14 +59,18 @@ phase_done "cluster packages" 0
 logs=runs/test-logs
 mkdir -p "$logs"
 release_lane() {   # lane 2: each other release, one after another; its wall time into releases.time
-  local run release name what marker status=0 t0=$SECONDS
+  local run release name what marker nodes slurm status=0 t0=$SECONDS
   for run in $runs; do
     release=${run%%:*}
-    name=t${release//./}
-    if [ "${run#*:}" = cluster ]; then what="the whole cluster suite"; marker=cluster
-    else what="the core cluster tests"; marker="cluster and every_release"; fi
-    echo "== $what on Slurm $release (cluster $name)"
-    SLURMTOOLS_TEST_SLURM=$release SLURMTOOLS_TEST_CLUSTER_NAME=$name \
+    name=t${release//./} nodes=3 slurm=$release
+    case "${run#*:}" in
+      cluster) what="the whole cluster suite"; marker="cluster and not matrix" ;;
+      core) what="the core cluster tests"; marker="cluster and every_release" ;;
+      matrix) what="the fault matrix"; marker="cluster and matrix"; name=m${release//./}; nodes=5 ;;
+    esac
+    [ "$release" = host ] && slurm=""
+    echo "== $what on Slurm $release (cluster $name, $nodes nodes)"
+    SLURMTOOLS_TEST_SLURM=$slurm SLURMTOOLS_TEST_CLUSTER_NAME=$name SLURMTOOLS_TEST_CLUSTER_NODES=$nodes \
       SLURMTOOLS_TEST_CLUSTER_DIR=/var/tmp/slurmtools-test-cluster-$name \
       .venv/bin/python -m pytest -p no:cacheprovider -m "$marker" || status=1
   done
@@ -74,7 +83,7 @@ release_pid=$!
 lanes_start_s=$SECONDS
 echo "== the whole cluster suite on the machine's Slurm (cluster test); lane 2 (${runs:-no other release}) runs beside it"
 host_rc=0
-.venv/bin/python -m pytest -m cluster || host_rc=$?
+.venv/bin/python -m pytest -m "cluster and not matrix" || host_rc=$?
 phase_done "lane 1: cluster suite on the machine's Slurm" "$host_rc"
 release_rc=0
 wait "$release_pid" || release_rc=$?

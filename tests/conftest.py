@@ -18,6 +18,9 @@ TEST_CLUSTER_NAME = os.environ.get("SLURMTOOLS_TEST_CLUSTER_NAME", "test")
 # The Slurm release the cluster tests run against (unset: the machine's own packages); another
 # release runs from its Debian root, its client commands first on PATH (scripts/test.sh).
 TEST_SLURM_RELEASE = os.environ.get("SLURMTOOLS_TEST_SLURM") or None
+# How many nodes the suite's cluster has: 3 for the suite; the fault matrix (marker `matrix`: two
+# training nodes and two spares lost at once) needs 5 and runs on a cluster of its own (scripts/test.sh).
+TEST_CLUSTER_NODES = int(os.environ.get("SLURMTOOLS_TEST_CLUSTER_NODES") or 3)
 # Where the cluster tests' jobs write (made at the session's start, removed at its end): beside the
 # state dir, never under pytest's own tmp (/tmp/pytest-of-root is root's alone, and the jobs run as
 # the cluster's ordinary user).
@@ -55,9 +58,9 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, inter
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator["object"]:
-    """A 3-node mini-cluster with 4 fake GPUs per node, named for the suite and addressed by
-    SLURM_CONF (inherited by every Slurm command, submitit and the jobs); torn down (and
-    checked) at the end. /etc/hosts and /etc/slurm are never changed."""
+    """A mini-cluster of TEST_CLUSTER_NODES nodes (3 unless set) with 4 fake GPUs per node, named
+    for the suite and addressed by SLURM_CONF (inherited by every Slurm command, submitit and the
+    jobs); torn down (and checked) at the end. /etc/hosts and /etc/slurm are never changed."""
     from slurmtools.minicluster import cluster as mc
 
     if os.geteuid() != 0:
@@ -74,7 +77,7 @@ def cluster() -> Iterator["object"]:
     layout = None
     try:
         with cluster_up_lock():
-            layout = mc.layout_for_up(TEST_CLUSTER_NAME, TEST_STATE_DIR, nodes=3, gpus_per_node=4,
+            layout = mc.layout_for_up(TEST_CLUSTER_NAME, TEST_STATE_DIR, nodes=TEST_CLUSTER_NODES, gpus_per_node=4,
                                       prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d",
                                       slurm_release=TEST_SLURM_RELEASE)
             os.environ["SLURM_CONF"] = str(layout.slurm_conf)

@@ -306,8 +306,18 @@ def degrade_node(layout: MiniClusterLayout, node: str, *, rate_mbit: Optional[in
 def restart_controller(layout: MiniClusterLayout) -> None:
     """Stop slurmctld and start it again (state is saved): clients see "Unable to contact slurm
     controller" in between, the transient error slurm.py rides through."""
+    stop_controller(layout)
+    start_controller(layout)
+
+
+def stop_controller(layout: MiniClusterLayout) -> None:
+    """Stop slurmctld (its state saved) until start_controller: a controller outage."""
     require_root()
     daemons.stop_pid(daemons.read_pidfile(layout.run_dir / "slurmctld.pid"))
+
+
+def start_controller(layout: MiniClusterLayout) -> None:
+    require_root()
     pid = daemons.start_slurmctld(layout)
     record = load_record(layout)
     if pid:

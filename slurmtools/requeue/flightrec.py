@@ -185,17 +185,29 @@ def laggard(dumps: Mapping[int, Mapping[str, Any]], hosts: Mapping[int, str]) ->
 DUMP_WAIT_S = 5.0
 
 
-def collect(control_dir: Path, recorder_dir: Path, ranks: int, wait_s: float = DUMP_WAIT_S
-            ) -> Dict[int, Dict[str, Any]]:
-    """Ask every rank of the step for its dump (their keep-alive threads look once a second)
-    and wait up to wait_s until `ranks` dumps are there; what is there then."""
+def request_dumps(control_dir: Path) -> bool:
+    """Ask every rank of the step for its dump (their keep-alive threads look once a second)."""
     try:
         write_json_atomic(control_dir / FLIGHT_RECORDER_REQUEST_FILE, {"t": time.time()}, durable=False)
     except OSError:
+        return False
+    return True
+
+
+def dumps_ready(recorder_dir: Path, ranks: int) -> bool:
+    """`ranks` dumps are there (names counted; the large dumps are read once, when all are)."""
+    return _dump_files(recorder_dir) >= ranks
+
+
+def collect(control_dir: Path, recorder_dir: Path, ranks: int, wait_s: float = DUMP_WAIT_S
+            ) -> Dict[int, Dict[str, Any]]:
+    """Ask for the dumps and wait up to wait_s until `ranks` are there; what is there then. (The
+    supervisor does not wait here: observe.DumpRequest asks and looks again on its next passes.)"""
+    if not request_dumps(control_dir):
         return read_dumps(recorder_dir)
     deadline = time.monotonic() + wait_s
-    while _dump_files(recorder_dir) < ranks and time.monotonic() < deadline:
-        time.sleep(0.2)                  # count names while waiting; read the (large) dumps once
+    while not dumps_ready(recorder_dir, ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
     return read_dumps(recorder_dir)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from slurmtools.fsutil import write_json_atomic
 from slurmtools.requeue import flightrec, ledger, straggler, watchdog
@@ -48,11 +48,37 @@ def watch_stragglers(control: Path, attempt_id: str, stragglers: straggler.Strag
     return found if action == "swap" else None
 
 
-def attributed(stall: watchdog.Stall, control: Path, attempt_id: str, recorder_dir: Path,
+class DumpRequest:
+    """A hang no single rank explains: the flight recorders are asked once, and the supervisor's
+    loop goes on (a warning or a dead node is still handled within a pass) while they write; the
+    stall is attributed on the pass that finds every dump, or after flightrec.DUMP_WAIT_S."""
+
+    def __init__(self, control: Path, attempt_id: str, recorder_dir: Optional[Path]) -> None:
+        self.control, self.attempt_id, self.recorder_dir = control, attempt_id, recorder_dir
+        self.asked_at: Optional[float] = None
+
+    def settle(self, stall: Optional[watchdog.Stall], beats: List[watchdog.Beat], now: float
+               ) -> Optional[watchdog.Stall]:
+        """The stall to act on now (attributed where the dumps say), or None: not yet."""
+        if stall is None:
+            self.asked_at = None
+            return None
+        if stall.rank is not None or not beats or self.recorder_dir is None:
+            return stall
+        if self.asked_at is None:
+            self.asked_at = now
+            if flightrec.request_dumps(self.control):
+                return None
+        elif (not flightrec.dumps_ready(self.recorder_dir, len(beats))
+              and now - self.asked_at < flightrec.DUMP_WAIT_S):
+            return None
+        return attributed(stall, self.attempt_id, flightrec.read_dumps(self.recorder_dir), beats)
+
+
+def attributed(stall: watchdog.Stall, attempt_id: str, dumps: Dict[int, Dict[str, Any]],
                beats: List[watchdog.Beat]) -> watchdog.Stall:
     """Every rank is at the same step: the flight recorders may still say which one never
     entered the collective the others wait in."""
-    dumps = flightrec.collect(control, recorder_dir, len(beats))
     found = flightrec.laggard(dumps, {beat.rank: beat.host for beat in beats})
     emit("flight_recorder", attempt_id, dumps=len(dumps), ranks=len(beats),
          laggard=found.rank if found else None, detail=found.detail if found else None)

@@ -127,6 +127,7 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
     watch = Watch()
     invalid_seen = 0
     reported: List[str] = []
+    dumps = observe.DumpRequest(control, attempt.attempt_id, attempt.recorder_dir)
     while child.poll() is None:
         keep_clock()
         now = time.time()
@@ -166,8 +167,7 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
             stall = watchdog.judge(beats, now, requeue.hang_timeout_s)
             if stall is None and not beats and now - start_t > requeue.hang_timeout_s + STARTUP_ALLOWANCE_S:
                 stall = watchdog.Stall(now - start_t, None, None, 0)
-            if stall is not None and stall.rank is None and beats and attempt.recorder_dir is not None:
-                stall = observe.attributed(stall, control, attempt.attempt_id, attempt.recorder_dir, beats)
+            stall = dumps.settle(stall, beats, now)
             if stall is not None:
                 emit("hang", attempt.attempt_id, idle_s=round(stall.idle_s, 1), rank=stall.rank, host=stall.host,
                      step=stall.step)
@@ -245,8 +245,8 @@ def _decide(config: SupervisorConfig, attempt: Attempt, evidence: policy.Evidenc
         checkpoint_step=checkpoint_step, last_step_t=watchdog.last_progress(beats)))
     metrics.write_job_metrics(config.control_dir, attempt.attempt_id.split(".", 1)[0], os.environ)
     emit("decision", attempt.attempt_id, cause=diag.cause.value, action=verdict.action.value, reason=verdict.reason,
-         node=diag.node, exclude=verdict.exclude_node, drain=verdict.drain_node, exit_code=exit_code,
-         last_step=last_step, checkpoint_step=checkpoint_step)
+         node=diag.node, exclude=verdict.exclude_node, drain=verdict.drain_node, also=list(verdict.also_nodes),
+         exit_code=exit_code, last_step=last_step, checkpoint_step=checkpoint_step)
     return diag, verdict, checkpoint_step
 
 

@@ -1,0 +1,176 @@
+"""The fault matrix on a 5-node mini-cluster (marker `matrix`; scripts/test.sh runs it in lane 2 on a
+cluster of its own): failures that come together. Each job is 3 nodes x 1 process, compared with
+the uninterrupted run of that shape, and ends with no training process left over.
+
+a two training nodes killed at once, two spares: both replaced in the allocation, no requeue
+b two training nodes killed at once, no spare: one requeue excluding both
+c a node killed during start-up, before any of its ranks beat
+d a second failure during the recovery from a first
+e the controller stopped while the job requeues itself (and started again 30 s later)
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Sequence
+
+import pytest
+
+from slurmtools import slurm
+from slurmtools.minicluster import cluster as mc
+from tests.cluster import training
+from tests.cluster.test_faults import _expand
+from tests.conftest import TEST_CLUSTER_NODES, wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.matrix]
+
+MATRIX_NODES = 5     # 3 training nodes and 2 spares
+JOB_NODES = 3
+
+
+@pytest.fixture(scope="module")
+def reference3(cluster) -> str:
+    """The final state hash of the uninterrupted 3 x 1 run."""
+    from tests.cluster import asuser
+    if TEST_CLUSTER_NODES < MATRIX_NODES:
+        pytest.fail(f"the fault matrix needs a {MATRIX_NODES}-node cluster: run it with "
+                    f"SLURMTOOLS_TEST_CLUSTER_NODES={MATRIX_NODES} on a cluster of its own (scripts/test.sh does)")
+    spec = _spec(asuser.user_dir("reference3"), "reference3")
+    job = training.submit(spec)
+    info = training.wait_finished(job, 180)
+    finals = training.trainer_events(training.events(spec, job), "final")
+    assert info.state == "COMPLETED" and finals, training.describe(spec, job)
+    return str(finals[-1]["state_sha256"])
+
+
+@pytest.fixture
+def workdir(cluster, user_tmp: Path) -> Iterator[Path]:
+    training.settle()
+    yield user_tmp
+    training.cancel_all()
+
+
+def _spec(workdir: Path, name: str, *, extra: Sequence[str] = (), **requeue: Any):
+    return training.training_spec(workdir, name, nodes=JOB_NODES, processes_per_node=1,
+                                  extra=["--step-sleep-s", "0.5", "--no-async-checkpoint", *extra],
+                                  requeue={"hang_timeout_s": 120, "backoff_s": 0, **requeue})
+
+
+def decisions(evts: List[Dict[str, Any]]):
+    return [(d["cause"], d["action"]) for d in training.supervisor_events(evts, "decision")]
+
+
+def _start_nodes(evts: List[Dict[str, Any]]) -> List[List[str]]:
+    return [_expand(s["nodes"]) for s in training.supervisor_events(evts, "start")]
+
+
+@contextlib.contextmanager
+def _killed(cluster, nodes: Sequence[str]) -> Iterator[None]:
+    """Kill these nodes at once; bring them back (drains lifted, idle) after the test's checks."""
+    for node in nodes:
+        mc.kill_node(cluster, node)
+    try:
+        yield
+    finally:
+        for node in nodes:
+            mc.restart_node(cluster, node)
+        training.settle(90)
+
+
+def _finished(spec, job: int, reference: str, expected: List[tuple], timeout_s: float = 300):
+    info = training.wait_finished(job, timeout_s)
+    evts = training.events(spec, job)
+    assert info.state == "COMPLETED", training.describe(spec, job)
+    assert decisions(evts) == expected, training.describe(spec, job)
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference
+    assert training.leftover_trainers(job) == []
+    return evts
+
+
+def _at_step_6(spec) -> "tuple[int, List[str]]":
+    """Submitted and trained to step 6 (checkpoint 4 complete): the job and its first nodes."""
+    job = training.submit(spec)
+    training.wait_step(spec, job, 6)
+    return job, _start_nodes(training.events(spec, job))[0]
+
+
+def test_a_two_nodes_killed_at_once_are_both_replaced_by_spares(cluster, workdir, reference3):
+    spec = _spec(workdir, "twospares", spare_nodes=2)
+    job, nodes = _at_step_6(spec)
+    victims = nodes[1:]
+    with _killed(cluster, victims):
+        evts = _finished(spec, job, reference3, [("node_failure", "restart"), ("completed", "complete")])
+        dead = training.supervisor_events(evts, "node_dead")
+        assert len(dead) == 1 and sorted([dead[0]["node"], *dead[0]["also"]]) == victims, dead
+        spares = sorted(set(_expand(slurm.job_state(job).nodes)) - set(nodes))
+        assert len(spares) == 2 and _start_nodes(evts)[1] == sorted([nodes[0], *spares])
+        assert slurm.job_state(job).restarts == 0                  # in the allocation, no requeue
+        decision = training.supervisor_events(evts, "decision")[0]
+        assert sorted([decision["exclude"], *decision["also"]]) == victims
+        for node in victims:
+            reason = training.blamed_reason(node, job)
+            assert reason.startswith("slurmtools: CRITICAL job.node_failure "), reason
+
+
+def test_b_two_nodes_killed_at_once_without_spares_requeue_once_excluding_both(cluster, workdir, reference3):
+    spec = _spec(workdir, "twonospare")
+    job, nodes = _at_step_6(spec)
+    victims = nodes[1:]
+    with _killed(cluster, victims):
+        evts = _finished(spec, job, reference3, [("node_failure", "requeue"), ("completed", "complete")])
+        second = _start_nodes(evts)[1]
+        assert len(second) == JOB_NODES and not set(victims) & set(second), second
+        assert slurm.job_state(job).restarts == 1
+        assert training.trainer_events(evts, "resumed")[0]["step"] in (4, 8)
+
+
+def test_c_a_node_killed_during_start_up_before_any_heartbeat(cluster, workdir, reference3):
+    spec = _spec(workdir, "startkill")
+    job = training.submit(spec)
+    wait_for(lambda: training.supervisor_events(training.events(spec, job), "start"), 120,
+             f"job {job}'s supervisor to start its first step", interval_s=0.1)
+    assert not [e for e in training.events(spec, job) if "loss" in e]      # no rank has trained yet
+    victim = _start_nodes(training.events(spec, job))[0][1]
+    with _killed(cluster, [victim]):
+        evts = _finished(spec, job, reference3, [("node_failure", "requeue"), ("completed", "complete")])
+        assert victim not in _start_nodes(evts)[1]
+        assert not training.trainer_events(evts, "resumed")        # nothing to resume: it starts afresh
+
+
+def test_d_a_second_failure_during_the_recovery_from_a_first(cluster, workdir, reference3):
+    """A crash at step 6 restarts in place from checkpoint 4; the restart's second node dies while
+    it starts: infrastructure (the job trained before), so a requeue excluding it, not a stop."""
+    spec = _spec(workdir, "twofaults", extra=["--fail-at-step", "6"])
+    job = training.submit(spec)
+    wait_for(lambda: len(training.supervisor_events(training.events(spec, job), "start")) >= 2, 120,
+             f"job {job}'s restart in place", interval_s=0.1)
+    victim = _start_nodes(training.events(spec, job))[1][1]
+    with _killed(cluster, [victim]):
+        evts = _finished(spec, job, reference3, [("crash", "restart"), ("node_failure", "requeue"),
+                                                 ("completed", "complete")])
+        assert victim not in _start_nodes(evts)[2]
+        assert [e["step"] for e in training.trainer_events(evts, "resumed")][-1] == 4
+
+
+CONTROLLER_DOWN_AFTER_DECISION_S = 30
+
+
+def test_e_the_controller_stopped_during_a_requeue(cluster, workdir, reference3):
+    """A node dies and the controller is down when the supervisor requeues the job: the requeue
+    rides through the outage (slurm.REQUEUE_OUTAGE_S) and the job resumes on the other nodes."""
+    spec = _spec(workdir, "ctldrequeue")
+    job, nodes = _at_step_6(spec)
+    victim = nodes[1]
+    mc.stop_controller(cluster)
+    with _killed(cluster, [victim]):
+        try:
+            decided = wait_for(lambda: training.supervisor_events(training.events(spec, job), "decision"), 120,
+                               f"job {job}'s supervisor to decide while the controller is down")
+            assert (decided[0]["cause"], decided[0]["action"]) == ("node_failure", "requeue")
+            time.sleep(CONTROLLER_DOWN_AFTER_DECISION_S)
+        finally:
+            mc.start_controller(cluster)
+        evts = _finished(spec, job, reference3, [("node_failure", "requeue"), ("completed", "complete")])
+        assert victim not in _start_nodes(evts)[1]
+        assert slurm.job_state(job).restarts == 1

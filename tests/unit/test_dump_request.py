@@ -1,0 +1,65 @@
+"""The supervisor never waits for flight-recorder dumps: a hang no single rank explains asks for
+them once and is settled on a later pass (every dump there, or flightrec.DUMP_WAIT_S gone), so a
+warning or a dead node seen meanwhile is handled on the very next pass."""
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+from slurmtools.requeue import flightrec, observe, watchdog
+from slurmtools.runtime import FLIGHT_RECORDER_REQUEST_FILE
+from tests.unit.test_flight_recorder import dump, entry
+
+BEATS = [watchdog.Beat(rank, "node1" if rank < 2 else "node2", 5, 100.0) for rank in range(4)]
+STALL = watchdog.Stall(30.0, None, None, 5)
+
+
+def _request(tmp_path: Path) -> observe.DumpRequest:
+    (tmp_path / "rec").mkdir()
+    return observe.DumpRequest(tmp_path, "7.0", tmp_path / "rec")
+
+
+def _write_dumps(recorder: Path, ranks) -> None:
+    waiting = dump(entry(41), entry(42, state="started"))
+    behind = dump(entry(41))
+    for rank in ranks:
+        (recorder / f"rank_{rank}").write_bytes(pickle.dumps(behind if rank == 3 else waiting))
+
+
+def test_the_first_pass_asks_for_the_dumps_and_does_not_wait(tmp_path, capsys):
+    request = _request(tmp_path)
+    assert request.settle(STALL, BEATS, 1000.0) is None
+    assert (tmp_path / FLIGHT_RECORDER_REQUEST_FILE).exists()
+    assert request.settle(STALL, BEATS, 1000.5) is None            # 1 of 4 dumps: not yet
+    assert capsys.readouterr().out == ""
+
+
+def test_the_pass_that_finds_every_dump_names_the_laggard(tmp_path):
+    request = _request(tmp_path)
+    assert request.settle(STALL, BEATS, 1000.0) is None
+    _write_dumps(tmp_path / "rec", range(4))
+    found = request.settle(STALL, BEATS, 1000.5)
+    assert found is not None and (found.rank, found.host) == (3, "node2")
+
+
+def test_missing_dumps_settle_unattributed_after_the_wait(tmp_path):
+    request = _request(tmp_path)
+    assert request.settle(STALL, BEATS, 1000.0) is None
+    _write_dumps(tmp_path / "rec", range(3))                      # rank 3 never dumps
+    assert request.settle(STALL, BEATS, 1000.0 + flightrec.DUMP_WAIT_S - 0.1) is None
+    found = request.settle(STALL, BEATS, 1000.0 + flightrec.DUMP_WAIT_S)
+    assert found is not None and found.rank is None
+
+
+def test_a_stall_with_its_rank_acts_at_once_and_an_ended_stall_resets(tmp_path):
+    request = _request(tmp_path)
+    named = watchdog.Stall(30.0, 3, "node2", 4)
+    assert request.settle(named, BEATS, 1000.0) == named
+    assert not (tmp_path / FLIGHT_RECORDER_REQUEST_FILE).exists()
+    assert request.settle(STALL, BEATS, 1000.0) is None
+    assert request.settle(None, BEATS, 1001.0) is None and request.asked_at is None
+    assert request.settle(STALL, BEATS, 1000.0 + 60) is None       # a new stall asks again
+
+
+def test_without_a_recorder_dir_the_stall_acts_at_once(tmp_path):
+    assert observe.DumpRequest(tmp_path, "7.0", None).settle(STALL, BEATS, 1000.0) == STALL
