@@ -97,11 +97,16 @@ class NodeWatch:
         if not found:
             return None
         # a second node lost at the same moment need not be silent past the timeout yet: ask them all
-        others = {node: self.pool.submit(self.answers, node) for node in self.candidates if node not in found}
-        wait(list(others.values()), timeout=CONNECT_TIMEOUT_S + 1.0)
-        also = [node for node, probe in others.items() if probe.done() and not _answered(probe)]
+        also = self.unreachable([node for node in self.candidates if node not in found])
         first = max(found, key=lambda host: silent[host])
         return Death((first, *sorted(set(found + also) - {first})), silent[first], timeout)
+
+    def unreachable(self, nodes: Optional[Sequence[str]] = None) -> List[str]:
+        """Of nodes (default: the step's, but our own), those whose slurmd does not answer now,
+        probed together (at most CONNECT_TIMEOUT_S + 1 s)."""
+        probes = {node: self.pool.submit(self.answers, node) for node in (self.candidates if nodes is None else nodes)}
+        wait(list(probes.values()), timeout=CONNECT_TIMEOUT_S + 1.0)
+        return sorted(node for node, probe in probes.items() if probe.done() and not _answered(probe))
 
 
 def _answered(probe: "Future[bool]") -> bool:

@@ -6,12 +6,13 @@ flight-recorder dumps naming the rank that never entered a collective. The decis
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from slurmtools.fsutil import write_json_atomic
-from slurmtools.requeue import flightrec, ledger, straggler, watchdog
+from slurmtools.requeue import flightrec, ledger, nodecheck, straggler, watchdog
 from slurmtools.requeue.actions import emit
 from slurmtools.runtime import REQUEST_FILE
 
@@ -49,30 +50,43 @@ def watch_stragglers(control: Path, attempt_id: str, stragglers: straggler.Strag
 
 
 class DumpRequest:
-    """A hang no single rank explains: the flight recorders are asked once, and the supervisor's
-    loop goes on (a warning or a dead node is still handled within a pass) while they write; the
-    stall is attributed on the pass that finds every dump, or after flightrec.DUMP_WAIT_S."""
+    """A hang no single rank explains: the flight recorders are asked once (and, with a node
+    watch, every slurmd of the step probed in its threads), and the supervisor's loop goes on (a
+    warning or a dead node is still handled within a pass) while they write; the stall is settled
+    on the pass that finds every dump and probe, or after flightrec.DUMP_WAIT_S: named by the
+    dumps, else by the nodes cut off (watchdog.cut_off), else unattributed."""
 
-    def __init__(self, control: Path, attempt_id: str, recorder_dir: Optional[Path]) -> None:
+    def __init__(self, control: Path, attempt_id: str, recorder_dir: Optional[Path],
+                 node_watch: Optional[nodecheck.NodeWatch] = None) -> None:
         self.control, self.attempt_id, self.recorder_dir = control, attempt_id, recorder_dir
+        self.node_watch = node_watch
         self.asked_at: Optional[float] = None
+        self.reach: "Optional[Future[List[str]]]" = None
 
     def settle(self, stall: Optional[watchdog.Stall], beats: List[watchdog.Beat], now: float
                ) -> Optional[watchdog.Stall]:
-        """The stall to act on now (attributed where the dumps say), or None: not yet."""
+        """The stall to act on now (attributed where the dumps or probes say), or None: not yet."""
         if stall is None:
-            self.asked_at = None
+            self.asked_at, self.reach = None, None
             return None
-        if stall.rank is not None or not beats or self.recorder_dir is None:
+        if stall.rank is not None or stall.host is not None or not beats or (self.recorder_dir is None and self.node_watch is None):
             return stall
         if self.asked_at is None:
             self.asked_at = now
-            if flightrec.request_dumps(self.control):
+            asked = self.recorder_dir is not None and flightrec.request_dumps(self.control)
+            if self.node_watch is not None:
+                self.reach = self.node_watch.pool.submit(self.node_watch.unreachable)
+            if asked or self.reach is not None:
                 return None
-        elif (not flightrec.dumps_ready(self.recorder_dir, len(beats))
-              and now - self.asked_at < flightrec.DUMP_WAIT_S):
+        waiting = ((self.recorder_dir is not None and not flightrec.dumps_ready(self.recorder_dir, len(beats)))
+                   or (self.reach is not None and not self.reach.done()))
+        if waiting and now - self.asked_at < flightrec.DUMP_WAIT_S:
             return None
-        return attributed(stall, self.attempt_id, flightrec.read_dumps(self.recorder_dir), beats)
+        if self.recorder_dir is not None:
+            stall = attributed(stall, self.attempt_id, flightrec.read_dumps(self.recorder_dir), beats)
+        if self.node_watch is not None and self.reach is not None and self.reach.done():
+            stall = watchdog.cut_off(stall, beats, self.reach.result(), len(self.node_watch.candidates) + 1)
+        return stall
 
 
 def attributed(stall: watchdog.Stall, attempt_id: str, dumps: Dict[int, Dict[str, Any]],

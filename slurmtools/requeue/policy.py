@@ -174,7 +174,10 @@ def classify(evidence: Evidence) -> Diagnosis:
     if ev.straggler_node and not ev.warning_received and (ev.stopped_for_requeue or ev.exit_code is None):
         return Diagnosis(Cause.STRAGGLER, node=ev.straggler_node, detail=ev.straggler_detail or
                          f"node={ev.straggler_node}", fatal_for_node=True)
-    if ev.stopped_for_requeue or (ev.warning_received and not ev.hang_detected and (ev.exit_code == 0 or not down)):
+    # Slurm's own SIGTERM when it ends the run for a node's failure is no preemption: the node is
+    # down, or the step's log says "Node failure on X" (Slurm can say so before it marks it down)
+    if ev.stopped_for_requeue or (ev.warning_received and not ev.hang_detected
+                                  and (ev.exit_code == 0 or not (down or node_fail))):
         return Diagnosis(Cause.PREEMPTED, detail="checkpointed on request" if ev.stopped_for_requeue
                          else "warning signal")
     if ev.dead_node:

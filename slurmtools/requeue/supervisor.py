@@ -127,7 +127,7 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
     watch = Watch()
     invalid_seen = 0
     reported: List[str] = []
-    dumps = observe.DumpRequest(control, attempt.attempt_id, attempt.recorder_dir)
+    dumps = observe.DumpRequest(control, attempt.attempt_id, attempt.recorder_dir, node_watch)
     while child.poll() is None:
         keep_clock()
         now = time.time()

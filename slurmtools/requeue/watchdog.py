@@ -10,7 +10,7 @@ import json
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -163,6 +163,20 @@ def judge(beats: List[Beat], now_s: float, timeout_s: float, expected_ranks: Opt
         missing = sorted(set(range(expected_ranks)) - {b.rank for b in beats})
         return Stall(idle, missing[0] if missing else None, None, low)
     return Stall(idle, None, None, low)
+
+
+def cut_off(stall: Stall, beats: List[Beat], unreachable: List[str], step_nodes: int) -> Stall:
+    """A stall nobody explains (every rank alive at the same step) while the slurmd of a minority
+    of the step's nodes does not answer: those nodes are cut off from the others (a partition;
+    their ranks may go on beating on a filesystem reached another way) and the first is named.
+    A majority unreachable says more about our own node: nobody is named."""
+    if stall.rank is not None or stall.host is not None or not unreachable or 2 * len(unreachable) >= step_nodes:
+        return stall
+    node = unreachable[0]
+    ranks = sorted(beat.rank for beat in beats if beat.host == node)
+    return replace(stall, rank=ranks[0] if ranks else None, host=node,
+                   detail=f"every rank stopped at step {stall.step} and the slurmd of {','.join(unreachable)} does "
+                          f"not answer: cut off from the other nodes")
 
 
 def silent_step_nodes(beats: List[Beat], nodes: List[str], since_s: float, now_s: float,

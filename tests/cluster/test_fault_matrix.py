@@ -7,6 +7,7 @@ b two training nodes killed at once, no spare: one requeue excluding both
 c a node killed during start-up, before any of its ranks beat
 d a second failure during the recovery from a first
 e the controller stopped while the job requeues itself (and started again 30 s later)
+f a node partitioned from the others (its link down), healed after the job ended
 """
 from __future__ import annotations
 
@@ -174,3 +175,29 @@ def test_e_the_controller_stopped_during_a_requeue(cluster, workdir, reference3)
         evts = _finished(spec, job, reference3, [("node_failure", "requeue"), ("completed", "complete")])
         assert victim not in _start_nodes(evts)[1]
         assert slurm.job_state(job).restarts == 1
+
+
+def test_f_a_node_partitioned_from_the_others(cluster, workdir, reference3):
+    """node2's link goes down at step 6: its ranks go on beating on the shared filesystem while
+    every collective stalls. The hang is attributed to the node whose slurmd does not answer
+    (cut off), the job requeues excluding it, and once healed its orphaned ranks are gone."""
+    spec = _spec(workdir, "partition", hang_timeout_s=15)
+    job, nodes = _at_step_6(spec)
+    victim = nodes[1]
+    mc.partition_node(cluster, victim)
+    try:
+        info = training.wait_finished(job, 300)
+    finally:
+        mc.heal_node(cluster, victim)
+    evts = training.events(spec, job)
+    assert info.state == "COMPLETED", training.describe(spec, job)
+    assert decisions(evts) == [("hang", "requeue"), ("completed", "complete")], training.describe(spec, job)
+    hang = training.supervisor_events(evts, "hang")
+    assert [h["host"] for h in hang] == [victim], hang
+    assert victim not in _start_nodes(evts)[1]
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference3
+    reason = training.blamed_reason(victim, job)
+    assert reason.startswith(f"slurmtools: CRITICAL job.hang every rank stopped at step "), reason
+    assert f"the slurmd of {victim} does not answer: cut off from the other nodes" in reason, reason
+    wait_for(lambda: training.leftover_trainers(job) == [], 90, f"the ranks left on {victim} to end once healed")
+    training.settle(90)

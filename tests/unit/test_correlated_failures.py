@@ -61,6 +61,25 @@ def test_not_responding_is_evidence_of_a_node_failure():
     assert (diag.cause, diag.node, diag.also_nodes) == (Cause.NODE_FAILURE, "node2", ("node3",))
 
 
+# recorded in the fault matrix (test c): Slurm found node2 dead before the supervisor did and
+# ended the run with SIGTERM, node2 not yet marked down
+SLURM_ENDED_FOR_A_NODE = ("srun: error: Node failure on node2\n"
+                          "slurmstepd-node1: error: *** JOB 200004 ON node1 CANCELLED AT 2026-12-02T06:01:12 DUE TO "
+                          "NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***\n"
+                          "srun: error: node3: task 2: Terminated\n")
+
+
+def test_slurms_sigterm_for_a_node_failure_is_no_preemption():
+    diag = classify(Evidence(exit_code=143, warning_received=True, log_tail=SLURM_ENDED_FOR_A_NODE,
+                             node_states={"node1": "allocated", "node2": "allocated", "node3": "allocated"}))
+    assert (diag.cause, diag.node) == (Cause.NODE_FAILURE, "node2")
+
+
+def test_a_warning_that_ends_a_run_cleanly_is_a_preemption_even_with_a_node_failure_line():
+    diag = classify(Evidence(exit_code=0, warning_received=True, log_tail=SLURM_ENDED_FOR_A_NODE))
+    assert diag.cause is Cause.PREEMPTED
+
+
 class FakeWatch(nodecheck.NodeWatch):
     """The node watch with its slurmd probe answered from a table."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
-from slurmtools.requeue import flightrec, observe, watchdog
+from slurmtools.requeue import flightrec, nodecheck, observe, watchdog
 from slurmtools.runtime import FLIGHT_RECORDER_REQUEST_FILE
 from tests.unit.test_flight_recorder import dump, entry
 
@@ -63,3 +63,24 @@ def test_a_stall_with_its_rank_acts_at_once_and_an_ended_stall_resets(tmp_path):
 
 def test_without_a_recorder_dir_the_stall_acts_at_once(tmp_path):
     assert observe.DumpRequest(tmp_path, "7.0", None).settle(STALL, BEATS, 1000.0) == STALL
+
+
+def test_with_a_node_watch_a_node_cut_off_is_named_when_the_dumps_name_nobody(tmp_path, monkeypatch):
+    """Every rank waits in the same collective (the dumps agree), node3's slurmd does not
+    answer: probed in the node watch's threads while the loop goes on, then named."""
+    watch = nodecheck.NodeWatch(30, ["node1", "node2", "node3"], "node1", 0.0)
+    monkeypatch.setattr(watch, "answers", lambda node: node != "node3")
+    beats = [watchdog.Beat(rank, f"node{rank + 1}", 5, 100.0) for rank in range(3)]
+    (tmp_path / "rec").mkdir()
+    request = observe.DumpRequest(tmp_path, "7.0", tmp_path / "rec", watch)
+    try:
+        assert request.settle(STALL, beats, 1000.0) is None
+        waiting = pickle.dumps(dump(entry(41), entry(42, state="started")))
+        for rank in range(3):
+            (tmp_path / "rec" / f"rank_{rank}").write_bytes(waiting)
+        assert request.reach is not None and request.reach.result(timeout=10) == ["node3"]
+        found = request.settle(STALL, beats, 1000.5)
+        assert found is not None and (found.rank, found.host) == (2, "node3")
+        assert "the slurmd of node3 does not answer: cut off from the other nodes" in found.detail
+    finally:
+        watch.close()

@@ -65,3 +65,26 @@ def test_ranks_behind_on_two_nodes_by_step_name_nobody():
     beats = [beat(0, "node1", 9), beat(1, "node1", 8), beat(2, "node2", 8), beat(3, "node2", 9)]
     stall = watchdog.judge(beats, 200.0, 60)
     assert (stall.rank, stall.host) == (None, None)
+
+
+PARTITION_BEATS = [watchdog.Beat(rank, HOSTS[rank], 6, 100.0) for rank in range(6)]
+UNEXPLAINED = watchdog.Stall(30.0, None, None, 6)
+
+
+def test_a_node_cut_off_from_the_others_is_named_when_its_slurmd_does_not_answer():
+    """Every rank alive at step 6 (node2's still beat on the shared filesystem), node2's slurmd
+    unreachable from the batch host: node2 is cut off, and the hang is its."""
+    found = watchdog.cut_off(UNEXPLAINED, PARTITION_BEATS, ["node2"], 3)
+    assert (found.rank, found.host, found.step) == (2, "node2", 6)
+    assert found.detail == ("every rank stopped at step 6 and the slurmd of node2 does not answer: cut off from "
+                            "the other nodes")
+    diag = classify(Evidence(exit_code=None, hang_detected=True, hang_rank=found.rank, hang_node=found.host,
+                             hang_detail=found.detail, progressed=True))
+    assert (diag.cause, diag.node, diag.fatal_for_node) == (Cause.HANG, "node2", True)
+
+
+def test_no_node_is_named_when_every_slurmd_answers_or_most_do_not():
+    assert watchdog.cut_off(UNEXPLAINED, PARTITION_BEATS, [], 3) == UNEXPLAINED
+    assert watchdog.cut_off(UNEXPLAINED, PARTITION_BEATS, ["node2", "node3"], 3) == UNEXPLAINED   # we are cut off
+    named = watchdog.Stall(30.0, 4, "node3", 5)
+    assert watchdog.cut_off(named, PARTITION_BEATS, ["node2"], 3) == named                   # already explained
