@@ -4,10 +4,10 @@
 # its own (cluster tests wait on Slurm's timers far more than on the CPUs):
 #   lane 1: the whole cluster suite on the machine's own Slurm (cluster `test`);
 #   lane 2: the fault matrix (marker matrix: two nodes lost at once, a node lost during start-up or
-#           during a recovery, the controller restarted during a requeue) on a 5-node cluster of the
-#           machine's own Slurm (cluster `mhost`), then the core cluster tests (marker every_release)
-#           on each other supported release, from its Debian root (clusters `t2411`, `t2605`), one
-#           after another.
+#           during a recovery, the controller restarted during a requeue, a node partitioned) on a
+#           5-node cluster of the machine's own Slurm (cluster `mhost`), then the core cluster tests
+#           (marker every_release) on each other supported release, from its Debian root (clusters
+#           `t2411`, `t2605`), one after another.
 # SLURMTOOLS_TEST_RELEASES overrides lane 2's list: words RELEASE:core, RELEASE:cluster (the whole
 # cluster suite but the matrix on that release) or RELEASE:matrix (the matrix on a 5-node cluster);
 # RELEASE `host` is the machine's own Slurm; "" runs none. Lane 2's output is printed when both

@@ -69,7 +69,8 @@ class DumpRequest:
         if stall is None:
             self.asked_at, self.reach = None, None
             return None
-        if stall.rank is not None or stall.host is not None or not beats or (self.recorder_dir is None and self.node_watch is None):
+        nothing_to_ask = self.recorder_dir is None and self.node_watch is None
+        if stall.rank is not None or stall.host is not None or not beats or nothing_to_ask:
             return stall
         if self.asked_at is None:
             self.asked_at = now

@@ -173,7 +173,11 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
                      step=stall.step)
                 step.stop(child, config.stop_timeout_s)
                 watch.killed_by_us = True
-                watch.stall = stall
+                if stall.cut_off:      # unreachable from here: lost to the job like a dead node
+                    watch.dead_node, watch.dead_also = stall.cut_off[0], stall.cut_off[1:]
+                    watch.dead_detail = stall.detail
+                else:
+                    watch.stall = stall
                 break
         time.sleep(config.poll_s)
     watch.exit_code = child.wait()

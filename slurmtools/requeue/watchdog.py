@@ -53,6 +53,7 @@ class Stall:
     host: Optional[str]
     step: int
     detail: str = ""        # how the laggard was found, when not by its step (flight recorder)
+    cut_off: Tuple[str, ...] = ()   # nodes whose slurmd did not answer: lost to the job (cut_off)
 
 
 MAX_HEARTBEAT_BYTES = 64 * 1024
@@ -174,7 +175,7 @@ def cut_off(stall: Stall, beats: List[Beat], unreachable: List[str], step_nodes:
         return stall
     node = unreachable[0]
     ranks = sorted(beat.rank for beat in beats if beat.host == node)
-    return replace(stall, rank=ranks[0] if ranks else None, host=node,
+    return replace(stall, rank=ranks[0] if ranks else None, host=node, cut_off=tuple(unreachable),
                    detail=f"every rank stopped at step {stall.step} and the slurmd of {','.join(unreachable)} does "
                           f"not answer: cut off from the other nodes")
 

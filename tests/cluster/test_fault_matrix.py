@@ -191,13 +191,14 @@ def test_f_a_node_partitioned_from_the_others(cluster, workdir, reference3):
         mc.heal_node(cluster, victim)
     evts = training.events(spec, job)
     assert info.state == "COMPLETED", training.describe(spec, job)
-    assert decisions(evts) == [("hang", "requeue"), ("completed", "complete")], training.describe(spec, job)
+    assert decisions(evts) == [("node_failure", "requeue"), ("completed", "complete")], training.describe(spec, job)
     hang = training.supervisor_events(evts, "hang")
     assert [h["host"] for h in hang] == [victim], hang
+    assert training.supervisor_events(evts, "decision")[0]["exclude"] == victim
     assert victim not in _start_nodes(evts)[1]
     assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference3
     reason = training.blamed_reason(victim, job)
-    assert reason.startswith(f"slurmtools: CRITICAL job.hang every rank stopped at step "), reason
+    assert reason.startswith("slurmtools: CRITICAL job.node_failure every rank stopped at step "), reason
     assert f"the slurmd of {victim} does not answer: cut off from the other nodes" in reason, reason
     wait_for(lambda: training.leftover_trainers(job) == [], 90, f"the ranks left on {victim} to end once healed")
     training.settle(90)

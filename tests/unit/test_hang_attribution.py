@@ -78,9 +78,9 @@ def test_a_node_cut_off_from_the_others_is_named_when_its_slurmd_does_not_answer
     assert (found.rank, found.host, found.step) == (2, "node2", 6)
     assert found.detail == ("every rank stopped at step 6 and the slurmd of node2 does not answer: cut off from "
                             "the other nodes")
-    diag = classify(Evidence(exit_code=None, hang_detected=True, hang_rank=found.rank, hang_node=found.host,
-                             hang_detail=found.detail, progressed=True))
-    assert (diag.cause, diag.node, diag.fatal_for_node) == (Cause.HANG, "node2", True)
+    assert found.cut_off == ("node2",)       # the supervisor takes it for lost, like a dead node
+    diag = classify(Evidence(exit_code=None, dead_node=found.cut_off[0], dead_detail=found.detail, progressed=True))
+    assert (diag.cause, diag.node, diag.fatal_for_node) == (Cause.NODE_FAILURE, "node2", True)
 
 
 def test_no_node_is_named_when_every_slurmd_answers_or_most_do_not():
