@@ -3,13 +3,19 @@
 the atomic commit (sha256 manifest + fsync + rename) and of verifying on `latest()`.
 
     .venv/bin/python bench/checkpoint.py [--procs 2] [--saves 5] [--dim 256 --layers 4]
+    .venv/bin/python bench/checkpoint.py --sizes-gb 0.5,1,2,4 --worlds 2,4 [--saves 3]
 
-Launches itself under torchrun; rank 0 prints the figures.
+Launches itself under torchrun; rank 0 prints the figures. With --sizes-gb, one run per size and
+world size (a dim-1024 model with as many layers as make that checkpoint: fp32 weights and both
+AdamW moments, 12 bytes a parameter), then a table per GB and, at the largest size, the lines
+`ratio sync-commit/raw-write <x>` (goal <= 1.1) and `ratio async-blocking/sync-save <x>` (goal <= 0.02).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import math
 import os
 import statistics
 import tempfile
@@ -138,9 +144,44 @@ def worker(args: argparse.Namespace) -> None:
               f"before the next optimizer step), complete after {med(complete) * 1000:.0f} ms (incl. one training step)")
         print(f"ratio async-blocking/sync-save {med(blocking) / med(sync):.2f}")
         print(f"latest() with sha256 verification: median {med(verify) * 1000:.1f} ms")
+        print("ROW " + json.dumps({"gb": size / 1e9, "world": world, "raw_s": med(raw), "sync_s": med(sync),
+                                   "commit_s": med(commit_s[1:]), "async_block_s": med(blocking),
+                                   "verify_s": med(verify)}))
     saver.close()
     dist.barrier()
     dist.destroy_process_group()
+
+
+SWEEP_DIM = 1024
+# bytes of checkpoint per parameter: fp32 weights and AdamW's two fp32 moments
+CHECKPOINT_BYTES_PER_PARAM = 12
+
+
+def layers_for(size_gb: float, dim: int = SWEEP_DIM, heads: int = 4) -> int:
+    """Blocks of a dim-wide TinyLM whose checkpoint is about size_gb."""
+    from slurmtools.tiny_fsdp import Block
+    block_params = sum(p.numel() for p in Block(dim, heads).parameters())
+    return max(1, math.ceil(size_gb * 1e9 / (CHECKPOINT_BYTES_PER_PARAM * block_params)))
+
+
+def sweep(args: argparse.Namespace) -> None:
+    rows = []
+    for size_gb in [float(x) for x in args.sizes_gb.split(",")]:
+        for world in [int(x) for x in args.worlds.split(",")]:
+            print(f"== {size_gb:g} GB at world size {world}", flush=True)
+            with tempfile.TemporaryDirectory(dir=args.dir) as d:
+                out = run_under_torchrun(__file__, world, ["--saves", str(args.saves), "--dim", str(SWEEP_DIM),
+                                                           "--layers", str(layers_for(size_gb)), "--dir", d])
+            rows += [json.loads(line[4:]) for line in out.splitlines() if line.startswith("ROW ")]
+    print("GB    world  raw write s/GB  sync save s/GB  commit s/GB  async blocking s/GB  verify s/GB")
+    for r in rows:
+        print(f"{r['gb']:<5.2f} {r['world']:<6d} {r['raw_s'] / r['gb']:<15.3f} {r['sync_s'] / r['gb']:<15.3f} "
+              f"{r['commit_s'] / r['gb']:<12.3f} {r['async_block_s'] / r['gb']:<20.3f} {r['verify_s'] / r['gb']:.3f}")
+    largest = max(r["gb"] for r in rows)
+    for r in (r for r in rows if r["gb"] == largest):
+        print(f"ratio sync-commit/raw-write {r['sync_s'] / r['raw_s']:.2f} ({r['gb']:.2f} GB, world {r['world']})")
+        print(f"ratio async-blocking/sync-save {r['async_block_s'] / r['sync_s']:.3f} ({r['gb']:.2f} GB, "
+              f"world {r['world']})")
 
 
 def main() -> None:
@@ -149,15 +190,19 @@ def main() -> None:
     ap.add_argument("--saves", type=int, default=10)
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--dir")
+    ap.add_argument("--sizes-gb", help="comma list of checkpoint sizes to sweep (e.g. 0.5,1,2,4)")
+    ap.add_argument("--worlds", default="2", help="comma list of world sizes for --sizes-gb")
+    ap.add_argument("--dir", help="where the checkpoints are written (default: a temporary directory)")
     args = ap.parse_args()
     if is_worker():
         worker(args)
         return
-    with tempfile.TemporaryDirectory() as d:
+    if args.sizes_gb:
+        sweep(args)
+        return
+    with tempfile.TemporaryDirectory(dir=args.dir) as d:
         run_under_torchrun(__file__, args.procs, ["--saves", str(args.saves), "--dim", str(args.dim),
                                                   "--layers", str(args.layers), "--dir", d])
-
 
 if __name__ == "__main__":
     main()
