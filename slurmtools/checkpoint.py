@@ -2,7 +2,10 @@
 
 A checkpoint is written into `step_N.tmp/` (never into an existing directory), its files
 are fsynced, a MANIFEST.json with every file's size and sha256 is written last (temp +
-fsync + replace), the directory is renamed to `step_N/` and the parent fsynced. `latest()`
+fsync + replace), the directory is renamed to `step_N/` and the parent fsynced. Each writer
+(a rank) fsyncs and hashes the files it wrote itself (`seal_own_files`, off the training
+thread for async saves), so the committer reads none of a large checkpoint's shards: it merges
+the writers' records and hashes only what no writer recorded. `latest()`
 returns the newest `step_N` whose manifest verifies, falling back to older ones: a kill
 mid-save leaves only a `.tmp` directory, a flipped byte fails the checksum. Framework-agnostic:
 a callable writes files into a directory (torch DCP lives in checkpoint_torch.py).
@@ -19,7 +22,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from slurmtools.errors import CheckpointError
 from slurmtools.fsutil import fsync_path, write_json_atomic
@@ -28,6 +31,8 @@ MANIFEST = "MANIFEST.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _HASH_CHUNK = 1 << 20
 MAX_MANIFEST_BYTES = 16 << 20
+# in a staging dir: each writer's {file: {size, sha256}} for the files it wrote and sealed
+SHARD_HASHES_DIR = ".shard-hashes"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 log = logging.getLogger(__name__)
 
@@ -68,6 +73,41 @@ def _read_manifest(path: Path) -> Dict[str, Any]:
     return manifest
 
 
+def seal_own_files(staging: Path, writer: str, names: Iterable[str]) -> Dict[str, Dict[str, Any]]:
+    """A writer's part of the commit: fsync and sha256 the files it wrote into staging and record
+    them for the committer (SHARD_HASHES_DIR/<writer>.json), which then reads none of them."""
+    entries: Dict[str, Dict[str, Any]] = {}
+    for name in sorted(names):
+        member = staging / name
+        fsync_path(member)
+        entries[name] = {"size": member.stat().st_size, "sha256": sha256_file(member)}
+    (staging / SHARD_HASHES_DIR).mkdir(exist_ok=True)
+    write_json_atomic(staging / SHARD_HASHES_DIR / f"{writer}.json", entries)
+    return entries
+
+
+def sealed_by_writers(staging: Path) -> Dict[str, Dict[str, Any]]:
+    """The writers' records merged (a malformed record or entry is ignored: its files are hashed
+    by the committer instead)."""
+    merged: Dict[str, Dict[str, Any]] = {}
+    directory = staging / SHARD_HASHES_DIR
+    for record in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        try:
+            entries = _read_manifest(record)
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+            continue
+        for rel, info in entries.items():
+            if _member_problem(staging, rel, info) is None:
+                merged[rel] = {"size": info["size"], "sha256": info["sha256"]}
+    return merged
+
+
+def writers_sealed(staging: Path) -> int:
+    """How many writers recorded their files so far."""
+    directory = staging / SHARD_HASHES_DIR
+    return sum(1 for _ in directory.glob("*.json")) if directory.is_dir() else 0
+
+
 def _member_problem(step_dir: Path, rel: Any, info: Any) -> Optional[str]:
     """Why one manifest entry is not a sealed file of this checkpoint, or None."""
     if not isinstance(rel, str) or not rel or "\x00" in rel or len(rel) > 1024:
@@ -85,6 +125,18 @@ def _member_problem(step_dir: Path, rel: Any, info: Any) -> Optional[str]:
         parent = parent / part
         if parent.is_symlink() or not parent.is_dir():
             return f"missing file {rel}"
+    return None
+
+
+def verify_files(path: Path, files: Mapping[str, Any], names: Iterable[str]) -> Optional[str]:
+    """Why some of these members of a complete checkpoint do not match their sha256, or None
+    (each rank of a resume checks its share: every file is read once, by one rank)."""
+    for rel in names:
+        try:
+            if sha256_file(path / rel) != files[rel]["sha256"]:
+                return f"checksum mismatch in {rel}"
+        except OSError as exc:
+            return f"cannot read {rel} ({exc})"
     return None
 
 
@@ -159,13 +211,19 @@ class CheckpointManager:
         final = self.final_dir(step)
         if final.exists():
             raise CheckpointError(f"{final} already exists; a checkpoint is never written into an existing directory")
+        sealed = sealed_by_writers(tmp)
+        shutil.rmtree(tmp / SHARD_HASHES_DIR, ignore_errors=True)
         files: Dict[str, Dict[str, Any]] = {}
         for member in sorted(p for p in tmp.rglob("*") if p.is_file()):
             rel = member.relative_to(tmp).as_posix()
             if rel == MANIFEST:
                 continue
+            size = member.stat().st_size
+            if rel in sealed and sealed[rel]["size"] == size:
+                files[rel] = sealed[rel]             # fsynced and hashed by the rank that wrote it
+                continue
             fsync_path(member)
-            files[rel] = {"size": member.stat().st_size, "sha256": sha256_file(member)}
+            files[rel] = {"size": size, "sha256": sha256_file(member)}
         if not files:
             raise CheckpointError(f"step {step}: the writer wrote no files into {tmp}")
         manifest = {"format": 1, "step": step, "files": files, "created_unix_s": time.time(), **(meta or {})}

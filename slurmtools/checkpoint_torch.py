@@ -2,11 +2,19 @@
 on load (DCP handles a different world size), and an async save on its own process group.
 
 Rank 0 owns the directory: it stages `step_N.tmp`, every rank writes its shards there with
-overwrite disabled, and rank 0 commits (manifest last, rename) once all shards are written.
+overwrite disabled, fsyncs and hashes its own shards (in the save's own thread for an async save),
+and rank 0 commits (manifest last, rename) once all shards are written and sealed: rank 0 never
+reads the whole checkpoint. On resume rank 0 picks the newest checkpoint complete by names and
+sizes, and every rank verifies its share of the files (each file read once) before any loads it;
+a mismatch anywhere quarantines that checkpoint and the next older one is tried.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple
+import re
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
@@ -15,7 +23,11 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from slurmtools.checkpoint import Checkpoint, CheckpointManager, verify_dir
+from slurmtools.checkpoint import (Checkpoint, CheckpointManager, seal_own_files, verify_dir, verify_files,
+                                   writers_sealed)
+
+# how long rank 0 waits for the other ranks to seal their shards before it hashes the rest itself
+SEAL_WAIT_S = 600.0
 
 
 def _rank() -> int:
@@ -46,6 +58,21 @@ def _complete_or_quarantine(manager: CheckpointManager, step: int) -> bool:
     return ok
 
 
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def own_shards(staging: Path, rank: int) -> List[str]:
+    """The files DCP's FileSystemWriter wrote for rank: `__<rank>_<n>.distcp` (its storage prefix)."""
+    pattern = re.compile(rf"^__{rank}_\d+\.distcp$")
+    return sorted(path.name for path in staging.iterdir() if pattern.match(path.name))
+
+
+def seal_own(staging: str, rank: int) -> None:
+    """This rank's part of the commit: fsync and hash the shards it wrote."""
+    seal_own_files(Path(staging), f"rank_{rank}", own_shards(Path(staging), rank))
+
+
 def _stage(manager: CheckpointManager, step: int) -> Optional[str]:
     """Collective: the staging directory every rank writes step's shards into, or None when step
     is already saved and verifies (rank 0 decides and tells the others)."""
@@ -68,27 +95,47 @@ def save(manager: CheckpointManager, step: int, model: Any, optim: Any, extra: O
     msd, osd = get_state_dict(model, optim)
     state = {"model": msd, "optim": osd, "extra": dict(extra or {}, step=step)}
     dcp_save(state, storage_writer=FileSystemWriter(tmp, overwrite=False))
+    seal_own(tmp, _rank())
     if before_commit is not None:
         before_commit()
     _barrier()
     ckpt = None
     if _rank() == 0:
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        ckpt = manager.commit(step, dict(meta or {}, world_size=world))
+        ckpt = manager.commit(step, dict(meta or {}, world_size=_world()))
     _barrier()
     return ckpt
+
+
+def _verified_latest(manager: CheckpointManager) -> Optional[str]:
+    """Collective: the newest checkpoint every rank verified its share of (files i with
+    i % world == rank); one that fails anywhere is quarantined by rank 0 and the next tried."""
+    rank, world = _rank(), _world()
+    while True:
+        newest = manager.latest(checksums=False) if rank == 0 else None
+        chosen = _broadcast((str(newest.path), newest.manifest["files"]) if newest else None)
+        if chosen is None:
+            return None
+        path, files = chosen
+        names = sorted(files)[rank::world]
+        problem = verify_files(Path(path), files, names)
+        problems = [problem]
+        if dist.is_initialized():
+            problems = [None] * world
+            dist.all_gather_object(problems, problem)
+        bad = next((p for p in problems if p), None)
+        if bad is None:
+            return str(path)
+        if rank == 0:
+            manager.quarantine(Path(path), bad)
+        _barrier()
 
 
 def load_latest(manager: CheckpointManager, model: Any, optim: Any) -> Optional[Dict[str, Any]]:
     """Load the newest complete checkpoint into model/optim (any saved world size); returns its extras.
 
-    Rank 0 picks the checkpoint (verifying checksums) and tells the others, so all ranks load the same one.
-    """
-    chosen = None
-    if _rank() == 0:
-        ckpt = manager.latest()
-        chosen = str(ckpt.path) if ckpt else None
-    chosen = _broadcast(chosen)
+    Every rank verifies its share of the checkpoint's files first, so all ranks load the same
+    verified one and no file is hashed twice."""
+    chosen = _verified_latest(manager)
     if chosen is None:
         return None
     msd, osd = get_state_dict(model, optim)
@@ -96,6 +143,17 @@ def load_latest(manager: CheckpointManager, model: Any, optim: Any) -> Optional[
     dcp_load(state, storage_reader=FileSystemReader(chosen))
     set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return dict(state["extra"], path=chosen)
+
+
+def _seal_when_written(upload: "Future[Any]", staging: str, rank: int, world: int) -> None:
+    """In the checkpointer's thread: once this rank's shards are written, seal them; rank 0 then
+    waits (up to SEAL_WAIT_S) for every rank's seal, so its commit reads no shard."""
+    upload.result()
+    seal_own(staging, rank)
+    if rank == 0:
+        deadline = time.monotonic() + SEAL_WAIT_S
+        while writers_sealed(Path(staging)) < world and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 class AsyncCheckpointer:
@@ -106,9 +164,10 @@ class AsyncCheckpointer:
     buffers that one DCP stager keeps across saves (pinned memory on CUDA); that copy too runs
     in the background, overlapping the next forward/backward, so the trainer calls
     `wait_staged()` before its next optimizer step (the weights must not change while they are
-    copied). Rank 0 commits (manifest, rename) once the upload future resolves, which DCP only
-    does after every rank's shards and the metadata are written. One save is in flight at a
-    time; `wait()` finishes it.
+    copied). Once a rank's upload future resolves (DCP resolves it only after every rank's
+    shards and the metadata are written) the checkpointer's own thread seals that rank's shards;
+    rank 0 commits (manifest, rename) once every rank sealed. One save is in flight at a time;
+    `wait()` finishes it.
     """
 
     def __init__(self, manager: CheckpointManager) -> None:
@@ -122,6 +181,7 @@ class AsyncCheckpointer:
                                                    use_async_staging=True, use_non_blocking_copy=cuda))
         self._pending: Optional[Tuple[int, Any, Dict[str, Any]]] = None
         self._staging: Any = None
+        self._sealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-seal")
 
     def save(self, step: int, model: Any, optim: Any, meta: Optional[Dict[str, Any]] = None) -> None:
         self.wait()
@@ -132,10 +192,10 @@ class AsyncCheckpointer:
         state = {"model": msd, "optim": osd, "extra": {"step": step}}
         response = dcp_async_save(state, storage_writer=FileSystemWriter(tmp, overwrite=False),
                                   process_group=self.group, async_stager=self.stager)
-        upload = getattr(response, "upload_completion", response)
+        upload = cast("Future[Any]", getattr(response, "upload_completion", response))
         self._staging = getattr(response, "staging_completion", None)
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        self._pending = (step, upload, dict(meta or {}, world_size=world))
+        sealed = self._sealer.submit(_seal_when_written, upload, tmp, _rank(), _world())
+        self._pending = (step, sealed, dict(meta or {}, world_size=_world()))
 
     def wait_staged(self) -> None:
         """Return once the state of the save in flight is copied: the weights may change now."""
@@ -166,3 +226,4 @@ class AsyncCheckpointer:
         """Finish the save in flight and free the staging buffers and threads."""
         self.wait()
         self.stager.close()
+        self._sealer.shutdown(wait=True)

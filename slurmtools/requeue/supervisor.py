@@ -93,7 +93,7 @@ def _begin(config: SupervisorConfig, attempt: Attempt, manager: Optional[Checkpo
     control = config.control_dir
     step.ensure_control_dir(control)
     events = ledger.read(control)
-    resume = manager.latest() if manager else None
+    resume = manager.latest(checksums=False) if manager else None   # complete by names and sizes: the ranks verify
     dangling = slurm_view.close_dangling_attempt(control, events, resume.step if resume else None)
     if dangling:
         events.append(dangling)
