@@ -20,7 +20,10 @@ TEST_CLUSTER_NAME = os.environ.get("SLURMTOOLS_TEST_CLUSTER_NAME", "test")
 TEST_SLURM_RELEASE = os.environ.get("SLURMTOOLS_TEST_SLURM") or None
 # How many nodes the suite's cluster has: 3 for the suite; the fault matrix (marker `matrix`: two
 # training nodes and two spares lost at once) needs 5 and runs on a cluster of its own (scripts/test.sh).
-TEST_CLUSTER_NODES = int(os.environ.get("SLURMTOOLS_TEST_CLUSTER_NODES") or 3)
+_NODES_TEXT = os.environ.get("SLURMTOOLS_TEST_CLUSTER_NODES") or "3"
+if not _NODES_TEXT.isdigit() or not 1 <= int(_NODES_TEXT) <= 64:
+    raise pytest.UsageError(f"SLURMTOOLS_TEST_CLUSTER_NODES: {_NODES_TEXT!r} is not a node count from 1 to 64")
+TEST_CLUSTER_NODES = int(_NODES_TEXT)
 # Where the cluster tests' jobs write (made at the session's start, removed at its end): beside the
 # state dir, never under pytest's own tmp (/tmp/pytest-of-root is root's alone, and the jobs run as
 # the cluster's ordinary user).

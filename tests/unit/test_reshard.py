@@ -46,15 +46,22 @@ def _flatten(prefix, obj, out):
     return out
 
 
-def _worker(rank: int, world: int, port: int, ckpt: str, out: str, save: bool) -> None:
+def join_with_tiny_model(rank: int, world: int, port: int):
+    """This process as gloo rank `rank` of `world`, with the tiny FSDP model and its optimizer
+    (cfg, device, model, optim); the caller destroys the process group."""
     from slurmtools import tiny_fsdp
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    cfg = tiny_fsdp.TrainConfig()
+    device = torch.device("cpu")
+    return (cfg, device, *tiny_fsdp.build(cfg, world, device))
+
+
+def _worker(rank: int, world: int, port: int, ckpt: str, out: str, save: bool) -> None:
+    from slurmtools import tiny_fsdp
+    cfg, device, model, optim = join_with_tiny_model(rank, world, port)
     try:
-        cfg = tiny_fsdp.TrainConfig()
-        device = torch.device("cpu")
-        model, optim = tiny_fsdp.build(cfg, world, device)
         manager = CheckpointManager(ckpt)
         if save:
             for step in range(STEPS):

@@ -5,7 +5,6 @@ agree, quarantine step 4 and load step 2."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -16,18 +15,13 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from slurmtools import checkpoint_torch  # noqa: E402
 from slurmtools.checkpoint import MANIFEST, CheckpointManager  # noqa: E402
-from tests.unit.test_reshard import _free_port  # noqa: E402
+from tests.unit.test_reshard import _free_port, join_with_tiny_model  # noqa: E402
 
 
 def _worker(rank: int, world: int, port: int, ckpt: str, out: str, save: bool) -> None:
     from slurmtools import tiny_fsdp
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    cfg, device, model, optim = join_with_tiny_model(rank, world, port)
     try:
-        cfg = tiny_fsdp.TrainConfig()
-        device = torch.device("cpu")
-        model, optim = tiny_fsdp.build(cfg, world, device)
         manager = CheckpointManager(ckpt)
         if save:
             for step in range(4):
