@@ -7,6 +7,10 @@ and rank 0 commits (manifest last, rename) once all shards are written and seale
 reads the whole checkpoint. On resume rank 0 picks the newest checkpoint complete by names and
 sizes, and every rank verifies its share of the files (each file read once) before any loads it;
 a mismatch anywhere quarantines that checkpoint and the next older one is tried.
+
+The trainer's own state (RNG streams, data-loader position, LR scheduler, grad scaler, extras:
+slurmtools.trainer_state) travels in every save, sync and async: each rank writes its small
+trainer-state file beside its shards and seals it with them.
 """
 from __future__ import annotations
 
@@ -23,8 +27,10 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from slurmtools import trainer_state as trainer_state_files
 from slurmtools.checkpoint import (Checkpoint, CheckpointManager, seal_own_files, verify_dir, verify_files,
                                    writers_sealed)
+from slurmtools.trainer_state import TrainerState
 
 # how long rank 0 waits for the other ranks to seal their shards before it hashes the rest itself
 SEAL_WAIT_S = 600.0
@@ -63,13 +69,18 @@ def _world() -> int:
 
 
 def own_shards(staging: Path, rank: int) -> List[str]:
-    """The files DCP's FileSystemWriter wrote for rank: `__<rank>_<n>.distcp` (its storage prefix)."""
+    """The files rank wrote: DCP's `__<rank>_<n>.distcp` (FileSystemWriter's storage prefix) and
+    its trainer-state file."""
     pattern = re.compile(rf"^__{rank}_\d+\.distcp$")
-    return sorted(path.name for path in staging.iterdir() if pattern.match(path.name))
+    state_name = trainer_state_files.state_file_name(rank)
+    return sorted(path.name for path in staging.iterdir() if pattern.match(path.name) or path.name == state_name)
 
 
-def seal_own(staging: str, rank: int) -> None:
-    """This rank's part of the commit: fsync and hash the shards it wrote."""
+def seal_own(staging: str, rank: int, snapshot: Optional[Dict[str, Any]] = None) -> None:
+    """This rank's part of the commit: write its trainer state (when given), then fsync and hash
+    every file it wrote."""
+    if snapshot is not None:
+        trainer_state_files.write(Path(staging), rank, snapshot)
     seal_own_files(Path(staging), f"rank_{rank}", own_shards(Path(staging), rank))
 
 
@@ -83,19 +94,21 @@ def _stage(manager: CheckpointManager, step: int) -> Optional[str]:
 
 
 def save(manager: CheckpointManager, step: int, model: Any, optim: Any, extra: Optional[Dict[str, Any]] = None,
-         meta: Optional[Dict[str, Any]] = None, before_commit: Optional[Callable[[], None]] = None
-         ) -> Optional[Checkpoint]:
-    """Blocking sharded save of model + optimizer (+ small extras) as step; collective.
+         meta: Optional[Dict[str, Any]] = None, before_commit: Optional[Callable[[], None]] = None,
+         trainer_state: Optional[TrainerState] = None) -> Optional[Checkpoint]:
+    """Blocking sharded save of model + optimizer (+ small extras, + the trainer's own state) as
+    step; collective.
 
     before_commit runs on every rank after the shards are written and before rank 0 commits
     (a place for fault injection in tests, or for flushing logs)."""
     tmp = _stage(manager, step)
     if tmp is None:
         return None
+    snapshot = trainer_state.snapshot() if trainer_state is not None else None
     msd, osd = get_state_dict(model, optim)
     state = {"model": msd, "optim": osd, "extra": dict(extra or {}, step=step)}
     dcp_save(state, storage_writer=FileSystemWriter(tmp, overwrite=False))
-    seal_own(tmp, _rank())
+    seal_own(tmp, _rank(), snapshot)
     if before_commit is not None:
         before_commit()
     _barrier()
@@ -130,26 +143,51 @@ def _verified_latest(manager: CheckpointManager) -> Optional[str]:
         _barrier()
 
 
-def load_latest(manager: CheckpointManager, model: Any, optim: Any) -> Optional[Dict[str, Any]]:
-    """Load the newest complete checkpoint into model/optim (any saved world size); returns its extras.
+def _saved_extras(reader: FileSystemReader) -> Dict[str, Any]:
+    """Placeholders for every extra the checkpoint holds (DCP loads only the keys it is asked for)."""
+    keys = reader.read_metadata().state_dict_metadata
+    return {key.split(".", 1)[1]: None for key in keys if key.startswith("extra.") and key.count(".") == 1}
+
+
+def _restore_trainer_state(chosen: str, trainer_state: TrainerState, skip: Tuple[str, ...]) -> List[str]:
+    """This rank's trainer state from the checkpoint; returns what could not be restored. Saved at
+    another world size: the shared parts come from rank 0's file, the RNG streams are not taken."""
+    directory = Path(chosen)
+    saved_ranks = {path.name for path in directory.glob(f"{trainer_state_files.STATE_FILE_PREFIX}*")}
+    same_world = saved_ranks == {trainer_state_files.state_file_name(r) for r in range(_world())}
+    snapshot = trainer_state_files.read(directory, _rank() if same_world else 0)
+    if snapshot is None:
+        return sorted(trainer_state.parts) + (["rng"] if trainer_state.rng else [])
+    return trainer_state.restore(snapshot, rng=same_world, skip=skip)
+
+
+def load_latest(manager: CheckpointManager, model: Any, optim: Any, trainer_state: Optional[TrainerState] = None,
+                skip: Tuple[str, ...] = ()) -> Optional[Dict[str, Any]]:
+    """Load the newest complete checkpoint into model/optim (any saved world size) and, when
+    given, the trainer's own state; returns its extras, its path and `not_restored` (the trainer
+    state's names the checkpoint could not give back: report them, re-seed a missing "rng").
 
     Every rank verifies its share of the checkpoint's files first, so all ranks load the same
-    verified one and no file is hashed twice."""
+    verified one and no file is hashed twice. skip: trainer-state names left as they are (tests)."""
     chosen = _verified_latest(manager)
     if chosen is None:
         return None
+    reader = FileSystemReader(chosen)
     msd, osd = get_state_dict(model, optim)
-    state: Dict[str, Any] = {"model": msd, "optim": osd, "extra": {"step": -1}}
-    dcp_load(state, storage_reader=FileSystemReader(chosen))
+    state: Dict[str, Any] = {"model": msd, "optim": osd, "extra": dict(_saved_extras(reader), step=-1)}
+    dcp_load(state, storage_reader=reader)
     set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    return dict(state["extra"], path=chosen)
+    not_restored = _restore_trainer_state(chosen, trainer_state, skip) if trainer_state is not None else []
+    return dict(state["extra"], path=chosen, not_restored=not_restored)
 
 
-def _seal_when_written(upload: "Future[Any]", staging: str, rank: int, world: int) -> None:
-    """In the checkpointer's thread: once this rank's shards are written, seal them; rank 0 then
-    waits (up to SEAL_WAIT_S) for every rank's seal, so its commit reads no shard."""
+def _seal_when_written(upload: "Future[Any]", staging: str, rank: int, world: int,
+                       snapshot: Optional[Dict[str, Any]]) -> None:
+    """In the checkpointer's thread: once this rank's shards are written, write its trainer state
+    and seal them all; rank 0 then waits (up to SEAL_WAIT_S) for every rank's seal, so its
+    commit reads no shard."""
     upload.result()
-    seal_own(staging, rank)
+    seal_own(staging, rank, snapshot)
     if rank == 0:
         deadline = time.monotonic() + SEAL_WAIT_S
         while writers_sealed(Path(staging)) < world and time.monotonic() < deadline:
@@ -183,18 +221,21 @@ class AsyncCheckpointer:
         self._staging: Any = None
         self._sealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-seal")
 
-    def save(self, step: int, model: Any, optim: Any, meta: Optional[Dict[str, Any]] = None) -> None:
+    def save(self, step: int, model: Any, optim: Any, meta: Optional[Dict[str, Any]] = None,
+             extra: Optional[Dict[str, Any]] = None, trainer_state: Optional[TrainerState] = None) -> None:
+        """Begin saving step; the trainer state is copied now, as it is at this step boundary."""
         self.wait()
         tmp = _stage(self.manager, step)
         if tmp is None:
             return
+        snapshot = trainer_state.snapshot() if trainer_state is not None else None
         msd, osd = get_state_dict(model, optim)
-        state = {"model": msd, "optim": osd, "extra": {"step": step}}
+        state = {"model": msd, "optim": osd, "extra": dict(extra or {}, step=step)}
         response = dcp_async_save(state, storage_writer=FileSystemWriter(tmp, overwrite=False),
                                   process_group=self.group, async_stager=self.stager)
         upload = cast("Future[Any]", getattr(response, "upload_completion", response))
         self._staging = getattr(response, "staging_completion", None)
-        sealed = self._sealer.submit(_seal_when_written, upload, tmp, _rank(), _world())
+        sealed = self._sealer.submit(_seal_when_written, upload, tmp, _rank(), _world(), snapshot)
         self._pending = (step, sealed, dict(meta or {}, world_size=_world()))
 
     def wait_staged(self) -> None:

@@ -1,10 +1,12 @@
 """The tiny FSDP2 language model and its training loop: the reference trainer slurmtools uses in
 examples, tests and benchmarks (sbatch path and submitit path alike).
 
-Data is a deterministic function of the step (arithmetic sequences, learnable), each rank takes
-its slice, so a resumed run is bit-identical to an uninterrupted one at the same world size.
-Checkpoints go through CheckpointManager + DCP; heartbeats and checkpoint requests through
-slurmtools.runtime. Needs torch (pip install 'slurmtools[torch]').
+A real trainer's moving parts, so recovery is tested against them: dropout, a shuffled
+multi-worker data loader (slurmtools.resumable_loader) and a warmup + cosine LR schedule. Their
+state (RNG streams, loader position, scheduler) is saved with every checkpoint
+(slurmtools.trainer_state), so a resumed run is bit-identical to an uninterrupted one at the same
+world size. Checkpoints go through CheckpointManager + DCP; heartbeats and checkpoint requests
+through slurmtools.runtime. Needs torch (pip install 'slurmtools[torch]').
 """
 from __future__ import annotations
 
@@ -21,13 +23,16 @@ from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from slurmtools import checkpoint_torch, sdc
 from slurmtools.checkpoint import CheckpointManager
+from slurmtools.resumable_loader import ResumableLoader
+from slurmtools.state_digest import state_hash
+from slurmtools.tiny_data import SequenceDataset, warmup_cosine
+from slurmtools.trainer_state import TrainerState
 from slurmtools.preflight import canary as preflight_canary
 from slurmtools.preflight import judge as preflight_judge
 from slurmtools.runtime import SDC_CHECK_EVERY_ENV, TrainingControl, agree, attempt_number
@@ -46,6 +51,11 @@ class TrainConfig:
     batch_per_rank: int = 8
     lr: float = 3e-3
     seed: int = 1234
+    dropout: float = 0.1
+    dataset_size: int = 256         # samples per epoch (shuffled each epoch): 16 steps at 2 ranks x 8
+    loader_workers: int = 2
+    warmup_steps: int = 4           # then cosine decay to min_lr_ratio x lr at `steps`
+    min_lr_ratio: float = 0.1
     step_sleep_s: float = 0.0
     fail_at_step: int = -1
     fail_again_at_step: int = -1    # the attempt after the faulting one fails here (a second, later crash)
@@ -61,15 +71,18 @@ class TrainConfig:
     sdc_fault: str = ""
     # periodic saves in the background (a final or requested save blocks); same commit rule
     async_checkpoint: bool = True
+    # TEST ONLY, off unless set: trainer-state names ("rng,loader,scheduler") NOT restored on
+    # resume, to show that losing any one of them changes the result
+    forget_on_resume: str = ""
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
         self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
         self.norm2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim), nn.Dropout(dropout))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         normed = self.norm1(hidden)
@@ -80,11 +93,11 @@ class Block(nn.Module):
 
 
 class TinyLM(nn.Module):
-    def __init__(self, vocab: int, dim: int, layers: int, heads: int, seq: int) -> None:
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, seq: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.pos = nn.Parameter(torch.zeros(seq, dim))
-        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(dim, heads, dropout) for _ in range(layers))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab)
 
@@ -112,7 +125,7 @@ def batch_for(step: int, rank: int, world: int, cfg: TrainConfig, device: torch.
 def build(cfg: TrainConfig, world: int, device: torch.device) -> "tuple[TinyLM, torch.optim.Optimizer]":
     """The model, sharded over all ranks (FSDP2), and its optimizer; the same on every rank."""
     torch.manual_seed(cfg.seed)
-    model = TinyLM(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq).to(device)
+    model = TinyLM(cfg.vocab, cfg.dim, cfg.layers, cfg.heads, cfg.seq, cfg.dropout).to(device)
     mesh = init_device_mesh(device.type, (world,))
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
@@ -124,15 +137,17 @@ def build(cfg: TrainConfig, world: int, device: torch.device) -> "tuple[TinyLM, 
 def train_step(model: nn.Module, optim: torch.optim.Optimizer, step: int, rank: int, world: int, cfg: TrainConfig,
                device: torch.device, before_update: Optional[Callable[[], None]] = None,
                local_work: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
-               numbers: Optional[Dict[str, float]] = None) -> torch.Tensor:
-    """One optimizer step on this rank's slice of the step's global batch; the local loss.
+               numbers: Optional[Dict[str, float]] = None, batches: Optional[ResumableLoader] = None
+               ) -> torch.Tensor:
+    """One optimizer step on this rank's next batch (from batches, else its slice of the step's
+    fixed global batch, batch_for); the local loss.
     before_update runs just before the weights change (an async save's staging copy ends there);
     local_work wraps the optimizer step, the part that waits for no other rank (a sharded
     model's update is local), e.g. TrainingControl.busy for the straggler watch. numbers, when
     given, gets the step's data wait, gradient norm and the time of its all-reduce (collective:
     every rank must pass it or none)."""
     data_t0 = time.monotonic()
-    tokens = batch_for(step, rank, world, cfg, device)
+    tokens = batches.next_batch().to(device) if batches is not None else batch_for(step, rank, world, cfg, device)
     if numbers is not None:
         numbers["data_wait_s"] = time.monotonic() - data_t0
     logits = model(tokens[:, :-1])
@@ -164,11 +179,15 @@ def grad_norm(model: nn.Module) -> float:
 
 def reference_digest(model: nn.Module, cfg: TrainConfig, device: torch.device, corrupt: bool = False) -> str:
     """sha256 of the logits and loss of one fixed batch (the same on every rank) on the current
-    weights; a forward pass without gradients (collective: FSDP gathers the weights)."""
+    weights; a forward pass without gradients or dropout (collective: FSDP gathers the weights;
+    eval mode: the check draws no random numbers, so it leaves training's RNG streams alone)."""
     tokens = batch_for(-1, 0, 1, cfg, device)
+    training = model.training
+    model.eval()
     with torch.no_grad():
         logits = model(tokens[:, :-1])
         loss = nn.functional.cross_entropy(logits, tokens[:, 1:].reshape(-1))
+    model.train(training)
     if corrupt:
         logits = logits.clone()
         logits.view(-1)[0] += 1e-3
@@ -196,35 +215,6 @@ def canary(model: nn.Module, cfg: TrainConfig, device: torch.device, step: int, 
     return sdc.by_reference(found, votes, [finding.node for finding in findings if finding.node])
 
 
-def full_state(model: nn.Module, optim: torch.optim.Optimizer) -> "tuple[Dict[str, Any], Dict[str, Any]]":
-    """The unsharded model and optimizer state on the CPU (collective)."""
-    msd, osd = get_state_dict(model, optim, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return msd, osd
-
-
-def state_hash(model: nn.Module, optim: torch.optim.Optimizer) -> str:
-    """sha256 over the full (unsharded) model + optimizer state, in key order; collective."""
-    msd, osd = full_state(model, optim)
-    digest = hashlib.sha256()
-
-    def feed(prefix: str, obj: Any) -> None:
-        if isinstance(obj, dict):
-            for key in sorted(obj, key=str):
-                feed(f"{prefix}.{key}", obj[key])
-        elif isinstance(obj, (list, tuple)):
-            for index, value in enumerate(obj):
-                feed(f"{prefix}.{index}", value)
-        elif isinstance(obj, torch.Tensor):
-            digest.update(prefix.encode())
-            digest.update(obj.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
-        else:
-            digest.update(f"{prefix}={obj!r}".encode())
-
-    feed("model", msd)
-    feed("optim", osd)
-    return digest.hexdigest()
-
-
 def log_json(record: Dict[str, Any]) -> None:
     print(json.dumps(dict(record, t=round(time.time(), 3)), sort_keys=True), flush=True)
 
@@ -236,12 +226,14 @@ def train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, A
     Returns {"event": "final", "step", "state_sha256", ...} or {"event": "stopped_for_requeue", "step"}.
     """
     try:
-        return _train(cfg, control, log)
+        with contextlib.ExitStack() as cleanup:     # a crash too: the loader's workers are stopped
+            return _train(cfg, control, log, cleanup)
     finally:          # a crash too: the last seconds of step numbers reach the step log
         control.flush_metrics()
 
 
-def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
+def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, Any]], None],
+           cleanup: contextlib.ExitStack) -> Dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
     if dist.get_backend() == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
@@ -249,19 +241,30 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
         torch.set_num_threads(1)
         device = torch.device("cpu")
     model, optim = build(cfg, world, device)
+    torch.manual_seed(cfg.seed * 1_000 + rank)        # dropout: each rank its own stream
     manager = CheckpointManager(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     saver = checkpoint_torch.AsyncCheckpointer(manager) if manager and cfg.async_checkpoint else None
     meta = {"attempt_id": control.attempt_id}
+    batches = ResumableLoader(SequenceDataset(cfg.dataset_size, cfg.vocab, cfg.seq, cfg.seed),
+                              batch_size=cfg.batch_per_rank, rank=rank, world=world, seed=cfg.seed,
+                              num_workers=cfg.loader_workers)
+    cleanup.callback(batches.close)
+    schedule = warmup_cosine(optim, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
+    trainer_state = TrainerState({"loader": batches, "scheduler": schedule})
 
     start = 0
     if manager is not None:
         t0 = time.monotonic()
-        extra = checkpoint_torch.load_latest(manager, model, optim)
+        forget = tuple(name for name in cfg.forget_on_resume.split(",") if name)
+        extra = checkpoint_torch.load_latest(manager, model, optim, trainer_state, skip=forget)
         if extra is not None:
             start = int(extra["step"])
+            if "rng" in extra["not_restored"]:       # another world size: a fresh stream per rank
+                torch.manual_seed(cfg.seed * 1_000_003 + start * 1_000 + rank)
             if rank == 0:
                 log({"event": "resumed", "step": start, "path": extra["path"], "world_size": world,
-                     "attempt_id": control.attempt_id, "load_s": round(time.monotonic() - t0, 3)})
+                     "attempt_id": control.attempt_id, "load_s": round(time.monotonic() - t0, 3),
+                     "not_restored": extra["not_restored"]})
     # faults fire on one attempt of the job (counting restarts in place and requeues) or on all (-1)
     faults = cfg.faults_on_attempt in (-1, attempt_number(os.environ))
     hang_rank, _, hang_step = cfg.hang_at_step.partition(":") if faults else ("", "", "")
@@ -299,7 +302,8 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
         numbers: Optional[Dict[str, float]] = {} if control.records_steps else None
         loss = train_step(model, optim, step, rank, world, cfg, device,
                           before_update=saver.wait_staged if saver is not None else None, local_work=local_work,
-                          numbers=numbers)
+                          numbers=numbers, batches=batches)
+        schedule.step()
         step += 1
         if skip_step and rank == int(skip_rank) and step == int(skip_step):
             print(f"rank {rank}: injected skip of the loss all-reduce at step {step}", file=sys.stderr, flush=True)
@@ -336,12 +340,13 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
         if sealing and manager is not None:
             t0 = time.monotonic()
             if saver is not None and not requested and step != cfg.steps:
-                saver.save(step, model, optim, meta=meta)      # periodic: training goes on meanwhile
+                saver.save(step, model, optim, meta=meta, trainer_state=trainer_state)  # training goes on
             else:
                 if saver is not None:
                     saver.wait()                               # a requested or final save is blocking
                 pause = (lambda: time.sleep(cfg.slow_checkpoint_s)) if step == slow_at else None
-                checkpoint_torch.save(manager, step, model, optim, meta=meta, before_commit=pause)
+                checkpoint_torch.save(manager, step, model, optim, meta=meta, before_commit=pause,
+                                      trainer_state=trainer_state)
             if rank == 0:
                 control.checkpoint_done(step, round(time.monotonic() - t0, 3), requested=requested)
                 log({"event": "checkpoint", "step": step, "save_s": round(time.monotonic() - t0, 3),
@@ -349,6 +354,7 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
         if requested and step < cfg.steps:
             if saver is not None:
                 saver.close()
+            batches.close()
             control.heartbeat(step)
             control.mark_stopped_for_requeue(step)
             if rank == 0:
@@ -356,6 +362,7 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
             return {"event": "stopped_for_requeue", "step": step, "attempt_id": control.attempt_id}
     if saver is not None:
         saver.close()
+    batches.close()
     control.heartbeat(step)
     digest = state_hash(model, optim)
     final = {"event": "final", "step": step, "state_sha256": digest, "world_size": world,

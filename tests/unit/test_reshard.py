@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from slurmtools import checkpoint_torch  # noqa: E402
+from slurmtools import checkpoint_torch, state_digest  # noqa: E402
 from slurmtools.checkpoint import CheckpointManager  # noqa: E402
 
 STEPS = 3
@@ -70,7 +70,7 @@ def _worker(rank: int, world: int, port: int, ckpt: str, out: str, save: bool) -
         else:
             extra = checkpoint_torch.load_latest(manager, model, optim)
             assert extra is not None and int(extra["step"]) == STEPS
-        msd, osd = tiny_fsdp.full_state(model, optim)
+        msd, osd = state_digest.full_state(model, optim)
         if rank == 0:
             torch.save(_flatten("", {"model": msd, "optim": osd}, {}), out)
         dist.barrier()
