@@ -73,14 +73,22 @@ def _read_manifest(path: Path) -> Dict[str, Any]:
     return manifest
 
 
-def seal_own_files(staging: Path, writer: str, names: Iterable[str]) -> Dict[str, Dict[str, Any]]:
+def seal_own_files(staging: Path, writer: str, names: Iterable[str],
+                   hashed_while_written: Optional[Mapping[str, Tuple[int, str]]] = None) -> Dict[str, Dict[str, Any]]:
     """A writer's part of the commit: fsync and sha256 the files it wrote into staging and record
-    them for the committer (SHARD_HASHES_DIR/<writer>.json), which then reads none of them."""
+    them for the committer (SHARD_HASHES_DIR/<writer>.json), which then reads none of them.
+    hashed_while_written: {name: (size, sha256)} of files already fsynced and hashed as they were
+    written (slurmtools.hashing_fs): taken as they are when the size on disk agrees, never re-read."""
+    known = hashed_while_written or {}
     entries: Dict[str, Dict[str, Any]] = {}
     for name in sorted(names):
         member = staging / name
+        size = member.stat().st_size
+        if name in known and known[name][0] == size:
+            entries[name] = {"size": size, "sha256": known[name][1]}
+            continue
         fsync_path(member)
-        entries[name] = {"size": member.stat().st_size, "sha256": sha256_file(member)}
+        entries[name] = {"size": size, "sha256": sha256_file(member)}
     (staging / SHARD_HASHES_DIR).mkdir(exist_ok=True)
     write_json_atomic(staging / SHARD_HASHES_DIR / f"{writer}.json", entries)
     return entries

@@ -2,7 +2,7 @@
 on load (DCP handles a different world size), and an async save on its own process group.
 
 Rank 0 owns the directory: it stages `step_N.tmp`, every rank writes its shards there with
-overwrite disabled, fsyncs and hashes its own shards (in the save's own thread for an async save),
+overwrite disabled, each hashed while it is written (slurmtools.hashing_fs) and fsynced by DCP,
 and rank 0 commits (manifest last, rename) once all shards are written and sealed: rank 0 never
 reads the whole checkpoint. On resume rank 0 picks the newest checkpoint complete by names and
 sizes, and every rank verifies its share of the files (each file read once) before any loads it;
@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from slurmtools import trainer_state as trainer_state_files
 from slurmtools.checkpoint import (Checkpoint, CheckpointManager, seal_own_files, verify_dir, verify_files,
                                    writers_sealed)
+from slurmtools.hashing_fs import HashingFileSystem
 from slurmtools.trainer_state import TrainerState
 
 # how long rank 0 waits for the other ranks to seal their shards before it hashes the rest itself
@@ -76,12 +77,22 @@ def own_shards(staging: Path, rank: int) -> List[str]:
     return sorted(path.name for path in staging.iterdir() if pattern.match(path.name) or path.name == state_name)
 
 
-def seal_own(staging: str, rank: int, snapshot: Optional[Dict[str, Any]] = None) -> None:
-    """This rank's part of the commit: write its trainer state (when given), then fsync and hash
-    every file it wrote."""
+def seal_own(staging: str, rank: int, snapshot: Optional[Dict[str, Any]] = None,
+             writer: Optional[FileSystemWriter] = None) -> None:
+    """This rank's part of the commit: write its trainer state (when given), then record the
+    digest of every file it wrote (the shards' were computed while writer wrote them; the rest
+    are fsynced and hashed now)."""
     if snapshot is not None:
         trainer_state_files.write(Path(staging), rank, snapshot)
-    seal_own_files(Path(staging), f"rank_{rank}", own_shards(Path(staging), rank))
+    digests = writer.fs.digests() if writer is not None and isinstance(writer.fs, HashingFileSystem) else None
+    seal_own_files(Path(staging), f"rank_{rank}", own_shards(Path(staging), rank), digests)
+
+
+def hashing_writer(staging: str) -> FileSystemWriter:
+    """DCP's writer for a staging directory: no overwriting, every file hashed as it is written."""
+    writer = FileSystemWriter(staging, overwrite=False)
+    writer.fs = HashingFileSystem()
+    return writer
 
 
 def _stage(manager: CheckpointManager, step: int) -> Optional[str]:
@@ -107,8 +118,9 @@ def save(manager: CheckpointManager, step: int, model: Any, optim: Any, extra: O
     snapshot = trainer_state.snapshot() if trainer_state is not None else None
     msd, osd = get_state_dict(model, optim)
     state = {"model": msd, "optim": osd, "extra": dict(extra or {}, step=step)}
-    dcp_save(state, storage_writer=FileSystemWriter(tmp, overwrite=False))
-    seal_own(tmp, _rank(), snapshot)
+    writer = hashing_writer(tmp)
+    dcp_save(state, storage_writer=writer)
+    seal_own(tmp, _rank(), snapshot, writer)
     if before_commit is not None:
         before_commit()
     _barrier()
@@ -182,12 +194,12 @@ def load_latest(manager: CheckpointManager, model: Any, optim: Any, trainer_stat
 
 
 def _seal_when_written(upload: "Future[Any]", staging: str, rank: int, world: int,
-                       snapshot: Optional[Dict[str, Any]]) -> None:
+                       snapshot: Optional[Dict[str, Any]], writer: FileSystemWriter) -> None:
     """In the checkpointer's thread: once this rank's shards are written, write its trainer state
     and seal them all; rank 0 then waits (up to SEAL_WAIT_S) for every rank's seal, so its
     commit reads no shard."""
     upload.result()
-    seal_own(staging, rank, snapshot)
+    seal_own(staging, rank, snapshot, writer)
     if rank == 0:
         deadline = time.monotonic() + SEAL_WAIT_S
         while writers_sealed(Path(staging)) < world and time.monotonic() < deadline:
@@ -231,11 +243,11 @@ class AsyncCheckpointer:
         snapshot = trainer_state.snapshot() if trainer_state is not None else None
         msd, osd = get_state_dict(model, optim)
         state = {"model": msd, "optim": osd, "extra": dict(extra or {}, step=step)}
-        response = dcp_async_save(state, storage_writer=FileSystemWriter(tmp, overwrite=False),
-                                  process_group=self.group, async_stager=self.stager)
+        writer = hashing_writer(tmp)
+        response = dcp_async_save(state, storage_writer=writer, process_group=self.group, async_stager=self.stager)
         upload = cast("Future[Any]", getattr(response, "upload_completion", response))
         self._staging = getattr(response, "staging_completion", None)
-        sealed = self._sealer.submit(_seal_when_written, upload, tmp, _rank(), _world(), snapshot)
+        sealed = self._sealer.submit(_seal_when_written, upload, tmp, _rank(), _world(), snapshot, writer)
         self._pending = (step, sealed, dict(meta or {}, world_size=_world()))
 
     def wait_staged(self) -> None:

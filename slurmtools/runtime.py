@@ -65,6 +65,9 @@ METRICS_DIR_ENV = "SLURMTOOLS_METRICS_DIR"   # the spec's metrics_dir (slurmtool
 SDC_CHECK_EVERY_ENV = "SLURMTOOLS_SDC_CHECK_EVERY"   # the spec's distributed.sdc_check_every
 PREFLIGHT_ENV = "SLURMTOOLS_PREFLIGHT"   # notebook path: the spec's preflight settings (JSON); unset: off
 STOPPED_FILE = "stopped-for-requeue"
+# how long a rank may stay in a phase (saving, verifying) without a step before it counts as hung:
+# a checkpoint of hundreds of GB takes minutes, far beyond a step's hang timeout
+DEFAULT_PHASE_TIMEOUT_S = 1800.0
 # signals a trainer turns into a checkpoint request: Slurm ending or requeueing the job
 # (SIGTERM, also forwarded by torchrun) and the time-limit / preemption warning (USR1/USR2)
 CHECKPOINT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
@@ -151,6 +154,7 @@ class TrainingControl:
         self._metrics_checked = False
         self._steplog: Optional[Any] = None      # steplog.StepLog, made at the first step_done
         self._steplog_off = False
+        self._phase: Optional[Tuple[str, float]] = None    # (name, deadline): TrainingControl.phase
         if self.control_dir is not None:
             (self.control_dir / HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
 
@@ -238,6 +242,30 @@ class TrainingControl:
         """Names of the signals received so far (e.g. {"SIGUSR2"})."""
         return set(self._flags.names()) if self._flags is not None else set()
 
+    @contextlib.contextmanager
+    def phase(self, name: str, timeout_s: float = DEFAULT_PHASE_TIMEOUT_S) -> Iterator[None]:
+        """Long work between steps (saving, verifying a checkpoint): while it lasts, and for at most
+        timeout_s, the watchdog takes no silence for a hang; past timeout_s it does (a save that
+        truly hangs is still found). The heartbeat says which phase, from when, until when."""
+        now = time.time()
+        with self._lock:
+            self._phase = (name, now + timeout_s)
+            if self._record is None:        # before the first step (verifying on resume)
+                self._record = {"rank": self.rank, "host": socket.gethostname(), "step": 0, "time": now,
+                                "first_progress_t": None, "attempt_id": self.attempt_id, "busy_s": 0.0}
+            self._record["phase_t"] = now   # a phase's start and end are signs of work, like a step
+            self._write(now)
+        self._start_keep_alive()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._phase = None
+                end = time.time()
+                if self._record is not None:
+                    self._record["phase_t"] = end
+                self._write(end)
+
     def heartbeat(self, step: int, *, force: bool = False) -> None:
         """Liveness signal: written whenever the step changes (the watchdog finds the laggard by
         step), otherwise at most once per interval. Call it at the top of each step."""
@@ -258,16 +286,20 @@ class TrainingControl:
         with self._lock:
             self._record = record
             self._write(now)
-        if self._alive_thread is None:
+        self._start_keep_alive()
+
+    def _start_keep_alive(self) -> None:
+        if self._alive_thread is None and self.control_dir is not None:
             self._alive_thread = threading.Thread(target=self._keep_alive, name="slurmtools-alive", daemon=True)
             self._alive_thread.start()
 
     def _write(self, now: float) -> None:
         if self.control_dir is None or self._record is None:
             return
+        phase = {"phase": self._phase[0], "phase_until": self._phase[1]} if self._phase else {}
         try:
-            write_json_atomic(self.control_dir / HEARTBEAT_DIR / f"{self.rank}.json", dict(self._record, alive=now),
-                              durable=False)
+            write_json_atomic(self.control_dir / HEARTBEAT_DIR / f"{self.rank}.json",
+                              dict(self._record, alive=now, **phase), durable=False)
         except OSError:
             pass    # a full or vanished control dir must not kill training; the watchdog sees silence
 

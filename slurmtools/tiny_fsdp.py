@@ -256,7 +256,8 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
     if manager is not None:
         t0 = time.monotonic()
         forget = tuple(name for name in cfg.forget_on_resume.split(",") if name)
-        extra = checkpoint_torch.load_latest(manager, model, optim, trainer_state, skip=forget)
+        with control.phase("verifying"):          # each rank hashes its share: no hang, however long
+            extra = checkpoint_torch.load_latest(manager, model, optim, trainer_state, skip=forget)
         if extra is not None:
             start = int(extra["step"])
             if "rng" in extra["not_restored"]:       # another world size: a fresh stream per rank
@@ -342,11 +343,12 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
             if saver is not None and not requested and step != cfg.steps:
                 saver.save(step, model, optim, meta=meta, trainer_state=trainer_state)  # training goes on
             else:
-                if saver is not None:
-                    saver.wait()                               # a requested or final save is blocking
-                pause = (lambda: time.sleep(cfg.slow_checkpoint_s)) if step == slow_at else None
-                checkpoint_torch.save(manager, step, model, optim, meta=meta, before_commit=pause,
-                                      trainer_state=trainer_state)
+                with control.phase("saving"):                 # a requested or final save is blocking
+                    if saver is not None:
+                        saver.wait()
+                    pause = (lambda: time.sleep(cfg.slow_checkpoint_s)) if step == slow_at else None
+                    checkpoint_torch.save(manager, step, model, optim, meta=meta, before_commit=pause,
+                                          trainer_state=trainer_state)
             if rank == 0:
                 control.checkpoint_done(step, round(time.monotonic() - t0, 3), requested=requested)
                 log({"event": "checkpoint", "step": step, "save_s": round(time.monotonic() - t0, 3),

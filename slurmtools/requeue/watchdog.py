@@ -28,10 +28,19 @@ class Beat:
     alive_s: Optional[float] = None            # last sign of life (refreshed while in a collective)
     attempt_id: str = ""
     busy_s: Optional[float] = None             # local compute so far (TrainingControl.busy), for stragglers
+    phase: str = ""                            # TrainingControl.phase: "saving", "verifying" (between steps)
+    phase_until_s: Optional[float] = None      # the phase's own deadline; None: in no phase
+    phase_t_s: Optional[float] = None          # when this rank last began or ended a phase
 
     @property
     def last_alive_s(self) -> float:
         return max(self.time_s, self.alive_s or 0.0)
+
+    @property
+    def last_work_s(self) -> float:
+        """The step's time or, when later, the last phase change: a rank that just finished a
+        20-minute save has not been idle for 20 minutes."""
+        return max(self.time_s, self.phase_t_s or 0.0)
 
 
 def first_progress(beats: List[Beat]) -> Optional[float]:
@@ -62,6 +71,8 @@ FUTURE_TOLERANCE_S = 300.0
 MAX_RANK = 1 << 20
 MAX_STEP = 1 << 53
 MAX_BUSY_S = 1e9
+MAX_PHASE_S = 7 * 86400.0       # a phase deadline further out than this is not plausible
+MAX_PHASE_NAME = 32
 
 
 def parse_heartbeat(data: Any, now_s: float) -> Optional[Beat]:
@@ -76,7 +87,14 @@ def parse_heartbeat(data: Any, now_s: float) -> Optional[Beat]:
     alive: Any = data.get("alive")
     attempt: Any = data.get("attempt_id", "")
     busy: Any = data.get("busy_s")
+    phase: Any = data.get("phase", "")
+    until: Any = data.get("phase_until")
+    phase_t: Any = data.get("phase_t")
     if not (alive is None or _is_time(alive, now_s)) or not isinstance(attempt, str):
+        return None
+    if not (isinstance(phase, str) and len(phase) <= MAX_PHASE_NAME) or not (phase_t is None or _is_time(phase_t, now_s)):
+        return None
+    if until is not None and not (_is_number(until) and 0 < until <= now_s + MAX_PHASE_S):
         return None
     if busy is not None and not (_is_number(busy) and 0 <= busy < MAX_BUSY_S):
         return None
@@ -86,7 +104,8 @@ def parse_heartbeat(data: Any, now_s: float) -> Optional[Beat]:
         return None
     return Beat(rank, host[:256], step, float(time_s), float(first) if first is not None else None,
                 float(alive) if alive is not None else None, attempt[:256],
-                float(busy) if busy is not None else None)
+                float(busy) if busy is not None else None, phase if until is not None else "",
+                float(until) if until is not None else None, float(phase_t) if phase_t is not None else None)
 
 
 def _is_int(value: Any) -> bool:
@@ -138,10 +157,13 @@ def read_heartbeats(control_dir: Path) -> List[Beat]:
 
 
 def judge(beats: List[Beat], now_s: float, timeout_s: float, expected_ranks: Optional[int] = None) -> Optional[Stall]:
-    """A stall when no rank has beaten for timeout_s; the laggard when one rank is behind the rest."""
+    """A stall when no rank has beaten for timeout_s; the laggard when one rank is behind the rest.
+    None while any rank is in a phase (a save, a verify) within that phase's own deadline."""
     if timeout_s <= 0 or not beats:
         return None
-    newest = max(beat.time_s for beat in beats)
+    if any(beat.phase_until_s is not None and beat.phase_until_s > now_s for beat in beats):
+        return None
+    newest = max(beat.last_work_s for beat in beats)
     idle = now_s - newest
     if idle < timeout_s:
         return None

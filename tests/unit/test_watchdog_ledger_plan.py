@@ -122,3 +122,39 @@ def test_first_progress_survives_heartbeat_overwrites(tmp_path):
     c.heartbeat(13)
     beats = watchdog.read_heartbeats(tmp_path)
     assert beats[0].step == 13 and watchdog.first_progress(beats) == first
+
+
+def test_a_rank_saving_within_its_phase_deadline_is_no_hang_and_past_it_is_the_laggard(tmp_path):
+    """A 20-minute save at a 600-s hang timeout: rank 0 commits while the others wait in the
+    next step's collective. No stall until the phase's own deadline; then rank 0 is the laggard."""
+    saving = watchdog.Beat(0, "node1", 8, 1000.0, phase="saving", phase_until_s=3000.0, phase_t_s=1000.0)
+    waiting = [beat(1, 9, 1001.0), beat(2, 9, 1001.0)]
+    assert watchdog.judge([saving] + waiting, now_s=2200.0, timeout_s=600) is None
+    stall = watchdog.judge([saving] + waiting, now_s=3001.0, timeout_s=600)
+    assert (stall.rank, stall.host, stall.step) == (0, "node1", 8)
+
+
+def test_a_phase_just_ended_counts_as_work_not_as_idle_time():
+    done = watchdog.Beat(0, "node1", 8, 1000.0, phase_t_s=2199.0)    # the save ended a second ago
+    assert watchdog.judge([done, beat(1, 9, 1001.0)], now_s=2200.0, timeout_s=600) is None
+    assert watchdog.judge([done, beat(1, 9, 1001.0)], now_s=2800.0, timeout_s=600).rank == 0
+
+
+def test_the_heartbeat_says_the_phase_from_before_the_first_step_and_drops_it_after(tmp_path):
+    control = TrainingControl(control_dir=tmp_path, rank=1, heartbeat_interval_s=3600)
+    with control.phase("verifying", timeout_s=50):
+        (inside,) = watchdog.read_heartbeats(tmp_path)
+        assert (inside.phase, inside.step, inside.first_progress_s) == ("verifying", 0, None)
+        assert inside.phase_until_s == pytest.approx(inside.phase_t_s + 50, abs=1)
+    (after,) = watchdog.read_heartbeats(tmp_path)
+    assert (after.phase, after.phase_until_s) == ("", None) and after.phase_t_s >= inside.phase_t_s
+    control.heartbeat(4)
+    (stepped,) = watchdog.read_heartbeats(tmp_path)
+    assert (stepped.step, stepped.phase_t_s) == (4, None)
+
+
+@pytest.mark.parametrize("field,value", [("phase", "x" * 33), ("phase", 5), ("phase_until", "soon"),
+                                         ("phase_until", 1e30), ("phase_t", -1)])
+def test_an_implausible_phase_makes_the_heartbeat_invalid(field, value):
+    data = {"rank": 0, "step": 1, "time": 100.0, "phase": "saving", "phase_until": 200.0, field: value}
+    assert watchdog.parse_heartbeat(data, now_s=150.0) is None
