@@ -211,8 +211,10 @@ class CheckpointManager:
         tmp.mkdir()
         return tmp
 
-    def commit(self, step: int, meta: Optional[Mapping[str, Any]] = None) -> Checkpoint:
-        """Seal the staging directory: fsync files, manifest last, rename, fsync the parent."""
+    def commit(self, step: int, meta: Optional[Mapping[str, Any]] = None, *, prune: bool = True) -> Checkpoint:
+        """Seal the staging directory: fsync files, manifest last, rename, fsync the parent; then
+        retention, unless prune is False (the caller prunes off the critical path: deleting a
+        checkpoint of hundreds of GB takes seconds)."""
         tmp = self.tmp_dir(step)
         if not tmp.is_dir():
             raise CheckpointError(f"nothing staged for step {step} ({tmp} missing)")
@@ -238,7 +240,8 @@ class CheckpointManager:
         write_json_atomic(tmp / MANIFEST, manifest)
         os.replace(tmp, final)
         fsync_path(self.root)
-        self.prune()
+        if prune:
+            self.prune()
         return Checkpoint(step, final, manifest)
 
     def save(self, step: int, writer: Callable[[Path], None], meta: Optional[Mapping[str, Any]] = None) -> Checkpoint:

@@ -35,6 +35,16 @@ from slurmtools.trainer_state import TrainerState
 
 # how long rank 0 waits for the other ranks to seal their shards before it hashes the rest itself
 SEAL_WAIT_S = 600.0
+# retention runs here, off the training path (deleting an old checkpoint of hundreds of GB takes
+# seconds); one thread, so prunes never overlap; joined at interpreter exit like any executor
+_PRUNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-prune")
+
+
+def _commit(manager: CheckpointManager, step: int, meta: Dict[str, Any]) -> Checkpoint:
+    """Rank 0's commit; the older checkpoints are pruned in the background."""
+    ckpt = manager.commit(step, meta, prune=False)
+    _PRUNER.submit(manager.prune)
+    return ckpt
 
 
 def _rank() -> int:
@@ -126,12 +136,12 @@ def save(manager: CheckpointManager, step: int, model: Any, optim: Any, extra: O
     _barrier()
     ckpt = None
     if _rank() == 0:
-        ckpt = manager.commit(step, dict(meta or {}, world_size=_world()))
+        ckpt = _commit(manager, step, dict(meta or {}, world_size=_world()))
     _barrier()
     return ckpt
 
 
-def _verified_latest(manager: CheckpointManager) -> Optional[str]:
+def verified_latest(manager: CheckpointManager) -> Optional[str]:
     """Collective: the newest checkpoint every rank verified its share of (files i with
     i % world == rank); one that fails anywhere is quarantined by rank 0 and the next tried."""
     rank, world = _rank(), _world()
@@ -181,7 +191,7 @@ def load_latest(manager: CheckpointManager, model: Any, optim: Any, trainer_stat
 
     Every rank verifies its share of the checkpoint's files first, so all ranks load the same
     verified one and no file is hashed twice. skip: trainer-state names left as they are (tests)."""
-    chosen = _verified_latest(manager)
+    chosen = verified_latest(manager)
     if chosen is None:
         return None
     reader = FileSystemReader(chosen)
@@ -272,7 +282,7 @@ class AsyncCheckpointer:
         self._pending = None
         future.result()
         if _rank() == 0:
-            return self.manager.commit(step, meta)
+            return _commit(self.manager, step, meta)
         return None
 
     def close(self) -> None:
