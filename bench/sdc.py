@@ -21,7 +21,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from slurmtools.tiny_fsdp import TrainConfig, build, canary, train_step
+    from slurmtools.sdc_canary import canary
+    from slurmtools.tiny_fsdp import TrainConfig, batch_for, build, train_step
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -37,7 +38,7 @@ def worker(args: argparse.Namespace) -> None:
         steps.append(time.perf_counter() - t0)
         dist.barrier()
         t0 = time.perf_counter()
-        assert canary(model, cfg, device, step, corrupt=False) is None
+        assert canary(model, batch_for(-1, 0, 1, cfg, device), device, step, corrupt=False) is None
         checks.append(time.perf_counter() - t0)
     if rank == 0:
         step_s, check_s = statistics.median(steps[2:]), statistics.median(checks[2:])

@@ -116,6 +116,28 @@ def writers_sealed(staging: Path) -> int:
     return sum(1 for _ in directory.glob("*.json")) if directory.is_dir() else 0
 
 
+def mark_seal_failed(staging: Path, writer: str, why: str) -> None:
+    """Best effort (the file system may be full): tell the committer this writer's part failed,
+    so it gives the save up at once instead of waiting for a seal that never comes."""
+    try:
+        (staging / SHARD_HASHES_DIR).mkdir(exist_ok=True)
+        (staging / SHARD_HASHES_DIR / f"{writer}.failed").write_text(why[:500])
+    except OSError:
+        pass
+
+
+def seal_failures(staging: Path) -> List[str]:
+    """The failures writers marked: 'writer: why'."""
+    directory = staging / SHARD_HASHES_DIR
+    out = []
+    for path in sorted(directory.glob("*.failed")) if directory.is_dir() else []:
+        try:
+            out.append(f"{path.stem}: {path.read_text(errors='replace')[:500]}")
+        except OSError as exc:
+            out.append(f"{path.stem}: ({exc})")
+    return out
+
+
 def _member_problem(step_dir: Path, rel: Any, info: Any) -> Optional[str]:
     """Why one manifest entry is not a sealed file of this checkpoint, or None."""
     if not isinstance(rel, str) or not rel or "\x00" in rel or len(rel) > 1024:

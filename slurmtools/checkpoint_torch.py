@@ -15,12 +15,14 @@ trainer-state file beside its shards and seals it with them.
 from __future__ import annotations
 
 import re
+import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
@@ -28,8 +30,9 @@ from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_asyn
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from slurmtools import trainer_state as trainer_state_files
-from slurmtools.checkpoint import (Checkpoint, CheckpointManager, seal_own_files, verify_dir, verify_files,
-                                   writers_sealed)
+from slurmtools.checkpoint import (Checkpoint, CheckpointManager, mark_seal_failed, seal_failures, seal_own_files,
+                                   verify_dir, verify_files, writers_sealed)
+from slurmtools.errors import CheckpointError
 from slurmtools.hashing_fs import HashingFileSystem
 from slurmtools.trainer_state import TrainerState
 
@@ -77,6 +80,27 @@ def _complete_or_quarantine(manager: CheckpointManager, step: int) -> bool:
 
 def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def why_save_failed(exc: BaseException) -> str:
+    """One line for a failed save: DCP's CheckpointException carries each failed rank's exception
+    (e.g. rank 1: OSError: [Errno 28] No space left on device)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, wrapped = sorted(failures.items())[0]
+        inner = wrapped[0] if isinstance(wrapped, tuple) and wrapped else wrapped
+        detail = why_save_failed(inner) if isinstance(inner, BaseException) else " ".join(str(inner).split())
+        return f"rank {rank}: {detail}"[:300]
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+
+
+def _first_problem(problem: Optional[str]) -> Optional[str]:
+    """Collective: the first rank's problem, the same on every rank (None when none has one)."""
+    problems = [problem]
+    if dist.is_initialized():
+        problems = [None] * _world()
+        dist.all_gather_object(problems, problem)
+    return next((p for p in problems if p), None)
 
 
 def own_shards(staging: Path, rank: int) -> List[str]:
@@ -128,9 +152,19 @@ def save(manager: CheckpointManager, step: int, model: Any, optim: Any, extra: O
     snapshot = trainer_state.snapshot() if trainer_state is not None else None
     msd, osd = get_state_dict(model, optim)
     state = {"model": msd, "optim": osd, "extra": dict(extra or {}, step=step)}
-    writer = hashing_writer(tmp)
-    dcp_save(state, storage_writer=writer)
-    seal_own(tmp, _rank(), snapshot, writer)
+    problem = None
+    try:
+        writer = hashing_writer(tmp)
+        dcp_save(state, storage_writer=writer)
+        seal_own(tmp, _rank(), snapshot, writer)
+    except (OSError, CheckpointException, RuntimeError) as exc:    # a full or failing file system
+        problem = why_save_failed(exc) if isinstance(exc, CheckpointException) else \
+            f"rank {_rank()}: {why_save_failed(exc)}"   # DCP's own error names the ranks already
+    failed = _first_problem(problem)
+    if failed is not None:
+        if _rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)      # the previous complete checkpoint stays the newest
+        raise CheckpointError(f"checkpoint of step {step} not saved: {failed}")
     if before_commit is not None:
         before_commit()
     _barrier()
@@ -141,12 +175,15 @@ def save(manager: CheckpointManager, step: int, model: Any, optim: Any, extra: O
     return ckpt
 
 
-def verified_latest(manager: CheckpointManager) -> Optional[str]:
+def verified_latest(manager: CheckpointManager, refused: Optional[List[Tuple[str, str]]] = None) -> Optional[str]:
     """Collective: the newest checkpoint every rank verified its share of (files i with
-    i % world == rank); one that fails anywhere is quarantined by rank 0 and the next tried."""
+    i % world == rank); one that fails anywhere (a flipped byte, an unreadable file) is
+    quarantined by rank 0 (left in place when even that fails) and the next tried. refused, when
+    given, gets (path, why) of each one passed over."""
     rank, world = _rank(), _world()
+    passed_over: Dict[str, str] = {}
     while True:
-        newest = manager.latest(checksums=False) if rank == 0 else None
+        newest = next((c for c in manager.complete() if str(c.path) not in passed_over), None) if rank == 0 else None
         chosen = _broadcast((str(newest.path), newest.manifest["files"]) if newest else None)
         if chosen is None:
             return None
@@ -160,8 +197,14 @@ def verified_latest(manager: CheckpointManager) -> Optional[str]:
         bad = next((p for p in problems if p), None)
         if bad is None:
             return str(path)
+        passed_over[str(path)] = bad
+        if refused is not None:
+            refused.append((str(path), bad))
         if rank == 0:
-            manager.quarantine(Path(path), bad)
+            try:
+                manager.quarantine(Path(path), bad)
+            except OSError:
+                pass              # cannot be moved aside (a read-only directory): skipped all the same
         _barrier()
 
 
@@ -186,12 +229,14 @@ def _restore_trainer_state(chosen: str, trainer_state: TrainerState, skip: Tuple
 def load_latest(manager: CheckpointManager, model: Any, optim: Any, trainer_state: Optional[TrainerState] = None,
                 skip: Tuple[str, ...] = ()) -> Optional[Dict[str, Any]]:
     """Load the newest complete checkpoint into model/optim (any saved world size) and, when
-    given, the trainer's own state; returns its extras, its path and `not_restored` (the trainer
-    state's names the checkpoint could not give back: report them, re-seed a missing "rng").
+    given, the trainer's own state; returns its extras, its path, `not_restored` (the trainer
+    state's names the checkpoint could not give back: report them, re-seed a missing "rng") and
+    `refused` ((path, why) of newer checkpoints passed over: report them).
 
     Every rank verifies its share of the checkpoint's files first, so all ranks load the same
     verified one and no file is hashed twice. skip: trainer-state names left as they are (tests)."""
-    chosen = verified_latest(manager)
+    refused: List[Tuple[str, str]] = []
+    chosen = verified_latest(manager, refused)
     if chosen is None:
         return None
     reader = FileSystemReader(chosen)
@@ -200,7 +245,7 @@ def load_latest(manager: CheckpointManager, model: Any, optim: Any, trainer_stat
     dcp_load(state, storage_reader=reader)
     set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
     not_restored = _restore_trainer_state(chosen, trainer_state, skip) if trainer_state is not None else []
-    return dict(state["extra"], path=chosen, not_restored=not_restored)
+    return dict(state["extra"], path=chosen, not_restored=not_restored, refused=refused)
 
 
 def _seal_when_written(upload: "Future[Any]", staging: str, rank: int, world: int,
@@ -208,12 +253,22 @@ def _seal_when_written(upload: "Future[Any]", staging: str, rank: int, world: in
     """In the checkpointer's thread: once this rank's shards are written, write its trainer state
     and seal them all; rank 0 then waits (up to SEAL_WAIT_S) for every rank's seal, so its
     commit reads no shard."""
-    upload.result()
-    seal_own(staging, rank, snapshot, writer)
+    upload.result()                  # raises on every rank when DCP's write failed on any
+    try:
+        seal_own(staging, rank, snapshot, writer)
+    except OSError as exc:
+        mark_seal_failed(Path(staging), f"rank_{rank}", why_save_failed(exc))
+        raise
     if rank == 0:
         deadline = time.monotonic() + SEAL_WAIT_S
         while writers_sealed(Path(staging)) < world and time.monotonic() < deadline:
+            failures = seal_failures(Path(staging))
+            if failures:
+                raise CheckpointError(f"a rank could not seal its shards: {failures[0]}")
             time.sleep(0.05)
+        if writers_sealed(Path(staging)) < world:
+            raise CheckpointError(f"only {writers_sealed(Path(staging))} of {world} ranks sealed their shards "
+                                  f"within {SEAL_WAIT_S:.0f} s")
 
 
 class AsyncCheckpointer:
@@ -239,7 +294,8 @@ class AsyncCheckpointer:
         cuda = torch.cuda.is_available()
         self.stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
                                                    use_async_staging=True, use_non_blocking_copy=cuda))
-        self._pending: Optional[Tuple[int, Any, Dict[str, Any]]] = None
+        self._pending: Optional[Tuple[int, Any, Dict[str, Any], str]] = None
+        self.failures: List[Tuple[int, str]] = []      # (step, why) of saves that failed: take_failures()
         self._staging: Any = None
         self._sealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-seal")
 
@@ -258,7 +314,7 @@ class AsyncCheckpointer:
         upload = cast("Future[Any]", getattr(response, "upload_completion", response))
         self._staging = getattr(response, "staging_completion", None)
         sealed = self._sealer.submit(_seal_when_written, upload, tmp, _rank(), _world(), snapshot, writer)
-        self._pending = (step, sealed, dict(meta or {}, world_size=_world()))
+        self._pending = (step, sealed, dict(meta or {}, world_size=_world()), tmp)
 
     def wait_staged(self) -> None:
         """Return once the state of the save in flight is copied: the weights may change now."""
@@ -278,12 +334,24 @@ class AsyncCheckpointer:
         self.wait_staged()
         if self._pending is None:
             return None
-        step, future, meta = self._pending
+        step, future, meta, staging = self._pending
         self._pending = None
-        future.result()
+        try:
+            future.result()
+        except (OSError, CheckpointException, CheckpointError, RuntimeError) as exc:
+            # a failed background save: training goes on, the previous checkpoint stays the newest
+            self.failures.append((step, why_save_failed(exc) if not isinstance(exc, CheckpointError) else str(exc)))
+            if _rank() == 0:
+                shutil.rmtree(staging, ignore_errors=True)
+            return None
         if _rank() == 0:
             return _commit(self.manager, step, meta)
         return None
+
+    def take_failures(self) -> List[Tuple[int, str]]:
+        """The saves that failed since the last call (rank 0's view decides: report it there)."""
+        failures, self.failures = self.failures, []
+        return failures
 
     def close(self) -> None:
         """Finish the save in flight and free the staging buffers and threads."""

@@ -11,14 +11,13 @@ through slurmtools.runtime. Needs torch (pip install 'slurmtools[torch]').
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -27,14 +26,14 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from slurmtools import checkpoint_torch, sdc
+from slurmtools import checkpoint_torch, sdc_canary
 from slurmtools.checkpoint import CheckpointManager
+from slurmtools.errors import CheckpointError
+from slurmtools.preflight import canary as preflight_canary
 from slurmtools.resumable_loader import ResumableLoader
 from slurmtools.state_digest import state_hash
 from slurmtools.tiny_data import SequenceDataset, warmup_cosine
 from slurmtools.trainer_state import TrainerState
-from slurmtools.preflight import canary as preflight_canary
-from slurmtools.preflight import judge as preflight_judge
 from slurmtools.runtime import SDC_CHECK_EVERY_ENV, TrainingControl, agree, attempt_number
 
 
@@ -71,6 +70,9 @@ class TrainConfig:
     sdc_fault: str = ""
     # periodic saves in the background (a final or requested save blocks); same commit rule
     async_checkpoint: bool = True
+    # a periodic (async) save that fails, e.g. on a full file system: "continue" training (the
+    # previous checkpoint stays the newest) or "stop"; a requested or final save that fails stops
+    on_save_error: str = "continue"
     # TEST ONLY, off unless set: trainer-state names ("rng,loader,scheduler") NOT restored on
     # resume, to show that losing any one of them changes the result
     forget_on_resume: str = ""
@@ -177,44 +179,6 @@ def grad_norm(model: nn.Module) -> float:
     return float(norm)
 
 
-def reference_digest(model: nn.Module, cfg: TrainConfig, device: torch.device, corrupt: bool = False) -> str:
-    """sha256 of the logits and loss of one fixed batch (the same on every rank) on the current
-    weights; a forward pass without gradients or dropout (collective: FSDP gathers the weights;
-    eval mode: the check draws no random numbers, so it leaves training's RNG streams alone)."""
-    tokens = batch_for(-1, 0, 1, cfg, device)
-    training = model.training
-    model.eval()
-    with torch.no_grad():
-        logits = model(tokens[:, :-1])
-        loss = nn.functional.cross_entropy(logits, tokens[:, 1:].reshape(-1))
-    model.train(training)
-    if corrupt:
-        logits = logits.clone()
-        logits.view(-1)[0] += 1e-3
-    digest = hashlib.sha256(logits.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    digest.update(loss.detach().cpu().reshape(1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def canary(model: nn.Module, cfg: TrainConfig, device: torch.device, step: int, corrupt: bool) -> Optional[sdc.Verdict]:
-    """Every rank's reference digest, all-gathered; the verdict when they do not all agree. Without
-    a majority every rank also runs the device canary (a float64 reference) to say which side is
-    wrong (corrupt: the test-only fault makes this rank's device wrong there too, as a GPU's would)."""
-    vote = sdc.Vote(dist.get_rank(), socket.gethostname(), reference_digest(model, cfg, device, corrupt))
-    votes: List[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(votes, vote)
-    found = sdc.verdict(votes, step)
-    if found is None or found.odd_ranks:
-        return found
-    kind = "cuda" if device.type == "cuda" else "cpu"
-    shape = preflight_canary.SHAPES[kind]
-    mine = preflight_canary.run_on(str(device), shape, fault=corrupt, rank=dist.get_rank())
-    results: List[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(results, mine)
-    findings = preflight_judge.judge_canary(results, shape.size, shape.chain, preflight_canary.DTYPE)
-    return sdc.by_reference(found, votes, [finding.node for finding in findings if finding.node])
-
-
 def log_json(record: Dict[str, Any]) -> None:
     print(json.dumps(dict(record, t=round(time.time(), 3)), sort_keys=True), flush=True)
 
@@ -263,6 +227,8 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
             if "rng" in extra["not_restored"]:       # another world size: a fresh stream per rank
                 torch.manual_seed(cfg.seed * 1_000_003 + start * 1_000 + rank)
             if rank == 0:
+                for path, why in extra["refused"]:
+                    log({"event": "checkpoint_refused", "path": path, "why": why, "attempt_id": control.attempt_id})
                 log({"event": "resumed", "step": start, "path": extra["path"], "world_size": world,
                      "attempt_id": control.attempt_id, "load_s": round(time.monotonic() - t0, 3),
                      "not_restored": extra["not_restored"]})
@@ -325,11 +291,12 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
             time.sleep(cfg.step_sleep_s)
         if saver is not None:
             saver.poll()
+            _report_failed_saves(saver, cfg, rank, log, control.attempt_id)
         requested = agree(control.checkpoint_requested())
         sealing = manager is not None and (requested or step % cfg.checkpoint_every == 0 or step == cfg.steps)
         if sdc_every and (sealing or step % sdc_every == 0):
             corrupt = bool(sdc_from) and rank == int(sdc_rank) and step >= int(sdc_from)
-            found = canary(model, cfg, device, step, corrupt)
+            found = sdc_canary.canary(model, batch_for(-1, 0, 1, cfg, device), device, step, corrupt)
             if found is not None:     # stop before this state becomes a checkpoint
                 if saver is not None:
                     saver.close()     # the save in flight began after a passing check
@@ -346,9 +313,16 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
                 with control.phase("saving"):                 # a requested or final save is blocking
                     if saver is not None:
                         saver.wait()
+                        _report_failed_saves(saver, cfg, rank, log, control.attempt_id)
                     pause = (lambda: time.sleep(cfg.slow_checkpoint_s)) if step == slow_at else None
-                    checkpoint_torch.save(manager, step, model, optim, meta=meta, before_commit=pause,
-                                          trainer_state=trainer_state)
+                    try:
+                        checkpoint_torch.save(manager, step, model, optim, meta=meta, before_commit=pause,
+                                              trainer_state=trainer_state)
+                    except CheckpointError as exc:
+                        if rank == 0:
+                            log({"event": "checkpoint_failed", "step": step, "error": str(exc),
+                                 "attempt_id": control.attempt_id})
+                        raise
             if rank == 0:
                 control.checkpoint_done(step, round(time.monotonic() - t0, 3), requested=requested)
                 log({"event": "checkpoint", "step": step, "save_s": round(time.monotonic() - t0, 3),
@@ -373,6 +347,19 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
         log(final)
     control.mark_complete(step)
     return final
+
+
+def _report_failed_saves(saver: checkpoint_torch.AsyncCheckpointer, cfg: TrainConfig, rank: int,
+                         log: Callable[[Dict[str, Any]], None], attempt_id: str) -> None:
+    """Rank 0 logs each failed background save (its view decides: it commits); with on_save_error
+    "stop" every rank stops at the same step (agreed) after the first one."""
+    failed = saver.take_failures() if rank == 0 else []
+    saver.take_failures()
+    for step, why in failed:
+        log({"event": "checkpoint_failed", "step": step, "error": why, "attempt_id": attempt_id})
+    if cfg.on_save_error == "stop" and agree(bool(failed)):
+        raise CheckpointError("a periodic checkpoint was not saved (on_save_error: stop); see the "
+                              "checkpoint_failed event")
 
 
 def shutdown() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,10 @@ TEST_CLUSTER_NODES = int(_NODES_TEXT)
 # state dir, never under pytest's own tmp (/tmp/pytest-of-root is root's alone, and the jobs run as
 # the cluster's ordinary user).
 TEST_WORK_DIR = Path(f"{TEST_STATE_DIR}-work")
+# a size-limited file system every node sees (a tmpfs mounted before the nodes' mount namespaces
+# are made, so they share it, as a cluster's nodes share a network file system): storage faults
+SMALL_FS_DIR = Path(f"{TEST_STATE_DIR}-small-fs")
+SMALL_FS_SIZE = "8m"
 
 
 # scripts/test.sh runs several clusters' suites side by side; a cluster's slot is chosen when it
@@ -59,6 +64,20 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, inter
     pytest.fail(f"timed out after {timeout_s:g} s waiting for {what} (last: {value!r})")
 
 
+def _unmount_small_fs() -> None:
+    for _ in range(5):                     # stacked mounts of killed sessions too
+        if not os.path.ismount(SMALL_FS_DIR):
+            return
+        subprocess.run(["umount", "-l", str(SMALL_FS_DIR)], check=False)
+
+
+def _mount_small_fs() -> None:
+    _unmount_small_fs()                    # a killed session's
+    SMALL_FS_DIR.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_FS_SIZE},mode=1777", "tmpfs", str(SMALL_FS_DIR)],
+                   check=True)
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator["object"]:
     """A mini-cluster of TEST_CLUSTER_NODES nodes (3 unless set) with 4 fake GPUs per node, named
@@ -86,6 +105,7 @@ def cluster() -> Iterator["object"]:
             os.environ["SLURM_CONF"] = str(layout.slurm_conf)
             if layout.client_bin_dir:
                 os.environ["PATH"] = f"{layout.client_bin_dir}{os.pathsep}{previous_path}"
+            _mount_small_fs()
             mc.up(layout, install=True, wait_s=90)
         _make_work_dir()
         yield layout
@@ -98,6 +118,7 @@ def cluster() -> Iterator["object"]:
         started = dict(record.get("pids", {}))
         _keep_logs(layout)
         mc.down(layout, purge=True)
+        _unmount_small_fs()
         os.environ["PATH"] = previous_path
         if previous_conf is None:
             os.environ.pop("SLURM_CONF", None)

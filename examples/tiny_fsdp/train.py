@@ -43,6 +43,7 @@ def _pair(form: str):
     return check
 
 
+CHOICES = {"on_save_error": ("continue", "stop")}
 FAULT_FORMS = {"hang_at_step": "RANK:STEP", "skip_collective_at": "RANK:STEP", "sdc_fault": "RANK:STEP",
                "slow_node": "HOST:SECONDS"}
 
@@ -57,7 +58,7 @@ def parse_args(argv=None) -> TrainConfig:
             ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
             continue
         kind = _pair(FAULT_FORMS[f.name]) if f.name in FAULT_FORMS else str if f.name == "checkpoint_dir" else type(default)
-        ap.add_argument(flag, type=kind, default=default)
+        ap.add_argument(flag, type=kind, default=default, choices=CHOICES.get(f.name))
     return TrainConfig(**vars(ap.parse_args(argv)))
 
 

@@ -1,7 +1,8 @@
 """Fault tests on the real mini-cluster, each compared with the uninterrupted reference run.
 
 a time-limit warning, b a person's requeue, c node kill mid-step, d node kill during a
-checkpoint write, e corrupted newest checkpoint, f a hung rank, g a user bug, h a repeating failure.
+checkpoint write, e corrupted newest checkpoint, f a hung rank, g a user bug, h a repeating failure,
+k the checkpoint file system full during a save.
 """
 from __future__ import annotations
 
@@ -282,3 +283,42 @@ def test_h_repeating_failure_stops_at_the_budget(workdir):
     assert "restart budget spent (2 failures within 6 h)" in decisions[-1]["reason"]
     assert CheckpointManager(spec.checkpoint_dir).latest().step == 4
     assert training.leftover_trainers(job) == []
+
+
+def test_k_the_checkpoint_file_system_full_during_a_save_training_goes_on(workdir, reference_run):
+    """The checkpoints live on a size-limited file system every node sees (tests.conftest's small
+    tmpfs) that something else fills up just before the step-8 save: that save fails with a
+    clear event, training goes on, the step-4 checkpoint stays the newest complete one; once the
+    space is back the later saves succeed and the job ends with the uninterrupted run's hash."""
+    import os
+    import shutil
+
+    from tests.cluster import asuser
+    from tests.conftest import SMALL_FS_DIR
+
+    ckpt = SMALL_FS_DIR / "fsfull"
+    ckpt.mkdir()
+    os.chown(ckpt, asuser.user().uid, asuser.user().gid)
+    filler = SMALL_FS_DIR / "filler"
+    try:
+        spec = training.training_spec(workdir, "fsfull", extra=["--step-sleep-s", "2"], checkpoint_dir=str(ckpt))
+        job = training.submit(spec)
+        wait_for(lambda: getattr(CheckpointManager(ckpt).latest(), "step", None) == 4, 120,
+                 "the step-4 checkpoint (async: committed a step or so later)", interval_s=0.2)
+        assert training.max_step(spec, job) < 7, "too late to fill the file system before the step-8 save"
+        free = os.statvfs(ckpt)
+        filler.write_bytes(b"\0" * max(0, free.f_bavail * free.f_frsize - 200_000))
+        wait_for(lambda: training.trainer_events(training.events(spec, job), "checkpoint_failed"), 60,
+                 "the step-8 save to fail", interval_s=0.3)
+        filler.unlink()
+        info = training.wait_finished(job, 240)
+        evts = training.events(spec, job)
+        assert info.state == "COMPLETED", training.describe(spec, job)
+        failed = training.trainer_events(evts, "checkpoint_failed")
+        assert [e["step"] for e in failed] == [8] and "No space left on device" in failed[0]["error"]
+        assert len(training.supervisor_events(evts, "start")) == 1
+        assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+        assert [c.step for c in CheckpointManager(ckpt).complete()] == [20, 16]
+    finally:
+        filler.unlink(missing_ok=True)
+        shutil.rmtree(ckpt, ignore_errors=True)

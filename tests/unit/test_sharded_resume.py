@@ -34,7 +34,8 @@ def _worker(rank: int, world: int, port: int, ckpt: str, out: str, save: bool) -
         else:
             extra = checkpoint_torch.load_latest(manager, model, optim)
             if rank == 0:
-                Path(out).write_text(json.dumps({"step": extra["step"], "path": extra["path"]}))
+                Path(out).write_text(json.dumps({"step": extra["step"], "path": extra["path"],
+                                                 "refused": extra["refused"]}))
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -59,4 +60,5 @@ def test_each_rank_seals_its_shards_and_a_corrupt_newest_is_refused_by_all(tmp_p
     _run(ckpt, tmp_path / "loaded.json", save=False)
     loaded = json.loads((tmp_path / "loaded.json").read_text())
     assert loaded["step"] == 2 and loaded["path"].endswith("step_2")
+    assert loaded["refused"] == [[str(ckpt / "step_4"), "checksum mismatch in __1_0.distcp"]]
     assert [p.name.split(".bad-")[0] for p in ckpt.iterdir() if ".bad-" in p.name] == ["step_4"]

@@ -1,0 +1,112 @@
+"""Storage faults, for real: checkpoints on a size-limited tmpfs that fills up during a save (two
+gloo ranks running the reference trainer), and a checkpoint file that cannot be read on resume."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from slurmtools import checkpoint  # noqa: E402
+from slurmtools.checkpoint import CheckpointManager  # noqa: E402
+
+RANK_SCRIPT = """
+import datetime, json, sys, torch.distributed as dist
+from pathlib import Path
+from slurmtools.errors import CheckpointError
+from slurmtools.runtime import TrainingControl
+from slurmtools.tiny_fsdp import TrainConfig, train
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+events = []
+log = lambda record: events.append(record if "event" in record else {"event": "step", "step": record["step"]})
+mode, ckpt, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+cfg = TrainConfig(steps=12, checkpoint_every=4, checkpoint_dir=ckpt, on_save_error=mode, loader_workers=0)
+try:
+    train(cfg, TrainingControl(rank=dist.get_rank()), log)
+except CheckpointError as exc:
+    events.append({"event": "stopped", "error": str(exc)})
+if dist.get_rank() == 0:
+    out.write_text(json.dumps(events))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A tmpfs that holds one checkpoint of the reference trainer (~1.6 MB) but not two."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a size-limited tmpfs")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2500k", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _train(tmp_path: Path, mode: str, ckpt: Path) -> list:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+    env.pop("SLURMTOOLS_CONTROL_DIR", None)
+    out = tmp_path / f"events-{mode}.json"
+    with (tmp_path / "ranks.err").open("w") as err:
+        procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, mode, str(ckpt), str(out)],
+                                  env=dict(env, RANK=str(rank)), stdout=subprocess.DEVNULL, stderr=err)
+                 for rank in range(2)]
+        codes = [proc.wait(timeout=240) for proc in procs]
+    assert codes == [0, 0], (tmp_path / "ranks.err").read_text()[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_a_full_file_system_fails_the_save_training_goes_on_and_the_last_complete_checkpoint_stays(
+        tmp_path, small_fs):
+    """The periodic (async) save of step 8 fails: training goes on; the final (blocking) save of
+    step 12 fails too: training stops with the reason."""
+    events = _train(tmp_path, "continue", small_fs)
+    failed = [e for e in events if e["event"] == "checkpoint_failed"]
+    assert [e["step"] for e in failed] == [8, 12], events
+    assert all("No space left on device" in e["error"] and "\n" not in e["error"] for e in failed)
+    assert [e["step"] for e in events if e["event"] == "step"] == list(range(1, 13))   # 9..12 trained after it
+    assert events[-1] == {"event": "stopped", "error": failed[1]["error"]}
+    assert failed[1]["error"].startswith("checkpoint of step 12 not saved: rank ")
+    newest = CheckpointManager(small_fs).latest()
+    assert newest is not None and newest.step == 4                       # the only one that fit, kept
+    assert not [p.name for p in small_fs.iterdir() if p.name.endswith(".tmp")]   # no half-written staging
+
+
+def test_with_on_save_error_stop_the_first_failed_save_stops_every_rank_with_the_reason(tmp_path, small_fs):
+    events = _train(tmp_path, "stop", small_fs)
+    reported = [(e["event"], e.get("step")) for e in events if e["event"] not in ("checkpoint", "step")]
+    assert reported == [("checkpoint_failed", 8), ("stopped", None)], events
+    assert "on_save_error: stop" in events[-1]["error"]
+    assert CheckpointManager(small_fs).latest().step == 4
+
+
+def test_a_file_unreadable_on_resume_passes_to_the_previous_checkpoint_and_says_why(tmp_path, monkeypatch):
+    root = tmp_path / "ckpt"
+    manager = CheckpointManager(root)
+    for step in (2, 4):
+        manager.save(step, lambda d: (d / "w.bin").write_bytes(b"x" * 10))
+    real = checkpoint.sha256_file
+
+    def failing_disk(path: Path) -> str:
+        if path.parent.name == "step_4":
+            raise OSError(5, "Input/output error")
+        return real(path)
+    monkeypatch.setattr(checkpoint, "sha256_file", failing_disk)
+    from slurmtools import checkpoint_torch
+    refused: list = []
+    assert checkpoint_torch.verified_latest(manager, refused) == str(root / "step_2")
+    assert refused == [(str(root / "step_4"), "cannot read w.bin ([Errno 5] Input/output error)")]
+    assert [p.name.split(".bad-")[0] for p in root.iterdir() if ".bad-" in p.name] == ["step_4"]
