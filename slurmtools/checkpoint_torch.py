@@ -230,8 +230,8 @@ def load_latest(manager: CheckpointManager, model: Any, optim: Any, trainer_stat
                 skip: Tuple[str, ...] = ()) -> Optional[Dict[str, Any]]:
     """Load the newest complete checkpoint into model/optim (any saved world size) and, when
     given, the trainer's own state; returns its extras, its path, `not_restored` (the trainer
-    state's names the checkpoint could not give back: report them, re-seed a missing "rng") and
-    `refused` ((path, why) of newer checkpoints passed over: report them).
+    state's names the checkpoint could not give back: report them, re-seed a missing "rng"),
+    `refused` ((path, why) of newer checkpoints passed over: report them) and `saved_world_size`.
 
     Every rank verifies its share of the checkpoint's files first, so all ranks load the same
     verified one and no file is hashed twice. skip: trainer-state names left as they are (tests)."""
@@ -245,7 +245,9 @@ def load_latest(manager: CheckpointManager, model: Any, optim: Any, trainer_stat
     dcp_load(state, storage_reader=reader)
     set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
     not_restored = _restore_trainer_state(chosen, trainer_state, skip) if trainer_state is not None else []
-    return dict(state["extra"], path=chosen, not_restored=not_restored, refused=refused)
+    manifest = verify_dir(Path(chosen), checksums=False)[2]
+    return dict(state["extra"], path=chosen, not_restored=not_restored, refused=refused,
+                saved_world_size=manifest.get("world_size"))
 
 
 def _seal_when_written(upload: "Future[Any]", staging: str, rank: int, world: int,

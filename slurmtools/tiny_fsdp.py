@@ -231,7 +231,12 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
                     log({"event": "checkpoint_refused", "path": path, "why": why, "attempt_id": control.attempt_id})
                 log({"event": "resumed", "step": start, "path": extra["path"], "world_size": world,
                      "attempt_id": control.attempt_id, "load_s": round(time.monotonic() - t0, 3),
-                     "not_restored": extra["not_restored"]})
+                     "not_restored": extra["not_restored"], "saved_world_size": extra["saved_world_size"],
+                     "global_batch": cfg.batch_per_rank * world})
+                if extra["saved_world_size"] not in (None, world):     # min_nodes: say what changed
+                    print(f"slurmtools: resumed on {world} ranks from a checkpoint of {extra['saved_world_size']}: "
+                          f"the global batch is {cfg.batch_per_rank * world} samples, was "
+                          f"{cfg.batch_per_rank * extra['saved_world_size']}", file=sys.stderr, flush=True)
     # faults fire on one attempt of the job (counting restarts in place and requeues) or on all (-1)
     faults = cfg.faults_on_attempt in (-1, attempt_number(os.environ))
     hang_rank, _, hang_step = cfg.hang_at_step.partition(":") if faults else ("", "", "")
