@@ -36,7 +36,7 @@ from slurmtools.errors import CheckpointError
 from slurmtools.hashing_fs import HashingFileSystem
 from slurmtools.trainer_state import TrainerState
 
-# how long rank 0 waits for the other ranks to seal their shards before it hashes the rest itself
+# how long rank 0 waits for every rank to seal its shards before it gives the save up (an async save)
 SEAL_WAIT_S = 600.0
 # retention runs here, off the training path (deleting an old checkpoint of hundreds of GB takes
 # seconds); one thread, so prunes never overlap; joined at interpreter exit like any executor

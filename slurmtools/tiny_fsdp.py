@@ -358,8 +358,8 @@ def _report_failed_saves(saver: checkpoint_torch.AsyncCheckpointer, cfg: TrainCo
                          log: Callable[[Dict[str, Any]], None], attempt_id: str) -> None:
     """Rank 0 logs each failed background save (its view decides: it commits); with on_save_error
     "stop" every rank stops at the same step (agreed) after the first one."""
-    failed = saver.take_failures() if rank == 0 else []
-    saver.take_failures()
+    failures = saver.take_failures()
+    failed = failures if rank == 0 else []
     for step, why in failed:
         log({"event": "checkpoint_failed", "step": step, "error": why, "attempt_id": attempt_id})
     if cfg.on_save_error == "stop" and agree(bool(failed)):
