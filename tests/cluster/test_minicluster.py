@@ -78,7 +78,8 @@ wait
     assert slurm.parse_sacct_json(slurm.run_slurm(["sacct", "--json", "-j", str(job)]), job).state == "COMPLETED"
 
 
-@pytest.mark.every_release
+# Slurm's own requeue of a killed node's job (no slurmtools in it): on the other releases a killed
+# node is covered by test_faults.py::test_c and test_recovery.py::test_b
 def test_killed_node_goes_down_and_requeue_job_reruns_elsewhere(cluster, user_tmp: Path):
     out = user_tmp / "requeue.out"
     script = f"""#!/bin/bash

@@ -18,6 +18,10 @@ from tests.conftest import REPO, TEST_CLUSTER_NAME, TEST_STATE_DIR, wait_for
 TRAIN = REPO / "examples" / "tiny_fsdp" / "train.py"
 STEPS = 20
 CHECKPOINT_EVERY = 4
+# the data loader in each rank's own process: worker processes (the trainer's default, 2) cost two
+# more forked processes per rank on a 2-core machine running three lanes; the batches are the same
+# (test_faults.py::test_b runs with them, tests/unit/test_trainer_state.py resumes them exactly)
+LOADER_WORKERS = 0
 # sacct states of a job that has not ended yet (its accounting row still changes)
 UNENDED_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "COMPLETING", ""})
 
@@ -29,11 +33,13 @@ def _merge(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def training_spec(workdir: Path, name: str, *, steps: int = STEPS, extra: Sequence[str] = (), **over: Any) -> JobSpec:
+def training_spec(workdir: Path, name: str, *, steps: int = STEPS, extra: Sequence[str] = (),
+                  loader_workers: int = LOADER_WORKERS, **over: Any) -> JobSpec:
     """2 nodes x 2 processes on CPU; checkpoint every 4 steps into workdir/ckpt."""
     data = {
         "name": name, "nodes": 2, "processes_per_node": 2, "python": sys.executable,
-        "command": [str(TRAIN), "--steps", str(steps), "--checkpoint-every", str(CHECKPOINT_EVERY), *extra],
+        "command": [str(TRAIN), "--steps", str(steps), "--checkpoint-every", str(CHECKPOINT_EVERY),
+                    "--loader-workers", str(loader_workers), *extra],
         "output_dir": str(workdir / "logs"), "checkpoint_dir": str(workdir / "ckpt"), "time_limit_min": 10,
         "requeue": {"hang_timeout_s": 120, "backoff_s": 0, "warning_lead_s": 60, "checkpoint_grace_s": 30},
     }
