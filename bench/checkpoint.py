@@ -139,7 +139,7 @@ def worker(args: argparse.Namespace) -> None:
         print(f"raw dcp.save (no manifest, no rename): median {med(raw) * 1000:.0f} ms")
         print(f"sync save through CheckpointManager:  median {med(sync) * 1000:.0f} ms (the DCP write itself "
               f"varies {min(raw) * 1000:.0f}-{max(raw) * 1000:.0f} ms with page-cache write-back)")
-        print(f"atomic commit (sha256 manifest + fsync + rename + retention), timed directly: "
+        print(f"atomic commit (digest manifest + fsync + rename + retention), timed directly: "
               f"median {med(commit_s[1:]) * 1000:.0f} ms")
         print(f"async save: blocks {med(blocking) * 1000:.0f} ms (the call, plus the wait for the staging copy "
               f"before the next optimizer step), complete after {med(complete) * 1000:.0f} ms (incl. one training step)")

@@ -1,25 +1,23 @@
 #!/bin/bash
 # The type check and the whole test suite, set-up included (fresh Debian 12, as root): bootstrap .venv,
-# mypy, then three lanes side by side, each a list of pytest runs one after another, each run on a
-# named cluster of its own (cluster tests wait on Slurm's timers more than on the 2 CPUs; three lanes
-# keep the whole command under 45 minutes on 2 cores, where two took 48 here and 55 in CI):
-#   lane 1: the unit tests, then the first part of the cluster suite on the machine's own Slurm
-#           (SUITE_A_MODULES, cluster `ahost`), then the core cluster tests on Slurm 26.05 (`t2605`);
-#   lane 2: the fault matrix (marker matrix: two nodes lost at once, a node lost during start-up or
-#           during a recovery, the controller restarted during a requeue, a node partitioned) on a
-#           5-node cluster of the machine's own Slurm (`mhost`), then the core cluster tests (marker
-#           every_release) on Slurm 24.11 (`t2411`);
-#   lane 3: the rest of the cluster suite on the machine's own Slurm (`bhost`).
+# mypy, then two lanes side by side, each a list of pytest runs one after another, each run on a
+# named cluster of its own (cluster tests wait on Slurm's timers as much as on the 2 CPUs; a third
+# lane only slowed the other two: measured 2026-12-02, the 5-node matrix 16:37 -> 24:25):
+#   lane 1: the whole cluster suite but the matrix on the machine's own Slurm (cluster `thost`);
+#   lane 2: the unit tests, then the fault matrix (marker matrix: two nodes lost at once, a node lost
+#           during start-up or during a recovery, the controller restarted during a requeue, a node
+#           partitioned) on a 5-node cluster of the machine's own Slurm (`mhost`), then the core
+#           cluster tests (marker every_release) on Slurm 24.11 (`t2411`) and 26.05 (`t2605`).
 # SLURMTOOLS_TEST_LANES overrides them: lanes separated by ';', each a list of words RELEASE:KIND,
-# KIND one of cluster (the whole cluster suite but the matrix), suite-a or suite-b (its two parts),
-# core, matrix (on a 5-node cluster) or unit (the unit tests; RELEASE is ignored); RELEASE `host` is
-# the machine's own Slurm. Lane 1's output is printed as it runs, the other lanes' when all are done.
-# Each phase's wall time and the total are printed at the end.
+# KIND one of cluster (the whole cluster suite but the matrix), suite-a or suite-b (its two parts:
+# SUITE_A_MODULES and the rest), core, matrix (on a 5-node cluster) or unit (the unit tests; RELEASE
+# is ignored); RELEASE `host` is the machine's own Slurm. Lane 1's output is printed as it runs, the
+# other lanes' when all are done. Each lane's wall time and the total are printed at the end.
 # Extra arguments run that one pytest on the machine's Slurm only (e.g. -m "not cluster").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-lanes_text=${SLURMTOOLS_TEST_LANES-host:unit host:suite-a 26.05:core; host:matrix 24.11:core; host:suite-b}
-# the cluster suite's first part (lane 1); every other cluster module (a new one too) is in the second
+lanes_text=${SLURMTOOLS_TEST_LANES-host:cluster; host:unit host:matrix 24.11:core 26.05:core}
+# the cluster suite's part a (suite-a); every other cluster module (a new one too) is in part b
 SUITE_A_MODULES="test_0_failed_up test_blame test_confinement test_faults test_health_gate"
 IFS=';' read -ra lanes <<<"$lanes_text"
 for lane in "${lanes[@]}"; do   # a bad word fails before an hour of tests, not after
@@ -55,6 +53,9 @@ if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest "$@"
 fi
 
+# the checkout's bytecode, written now by root: the jobs run as an ordinary user, who cannot write
+# __pycache__ here, and would compile every slurmtools module in every process otherwise
+.venv/bin/python -m compileall -q slurmtools tests examples bench >/dev/null
 # Packages for every lane, installed once here: two lanes installing at once would race for dpkg's lock.
 .venv/bin/python -m tests.prepare
 phase_done "cluster packages" 0

@@ -1,7 +1,7 @@
 """Checkpoints that are either complete or ignored.
 
 A checkpoint is written into `step_N.tmp/` (never into an existing directory), its files
-are fsynced, a MANIFEST.json with every file's size and sha256 is written last (temp +
+are fsynced, a MANIFEST.json with every file's size and digest (slurmtools.digests) is written last (temp +
 fsync + replace), the directory is renamed to `step_N/` and the parent fsynced. Each writer
 (a rank) fsyncs and hashes the files it wrote itself (`seal_own_files`, off the training
 thread for async saves), so the committer reads none of a large checkpoint's shards: it merges
@@ -12,7 +12,6 @@ a callable writes files into a directory (torch DCP lives in checkpoint_torch.py
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
+from slurmtools import digests
 from slurmtools.errors import CheckpointError
 from slurmtools.fsutil import fsync_path, write_json_atomic
 
@@ -31,9 +31,8 @@ MANIFEST = "MANIFEST.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _HASH_CHUNK = 1 << 20
 MAX_MANIFEST_BYTES = 16 << 20
-# in a staging dir: each writer's {file: {size, sha256}} for the files it wrote and sealed
+# in a staging dir: each writer's {file: {size, digest}} for the files it wrote and sealed
 SHARD_HASHES_DIR = ".shard-hashes"
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 log = logging.getLogger(__name__)
 
 
@@ -54,12 +53,12 @@ def _open_regular(path: Path) -> int:
     return fd
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
+def file_digest(path: Path, algorithm: str = digests.ALGORITHM) -> str:
+    digest = digests.new(algorithm)
     with os.fdopen(_open_regular(path), "rb") as handle:
         for chunk in iter(lambda: handle.read(_HASH_CHUNK), b""):
             digest.update(chunk)
-    return digest.hexdigest()
+    return str(digest.hexdigest())
 
 
 def _read_manifest(path: Path) -> Dict[str, Any]:
@@ -75,9 +74,9 @@ def _read_manifest(path: Path) -> Dict[str, Any]:
 
 def seal_own_files(staging: Path, writer: str, names: Iterable[str],
                    hashed_while_written: Optional[Mapping[str, Tuple[int, str]]] = None) -> Dict[str, Dict[str, Any]]:
-    """A writer's part of the commit: fsync and sha256 the files it wrote into staging and record
+    """A writer's part of the commit: fsync and hash the files it wrote into staging and record
     them for the committer (SHARD_HASHES_DIR/<writer>.json), which then reads none of them.
-    hashed_while_written: {name: (size, sha256)} of files already fsynced and hashed as they were
+    hashed_while_written: {name: (size, digest)} of files already fsynced and hashed as they were
     written (slurmtools.hashing_fs): taken as they are when the size on disk agrees, never re-read."""
     known = hashed_while_written or {}
     entries: Dict[str, Dict[str, Any]] = {}
@@ -85,10 +84,10 @@ def seal_own_files(staging: Path, writer: str, names: Iterable[str],
         member = staging / name
         size = member.stat().st_size
         if name in known and known[name][0] == size:
-            entries[name] = {"size": size, "sha256": known[name][1]}
+            entries[name] = digests.entry(size, known[name][1])
             continue
         fsync_path(member)
-        entries[name] = {"size": size, "sha256": sha256_file(member)}
+        entries[name] = digests.entry(size, file_digest(member))
     (staging / SHARD_HASHES_DIR).mkdir(exist_ok=True)
     write_json_atomic(staging / SHARD_HASHES_DIR / f"{writer}.json", entries)
     return entries
@@ -105,8 +104,9 @@ def sealed_by_writers(staging: Path) -> Dict[str, Dict[str, Any]]:
         except (OSError, ValueError, UnicodeDecodeError, RecursionError):
             continue
         for rel, info in entries.items():
-            if _member_problem(staging, rel, info) is None:
-                merged[rel] = {"size": info["size"], "sha256": info["sha256"]}
+            recorded = digests.entry_digest(info)
+            if _member_problem(staging, rel, info) is None and recorded is not None:
+                merged[rel] = digests.entry(info["size"], recorded[1], recorded[0])
     return merged
 
 
@@ -145,7 +145,7 @@ def _member_problem(step_dir: Path, rel: Any, info: Any) -> Optional[str]:
     parts = PurePosixPath(rel).parts
     if rel.startswith("/") or ".." in parts or rel == MANIFEST or not parts:
         return f"file name outside the checkpoint: {rel[:60]!r}"
-    if not isinstance(info, dict) or not isinstance(info.get("sha256"), str) or not _SHA256.match(info["sha256"]):
+    if digests.entry_digest(info) is None:
         return f"bad entry for {rel[:60]!r}"
     size = info.get("size")
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -159,15 +159,21 @@ def _member_problem(step_dir: Path, rel: Any, info: Any) -> Optional[str]:
 
 
 def verify_files(path: Path, files: Mapping[str, Any], names: Iterable[str]) -> Optional[str]:
-    """Why some of these members of a complete checkpoint do not match their sha256, or None
+    """Why some of these members of a complete checkpoint do not match their digest, or None
     (each rank of a resume checks its share: every file is read once, by one rank)."""
     for rel in names:
         try:
-            if sha256_file(path / rel) != files[rel]["sha256"]:
+            if not _matches(path / rel, files[rel]):
                 return f"checksum mismatch in {rel}"
         except OSError as exc:
             return f"cannot read {rel} ({exc})"
     return None
+
+
+def _matches(path: Path, info: Mapping[str, Any]) -> bool:
+    """Whether the file's digest is the one its (well-formed: _member_problem) entry records."""
+    recorded = digests.entry_digest(info)
+    return recorded is not None and file_digest(path, recorded[0]) == recorded[1]
 
 
 def verify_dir(path: Path, *, checksums: bool = True, step: Optional[int] = None) -> Tuple[bool, str, Dict[str, Any]]:
@@ -198,7 +204,7 @@ def verify_dir(path: Path, *, checksums: bool = True, step: Optional[int] = None
         if member_stat.st_size != info["size"]:
             return False, f"size mismatch in {rel} ({member_stat.st_size} != {info['size']})", manifest
         try:
-            if checksums and sha256_file(member) != info["sha256"]:
+            if checksums and not _matches(member, info):
                 return False, f"checksum mismatch in {rel}", manifest
         except OSError as exc:
             return False, f"cannot read {rel} ({exc})", manifest
@@ -255,7 +261,7 @@ class CheckpointManager:
                 files[rel] = sealed[rel]             # fsynced and hashed by the rank that wrote it
                 continue
             fsync_path(member)
-            files[rel] = {"size": size, "sha256": sha256_file(member)}
+            files[rel] = digests.entry(size, file_digest(member))
         if not files:
             raise CheckpointError(f"step {step}: the writer wrote no files into {tmp}")
         manifest = {"format": 1, "step": step, "files": files, "created_unix_s": time.time(), **(meta or {})}

@@ -1,15 +1,14 @@
-"""DCP's file system with the sha256 of every file computed while it is written, not read back
+"""DCP's file system with the digest of every file computed while it is written, not read back
 afterwards: a checkpoint's integrity record costs no second pass over hundreds of GB.
 
 Each file DCP writes goes through a raw stream that hands every written chunk (at most CHUNK_BYTES,
 copied: the writer's buffer is reused) to one hashing thread per file, so hashing overlaps the
-write and its fsync (hashlib releases the GIL for large buffers); close() waits for the digest. A
+write and its fsync (the hash releases the GIL for large buffers); close() waits for the digest. A
 stream that seeks backwards (a rewrite: not what DCP does) drops its digest, and the file is hashed
 from disk by the seal instead, so a digest recorded here is always the file's.
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import queue
@@ -20,12 +19,14 @@ from typing import Any, Dict, Generator, Optional, Tuple, Union
 
 from torch.distributed.checkpoint.filesystem import FileSystem
 
+from slurmtools import digests
+
 # the largest piece one raw write takes (BufferedWriter loops for the rest) and the pieces queued
 # for hashing at once: at most CHUNK_BYTES x (QUEUED_CHUNKS + 1) extra memory per file being written
 CHUNK_BYTES = 16 << 20
 QUEUED_CHUNKS = 4
 
-Digest = Tuple[int, str]          # (size in bytes, sha256 hex)
+Digest = Tuple[int, str]          # (size in bytes, hex digest of digests.ALGORITHM)
 
 
 class _HashingFileIO(io.FileIO):
@@ -35,7 +36,7 @@ class _HashingFileIO(io.FileIO):
         super().__init__(path, "wb")
         self._on_digest = on_digest
         self._path = Path(path)
-        self._hash = hashlib.sha256()
+        self._hash = digests.new()
         self._size = 0
         self._valid = True
         self._chunks: "queue.Queue[Optional[bytes]]" = queue.Queue(maxsize=QUEUED_CHUNKS)
@@ -74,7 +75,7 @@ class _HashingFileIO(io.FileIO):
 
 class HashingFileSystem(FileSystem):
     """FileSystem for FileSystemWriter (`writer.fs = HashingFileSystem()`): files opened for
-    writing are hashed as they are written; digests() gives {file name: (size, sha256)}."""
+    writing are hashed as they are written; digests() gives {file name: (size, digest)}."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -95,6 +95,8 @@ def _marks(events: Sequence[Event], history: StepHistory) -> List[Mark]:
         elif isinstance(event, ledger.PreflightCheck) and event.status != "passed":
             named = ", ".join(sorted(event.named)) or "-"
             marks.append(Mark(event.time_s, "preflight", f"preflight {event.status}: {named}"))
+        elif isinstance(event, ledger.CheckpointRefused):
+            marks.append(Mark(event.time_s, "refused", f"checkpoint {Path(event.path).name} refused: {event.why}"))
     return sorted(marks, key=lambda mark: mark.time_s)
 
 

@@ -363,6 +363,14 @@ class TrainingControl:
                                                             "nodes": list(nodes), "detail": detail,
                                                             "attempt_id": self.attempt_id})
 
+    def checkpoints_refused(self, refused: Sequence[Tuple[str, str]]) -> None:
+        """Newer checkpoints the resume passed over ((path, why), as load_latest returns them):
+        into the job's ledger, where they stay after the quarantined directory is cleaned up."""
+        if self.control_dir is not None and self.rank == 0:
+            from slurmtools.requeue import ledger
+            for path, why in refused:
+                ledger.append(self.control_dir, ledger.CheckpointRefused(self.attempt_id, time.time(), path, why))
+
     def mark_complete(self, step: int) -> None:
         self.flush_metrics()
         if self.control_dir is not None and self.rank == 0:

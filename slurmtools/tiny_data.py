@@ -1,6 +1,7 @@
 """The reference trainer's data and LR schedule: a map-style dataset of learnable token sequences
 and a warmup + cosine schedule, both deterministic, so a resumed run can be compared bit for bit
-with an uninterrupted one.
+with an uninterrupted one; and the gradient accumulation that keeps a run's global batch on fewer
+ranks.
 """
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import math
 
 import torch
 from torch.utils.data import Dataset
+
+from slurmtools.errors import CheckpointError
 
 
 class SequenceDataset(Dataset[torch.Tensor]):
@@ -36,3 +39,14 @@ def warmup_cosine(optim: torch.optim.Optimizer, warmup_steps: int, total_steps: 
         progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
     return torch.optim.lr_scheduler.LambdaLR(optim, factor)
+
+
+def accumulation(global_batch: int, batch_per_rank: int, world: int) -> int:
+    """Micro-batches per optimizer step that keep the run's global batch on this world size
+    (1 at the size it started on); a global batch this world cannot make up exactly is refused."""
+    micro_batches, rest = divmod(global_batch, batch_per_rank * world)
+    if rest or micro_batches < 1:
+        raise CheckpointError(f"the run's global batch of {global_batch} samples cannot be made of whole micro-batches "
+                              f"of {world} ranks x {batch_per_rank} samples: resume on a world size that divides "
+                              f"{global_batch // batch_per_rank}")
+    return micro_batches

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from slurmtools import checkpoint_torch, sdc_canary
@@ -32,7 +32,7 @@ from slurmtools.errors import CheckpointError
 from slurmtools.preflight import canary as preflight_canary
 from slurmtools.resumable_loader import ResumableLoader
 from slurmtools.state_digest import state_hash
-from slurmtools.tiny_data import SequenceDataset, warmup_cosine
+from slurmtools.tiny_data import SequenceDataset, accumulation, warmup_cosine
 from slurmtools.trainer_state import TrainerState
 from slurmtools.runtime import SDC_CHECK_EVERY_ENV, TrainingControl, agree, attempt_number
 
@@ -139,23 +139,37 @@ def build(cfg: TrainConfig, world: int, device: torch.device) -> "tuple[TinyLM, 
 def train_step(model: nn.Module, optim: torch.optim.Optimizer, step: int, rank: int, world: int, cfg: TrainConfig,
                device: torch.device, before_update: Optional[Callable[[], None]] = None,
                local_work: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
-               numbers: Optional[Dict[str, float]] = None, batches: Optional[ResumableLoader] = None
-               ) -> torch.Tensor:
+               numbers: Optional[Dict[str, float]] = None, batches: Optional[ResumableLoader] = None,
+               micro_batches: int = 1) -> torch.Tensor:
     """One optimizer step on this rank's next batch (from batches, else its slice of the step's
     fixed global batch, batch_for); the local loss.
+    micro_batches > 1 (batches only): that many batches, their gradients accumulated (synchronised
+    once, on the last), each loss weighted 1/micro_batches: the step of a larger world (a resume
+    on fewer nodes keeps the run's global batch and so its optimisation).
     before_update runs just before the weights change (an async save's staging copy ends there);
     local_work wraps the optimizer step, the part that waits for no other rank (a sharded
     model's update is local), e.g. TrainingControl.busy for the straggler watch. numbers, when
     given, gets the step's data wait, gradient norm and the time of its all-reduce (collective:
     every rank must pass it or none)."""
-    data_t0 = time.monotonic()
-    tokens = batches.next_batch().to(device) if batches is not None else batch_for(step, rank, world, cfg, device)
-    if numbers is not None:
-        numbers["data_wait_s"] = time.monotonic() - data_t0
-    logits = model(tokens[:, :-1])
-    loss = nn.functional.cross_entropy(logits, tokens[:, 1:].reshape(-1))
+    if micro_batches > 1 and batches is None:
+        raise ValueError("micro_batches > 1 needs a data loader (batch_for gives one batch per step)")
     optim.zero_grad(set_to_none=True)
-    loss.backward()  # type: ignore[no-untyped-call]
+    data_wait_s = 0.0
+    loss = torch.zeros(())
+    for micro in range(micro_batches):
+        data_t0 = time.monotonic()
+        tokens = batches.next_batch().to(device) if batches is not None else batch_for(step, rank, world, cfg, device)
+        data_wait_s += time.monotonic() - data_t0
+        if micro_batches > 1 and isinstance(model, FSDPModule):
+            model.set_requires_gradient_sync(micro == micro_batches - 1)   # reduce once per step
+        logits = model(tokens[:, :-1])
+        micro_loss = nn.functional.cross_entropy(logits, tokens[:, 1:].reshape(-1))
+        if micro_batches > 1:
+            micro_loss = micro_loss / micro_batches
+        micro_loss.backward()  # type: ignore[no-untyped-call]
+        loss = micro_loss.detach() if micro == 0 else loss + micro_loss.detach()
+    if numbers is not None:
+        numbers["data_wait_s"] = data_wait_s
     if numbers is not None:
         norm_t0 = time.monotonic()
         numbers["grad_norm"] = grad_norm(model)
@@ -208,7 +222,10 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
     torch.manual_seed(cfg.seed * 1_000 + rank)        # dropout: each rank its own stream
     manager = CheckpointManager(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     saver = checkpoint_torch.AsyncCheckpointer(manager) if manager and cfg.async_checkpoint else None
-    meta = {"attempt_id": control.attempt_id}
+    # the run's global batch (samples per optimizer step), fixed at its first start and saved with
+    # every checkpoint: a resume on fewer ranks accumulates micro-batches to keep it
+    global_batch = cfg.batch_per_rank * world
+    meta: Dict[str, Any] = {"attempt_id": control.attempt_id}
     batches = ResumableLoader(SequenceDataset(cfg.dataset_size, cfg.vocab, cfg.seq, cfg.seed),
                               batch_size=cfg.batch_per_rank, rank=rank, world=world, seed=cfg.seed,
                               num_workers=cfg.loader_workers)
@@ -217,26 +234,32 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
     trainer_state = TrainerState({"loader": batches, "scheduler": schedule})
 
     start = 0
+    extra: Optional[Dict[str, Any]] = None
+    t0 = time.monotonic()
     if manager is not None:
-        t0 = time.monotonic()
         forget = tuple(name for name in cfg.forget_on_resume.split(",") if name)
         with control.phase("verifying"):          # each rank hashes its share: no hang, however long
             extra = checkpoint_torch.load_latest(manager, model, optim, trainer_state, skip=forget)
         if extra is not None:
             start = int(extra["step"])
+            global_batch = int(extra.get("global_batch") or cfg.batch_per_rank * (extra["saved_world_size"] or world))
             if "rng" in extra["not_restored"]:       # another world size: a fresh stream per rank
                 torch.manual_seed(cfg.seed * 1_000_003 + start * 1_000 + rank)
-            if rank == 0:
-                for path, why in extra["refused"]:
-                    log({"event": "checkpoint_refused", "path": path, "why": why, "attempt_id": control.attempt_id})
-                log({"event": "resumed", "step": start, "path": extra["path"], "world_size": world,
-                     "attempt_id": control.attempt_id, "load_s": round(time.monotonic() - t0, 3),
-                     "not_restored": extra["not_restored"], "saved_world_size": extra["saved_world_size"],
-                     "global_batch": cfg.batch_per_rank * world})
-                if extra["saved_world_size"] not in (None, world):     # min_nodes: say what changed
-                    print(f"slurmtools: resumed on {world} ranks from a checkpoint of {extra['saved_world_size']}: "
-                          f"the global batch is {cfg.batch_per_rank * world} samples, was "
-                          f"{cfg.batch_per_rank * extra['saved_world_size']}", file=sys.stderr, flush=True)
+    micro_batches = accumulation(global_batch, cfg.batch_per_rank, world)
+    meta["global_batch"] = global_batch
+    if extra is not None and rank == 0:
+        for path, why in extra["refused"]:
+            log({"event": "checkpoint_refused", "path": path, "why": why, "attempt_id": control.attempt_id})
+        control.checkpoints_refused(extra["refused"])
+        log({"event": "resumed", "step": start, "path": extra["path"], "world_size": world,
+             "attempt_id": control.attempt_id, "load_s": round(time.monotonic() - t0, 3),
+             "not_restored": extra["not_restored"], "saved_world_size": extra["saved_world_size"],
+             "global_batch": global_batch, "micro_batches": micro_batches})
+        if extra["saved_world_size"] not in (None, world):     # min_nodes: say what changed, and what did not
+            print(f"slurmtools: resumed on {world} ranks from a checkpoint of {extra['saved_world_size']}: the global "
+                  f"batch stays {global_batch} samples, {micro_batches} micro-batch(es) of {cfg.batch_per_rank} "
+                  f"per rank per step (gradient accumulation); the LR schedule is unchanged",
+                  file=sys.stderr, flush=True)
     # faults fire on one attempt of the job (counting restarts in place and requeues) or on all (-1)
     faults = cfg.faults_on_attempt in (-1, attempt_number(os.environ))
     hang_rank, _, hang_step = cfg.hang_at_step.partition(":") if faults else ("", "", "")
@@ -274,7 +297,7 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
         numbers: Optional[Dict[str, float]] = {} if control.records_steps else None
         loss = train_step(model, optim, step, rank, world, cfg, device,
                           before_update=saver.wait_staged if saver is not None else None, local_work=local_work,
-                          numbers=numbers, batches=batches)
+                          numbers=numbers, batches=batches, micro_batches=micro_batches)
         schedule.step()
         step += 1
         if skip_step and rank == int(skip_rank) and step == int(skip_step):
@@ -286,7 +309,7 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
         dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
         collective_s = time.monotonic() - collective_t0
         if numbers is not None:
-            control.step_done(step, time.monotonic() - step_t0, tokens=cfg.batch_per_rank * cfg.seq,
+            control.step_done(step, time.monotonic() - step_t0, tokens=cfg.batch_per_rank * cfg.seq * micro_batches,
                               loss=reduced.item() / world, grad_norm=numbers["grad_norm"],
                               collective_s=collective_s + numbers["collective_s"], data_wait_s=numbers["data_wait_s"])
         if rank == 0:

@@ -190,7 +190,7 @@ def reference_run(cluster) -> dict:
     from tests.cluster import asuser, training
 
     workdir = asuser.user_dir("reference")
-    spec = training.training_spec(workdir, "reference")
+    spec = training.training_spec(workdir, "reference", preflight=True)     # the healthy cluster passes it
     job = training.submit(spec)
     info = training.wait_finished(job, 180)
     evts = training.events(spec, job)

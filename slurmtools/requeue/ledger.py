@@ -85,8 +85,20 @@ class PreflightCheck:
     detail: str = ""
 
 
-Event = Union[AttemptStart, AttemptEnd, NodeSlowdown, PreflightCheck]
-_KINDS: Dict[str, Any] = {cls.KIND: cls for cls in (AttemptStart, AttemptEnd, NodeSlowdown, PreflightCheck)}
+@dataclass(frozen=True)
+class CheckpointRefused:
+    """A checkpoint passed over on resume (a checksum mismatch, a file that cannot be read), with
+    why: the trainer's rank 0 writes it, the resume went on from an older one."""
+    KIND: ClassVar[str] = "checkpoint_refused"
+    attempt_id: str
+    time_s: float
+    path: str
+    why: str
+
+
+Event = Union[AttemptStart, AttemptEnd, NodeSlowdown, PreflightCheck, CheckpointRefused]
+_KINDS: Dict[str, Any] = {cls.KIND: cls for cls in (AttemptStart, AttemptEnd, NodeSlowdown, PreflightCheck,
+                                                     CheckpointRefused)}
 
 
 def append(control_dir: Path, event: Event) -> None:

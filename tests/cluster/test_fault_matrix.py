@@ -37,7 +37,7 @@ def reference3(cluster) -> str:
     if TEST_CLUSTER_NODES < MATRIX_NODES:
         pytest.fail(f"the fault matrix needs a {MATRIX_NODES}-node cluster: run it with "
                     f"SLURMTOOLS_TEST_CLUSTER_NODES={MATRIX_NODES} on a cluster of its own (scripts/test.sh does)")
-    spec = _spec(asuser.user_dir("reference3"), "reference3")
+    spec = _spec(asuser.user_dir("reference3"), "reference3", preflight=True)
     job = training.submit(spec)
     info = training.wait_finished(job, 180)
     finals = training.trainer_events(training.events(spec, job), "final")
@@ -127,9 +127,9 @@ def test_b_two_nodes_killed_at_once_without_spares_requeue_once_excluding_both(c
 
 
 def test_c_a_node_killed_during_start_up_before_any_heartbeat(cluster, workdir, reference3):
-    spec = _spec(workdir, "startkill")
+    spec = _spec(workdir, "startkill", preflight=True)
     job = training.submit(spec)
-    # after the preflight step (every multi-node job of the suite runs one), while the training
+    # after the preflight step (this job runs one), while the training
     # step starts: a node lost during preflight itself is another case (R17: Slurm found it first
     # and its SIGTERM read as a preemption; see docs/recovery.md)
     wait_for(lambda: training.supervisor_events(training.events(spec, job), "preflight"), 180,

@@ -2,8 +2,9 @@
 quota) and a node computing wrong results (the test-only canary fault) are each named before
 training, drained with the evidence, and replaced by the spare; training then ends with the
 uninterrupted run's exact final state. The same wrong-results setting, starting mid-run, is
-caught by the in-training SDC canary instead. Every multi-node job of the suite runs
-preflight on the healthy cluster (no node named: its own tests would fail otherwise)."""
+caught by the in-training SDC canary instead. The reference run, the notebook's jobs and the
+fault matrix's start-up test run preflight on the healthy cluster too (no node named: their own
+tests would fail otherwise; tests/cluster/training.py PREFLIGHT)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,7 +34,7 @@ def workdir(cluster, user_tmp):
 
 
 def _spec(workdir, name, **over):
-    return training.training_spec(workdir, name, requeue={"spare_nodes": 1}, **over)
+    return training.training_spec(workdir, name, requeue={"spare_nodes": 1}, preflight=True, **over)
 
 
 def _run_naming(spec, node, test):
@@ -105,7 +106,7 @@ def test_e_without_a_spare_the_job_requeues_without_the_named_node(cluster, work
     """Two nodes and no spare: node2's canary misses the float64 reference (two devices have no
     majority), so it is named; the job requeues excluding it and trains on node1 and node3."""
     monkeypatch.setenv(CANARY_FAULT_ENV, "node2")
-    spec = training.training_spec(workdir, "pf-requeue")
+    spec = training.training_spec(workdir, "pf-requeue", preflight=True)
     job = training.submit(spec)
     info = training.wait_finished(job, 300)
     evts = training.events(spec, job)

@@ -16,6 +16,7 @@ from slurmtools.requeue import ledger
 from tests.cluster import training
 from tests.cluster.test_faults import _expand
 from tests.conftest import wait_for
+from tests.unit.test_fewer_ranks import LOSS_TOLERANCE
 
 pytestmark = pytest.mark.cluster
 
@@ -102,13 +103,25 @@ def test_b_node_killed_is_replaced_by_the_hot_spare_without_requeue(cluster, wor
         assert training.leftover_trainers(job) == []
 
 
-def test_c_without_a_spare_the_job_goes_on_with_fewer_nodes(cluster, workdir):
+def test_c_without_a_spare_the_job_goes_on_with_fewer_nodes(cluster, workdir, reference_run):
+    """On half the ranks the run keeps its global batch (2 micro-batches per step, gradients
+    accumulated) and the LR schedule, says so, and its loss per step stays within
+    LOSS_TOLERANCE of the uninterrupted full-size run's."""
     spec = training.training_spec(workdir, "fewer", extra=["--step-sleep-s", "0.5"], requeue={"min_nodes": 1})
-    with _second_node_killed(cluster, spec) as (_, _, _, evts):
+    with _second_node_killed(cluster, spec) as (job, _, _, evts):
         resumed = training.trainer_events(evts, "resumed")
         assert resumed[0]["world_size"] == 2 and resumed[0]["step"] in (4, 8)   # 4 ranks' checkpoint on 2
+        assert (resumed[0]["saved_world_size"], resumed[0]["global_batch"], resumed[0]["micro_batches"]) == (4, 32, 2)
+        assert ("slurmtools: resumed on 2 ranks from a checkpoint of 4: the global batch stays 32 samples, "
+                "2 micro-batch(es) of 8 per rank per step") in training.stderr(spec, job)
         final = training.trainer_events(evts, "final")[-1]
         assert final["step"] == training.STEPS and final["world_size"] == 2
+        full = {e["step"]: float.fromhex(e["loss"]) for e in reference_run["events"] if "loss" in e}
+        fewer = {e["step"]: float.fromhex(e["loss"]) for e in evts
+                 if "loss" in e and e["world_size"] == 2}
+        assert sorted(fewer) == list(range(resumed[0]["step"] + 1, training.STEPS + 1))
+        drift = {step: abs(loss - full[step]) / full[step] for step, loss in fewer.items()}
+        assert max(drift.values()) <= LOSS_TOLERANCE, drift
 
 
 def test_d_a_straggling_node_is_swapped_for_the_spare_after_a_checkpoint(cluster, workdir, reference_run):

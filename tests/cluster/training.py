@@ -22,6 +22,11 @@ CHECKPOINT_EVERY = 4
 # more forked processes per rank on a 2-core machine running three lanes; the batches are the same
 # (test_faults.py::test_b runs with them, tests/unit/test_trainer_state.py resumes them exactly)
 LOADER_WORKERS = 0
+# The preflight step (4 processes importing torch: a quarter of an attempt's CPU on 2 cores) runs in
+# the jobs that test it or must show it names no healthy node: the reference run (on every release),
+# tests/cluster/test_preflight.py, the notebook's jobs and the fault matrix's start-up kill; the other
+# fault tests start training at once (preflight=True turns it on).
+PREFLIGHT = False
 # sacct states of a job that has not ended yet (its accounting row still changes)
 UNENDED_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "COMPLETING", ""})
 
@@ -34,14 +39,15 @@ def _merge(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def training_spec(workdir: Path, name: str, *, steps: int = STEPS, extra: Sequence[str] = (),
-                  loader_workers: int = LOADER_WORKERS, **over: Any) -> JobSpec:
+                  loader_workers: int = LOADER_WORKERS, preflight: bool = PREFLIGHT, **over: Any) -> JobSpec:
     """2 nodes x 2 processes on CPU; checkpoint every 4 steps into workdir/ckpt."""
     data = {
         "name": name, "nodes": 2, "processes_per_node": 2, "python": sys.executable,
         "command": [str(TRAIN), "--steps", str(steps), "--checkpoint-every", str(CHECKPOINT_EVERY),
                     "--loader-workers", str(loader_workers), *extra],
         "output_dir": str(workdir / "logs"), "checkpoint_dir": str(workdir / "ckpt"), "time_limit_min": 10,
-        "requeue": {"hang_timeout_s": 120, "backoff_s": 0, "warning_lead_s": 60, "checkpoint_grace_s": 30},
+        "requeue": {"hang_timeout_s": 120, "backoff_s": 0, "warning_lead_s": 60, "checkpoint_grace_s": 30,
+                    "preflight": preflight},
     }
     return spec_from_dict(_merge(data, over))
 

@@ -23,10 +23,24 @@ def test_save_commits_atomically_with_manifest(tmp_path):
     assert not (tmp_path / "step_10.tmp").exists()
     manifest = json.loads((ckpt.path / MANIFEST).read_text())
     assert manifest["step"] == 10 and manifest["world_size"] == 4 and manifest["attempt_id"] == "7.1"
-    assert manifest["files"]["shard0.bin"] == {
-        "size": 3, "sha256": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"}
+    assert manifest["files"]["shard0.bin"] == {"size": 3, "xxh3_128": "06b05ab6733a618578af5f94892f3950"}
     assert set(manifest["files"]) == {"shard0.bin", "sub/meta.txt"}
     assert m.latest().step == 10
+
+
+def test_a_manifest_written_with_sha256_still_verifies_and_a_wrong_sha256_is_still_caught(tmp_path):
+    """Checkpoints committed before the manifests moved to xxh3-128 resume as they are."""
+    import hashlib
+    m = CheckpointManager(tmp_path)
+    for step in (4, 8):
+        ckpt = m.save(step, writer(b"abc"))
+        manifest = json.loads((ckpt.path / MANIFEST).read_text())
+        for rel, info in manifest["files"].items():
+            data = (ckpt.path / rel).read_bytes() if step == 4 else b"not the file"
+            manifest["files"][rel] = {"size": info["size"], "sha256": hashlib.sha256(data).hexdigest()}
+        (ckpt.path / MANIFEST).write_text(json.dumps(manifest))
+    latest = m.latest()
+    assert latest.step == 4 and latest.manifest["files"]["shard0.bin"]["sha256"] == hashlib.sha256(b"abc").hexdigest()
 
 
 def test_staging_dir_without_manifest_is_ignored(tmp_path):

@@ -207,7 +207,8 @@ def rewrite_manifest(manager: CheckpointManager, step: int, change) -> None:
     ("device", lambda m: m["files"].update({"zero": {"size": 4, "sha256": "0" * 64}})),
     ("fifo", lambda m: m["files"].update({"fifo": {"size": 0, "sha256": "0" * 64}})),
     ("files-not-a-dict", lambda m: m.update({"files": ["data.bin"]})),
-    ("missing-sha256", lambda m: m["files"]["data.bin"].pop("sha256")),
+    ("missing-digest", lambda m: m["files"]["data.bin"].pop("xxh3_128")),
+    ("short-digest", lambda m: m["files"]["data.bin"].update({"xxh3_128": "0" * 31})),
     ("empty", lambda m: m.update({"files": {}})),
     ("other-step", lambda m: m.update({"step": 4})),
 ])

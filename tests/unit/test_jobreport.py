@@ -147,3 +147,24 @@ def test_report_command_text_html_and_one_line_errors(tmp_path):
     (tmp_path / "pages").mkdir()
     one_line_error(cli("report", str(control), "--html", str(tmp_path / "pages")), 2, "is a directory")
     assert list(tmp_path.glob(".pages*")) == [] and list((tmp_path / "pages").iterdir()) == []
+
+
+def test_a_refused_checkpoint_is_kept_in_the_ledger_and_marked_in_the_report(tmp_path):
+    """The trainer's rank 0 records each newer checkpoint its resume passed over; the attempt
+    arithmetic is unchanged and the report marks it with why."""
+    from slurmtools.runtime import TrainingControl
+    events, history = _chain()
+    control_dir = tmp_path / "control"
+    for event in events[:3]:
+        ledger.append(control_dir, event)
+    refused = [(str(tmp_path / "ckpt" / "step_8"), "checksum mismatch in __1_0.distcp")]
+    TrainingControl(control_dir, rank=1).checkpoints_refused(refused)       # only rank 0 writes
+    TrainingControl(control_dir, rank=0).checkpoints_refused(refused)
+    ledger.append(control_dir, events[3])
+    read = ledger.read(control_dir)
+    kept = [e for e in read if isinstance(e, ledger.CheckpointRefused)]
+    assert [(e.path, e.why) for e in kept] == refused and read[3] is not None and len(read) == 5
+    assert ledger.attempts(read) == ledger.attempts(events)
+    assert ledger.goodput(read) == ledger.goodput(events)
+    labels = [m.label for m in jobreport.build("9", read, history).marks if m.kind == "refused"]
+    assert labels == ["checkpoint step_8 refused: checksum mismatch in __1_0.distcp"]

@@ -2,9 +2,10 @@
 their records and reads only what no writer recorded; a resume's ranks each verify their share."""
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
+
+import xxhash
 
 from slurmtools import checkpoint
 from slurmtools.checkpoint import (MANIFEST, SHARD_HASHES_DIR, CheckpointManager, seal_own_files, sealed_by_writers,
@@ -26,12 +27,12 @@ def test_the_committer_hashes_only_what_no_writer_sealed(tmp_path, monkeypatch):
     staging = _stage_two_writers(manager)
     assert writers_sealed(staging) == 2
     hashed = []
-    real = checkpoint.sha256_file
-    monkeypatch.setattr(checkpoint, "sha256_file", lambda path: hashed.append(path.name) or real(path))
+    real = checkpoint.file_digest
+    monkeypatch.setattr(checkpoint, "file_digest", lambda path, *alg: hashed.append(path.name) or real(path, *alg))
     ckpt = manager.commit(7)
     assert hashed == [".metadata"]
     files = json.loads((ckpt.path / MANIFEST).read_text())["files"]
-    assert files["__1_0.distcp"] == {"size": 16, "sha256": hashlib.sha256(b"rank one's shard").hexdigest()}
+    assert files["__1_0.distcp"] == {"size": 16, "xxh3_128": xxhash.xxh3_128(b"rank one's shard").hexdigest()}
     assert sorted(files) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert not (ckpt.path / SHARD_HASHES_DIR).exists()                  # the records are not part of it
     assert manager.latest().step == 7

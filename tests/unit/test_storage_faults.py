@@ -98,13 +98,13 @@ def test_a_file_unreadable_on_resume_passes_to_the_previous_checkpoint_and_says_
     manager = CheckpointManager(root)
     for step in (2, 4):
         manager.save(step, lambda d: (d / "w.bin").write_bytes(b"x" * 10))
-    real = checkpoint.sha256_file
+    real = checkpoint.file_digest
 
-    def failing_disk(path: Path) -> str:
+    def failing_disk(path: Path, algorithm: str = "xxh3_128") -> str:
         if path.parent.name == "step_4":
             raise OSError(5, "Input/output error")
-        return real(path)
-    monkeypatch.setattr(checkpoint, "sha256_file", failing_disk)
+        return real(path, algorithm)
+    monkeypatch.setattr(checkpoint, "file_digest", failing_disk)
     from slurmtools import checkpoint_torch
     refused: list = []
     assert checkpoint_torch.verified_latest(manager, refused) == str(root / "step_2")
