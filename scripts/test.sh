@@ -1,13 +1,16 @@
 #!/bin/bash
 # The type check and the whole test suite, set-up included (fresh Debian 12, as root): bootstrap .venv,
-# mypy, then two lanes side by side, each a list of pytest runs one after another, each run on a
+# mypy, the unit tests, then two lanes side by side, each a list of pytest runs one after another, each run on a
 # named cluster of its own (cluster tests wait on Slurm's timers as much as on the 2 CPUs; a third
 # lane only slowed the other two: measured 2026-12-02, the 5-node matrix 16:37 -> 24:25):
 #   lane 1: the whole cluster suite but the matrix on the machine's own Slurm (cluster `thost`);
-#   lane 2: the unit tests, then the fault matrix (marker matrix: two nodes lost at once, a node lost
-#           during start-up or during a recovery, the controller restarted during a requeue, a node
-#           partitioned) on a 5-node cluster of the machine's own Slurm (`mhost`), then the core
-#           cluster tests (marker every_release) on Slurm 24.11 (`t2411`) and 26.05 (`t2605`).
+#   lane 2: the fault matrix (marker matrix: two nodes lost at once, a node lost during start-up or
+#           during a recovery, the controller restarted during a requeue, a node partitioned) on a
+#           5-node cluster of the machine's own Slurm (`mhost`), then the core cluster tests (marker
+#           every_release) on Slurm 24.11 (`t2411`) and 26.05 (`t2605`).
+# The unit tests run first, alone (a failure stops the run early): with them beside lane 1, a run
+# of 2026-12-02 saw that lane's jobs fail (prologs on node2 failing, node2's cgroup directories gone;
+# cause not found yet, see docs/minicluster.md).
 # SLURMTOOLS_TEST_LANES overrides them: lanes separated by ';', each a list of words RELEASE:KIND,
 # KIND one of cluster (the whole cluster suite but the matrix), suite-a or suite-b (its two parts:
 # SUITE_A_MODULES and the rest), core, matrix (on a 5-node cluster) or unit (the unit tests; RELEASE
@@ -16,7 +19,7 @@
 # Extra arguments run that one pytest on the machine's Slurm only (e.g. -m "not cluster").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-lanes_text=${SLURMTOOLS_TEST_LANES-host:cluster; host:unit host:matrix 24.11:core 26.05:core}
+lanes_text=${SLURMTOOLS_TEST_LANES-host:cluster; host:matrix 24.11:core 26.05:core}
 # the cluster suite's part a (suite-a); every other cluster module (a new one too) is in part b
 SUITE_A_MODULES="test_0_failed_up test_blame test_confinement test_faults test_health_gate"
 IFS=';' read -ra lanes <<<"$lanes_text"
@@ -52,6 +55,11 @@ phase_done "mypy" 0
 if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest "$@"
 fi
+
+rc=0
+.venv/bin/python -m pytest -m "not cluster" || rc=$?
+phase_done "unit tests" "$rc"
+if [ "$rc" != 0 ]; then summary; exit "$rc"; fi
 
 # the checkout's bytecode, written now by root: the jobs run as an ordinary user, who cannot write
 # __pycache__ here, and would compile every slurmtools module in every process otherwise
