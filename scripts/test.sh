@@ -8,9 +8,8 @@
 #           during a recovery, the controller restarted during a requeue, a node partitioned) on a
 #           5-node cluster of the machine's own Slurm (`mhost`), then the core cluster tests (marker
 #           every_release) on Slurm 24.11 (`t2411`) and 26.05 (`t2605`).
-# The unit tests run first, alone (a failure stops the run early): with them beside lane 1, a run
-# of 2026-12-02 saw that lane's jobs fail (prologs on node2 failing, node2's cgroup directories gone;
-# cause not found yet, see docs/minicluster.md).
+# The unit tests run first, alone: a failure stops the run before the cluster tests, and they never
+# share the 2 CPUs with a lane's timing-sensitive tests.
 # SLURMTOOLS_TEST_LANES overrides them: lanes separated by ';', each a list of words RELEASE:KIND,
 # KIND one of cluster (the whole cluster suite but the matrix), suite-a or suite-b (its two parts:
 # SUITE_A_MODULES and the rest), core, matrix (on a 5-node cluster) or unit (the unit tests; RELEASE

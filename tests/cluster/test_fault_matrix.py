@@ -52,8 +52,8 @@ def workdir(cluster, user_tmp: Path) -> Iterator[Path]:
     training.cancel_all()
 
 
-def _spec(workdir: Path, name: str, *, extra: Sequence[str] = (), **requeue: Any):
-    return training.training_spec(workdir, name, nodes=JOB_NODES, processes_per_node=1,
+def _spec(workdir: Path, name: str, *, extra: Sequence[str] = (), preflight: bool = training.PREFLIGHT, **requeue: Any):
+    return training.training_spec(workdir, name, nodes=JOB_NODES, processes_per_node=1, preflight=preflight,
                                   extra=["--step-sleep-s", "0.5", "--no-async-checkpoint", *extra],
                                   requeue={"hang_timeout_s": 120, "backoff_s": 0, **requeue})
 

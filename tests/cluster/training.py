@@ -46,8 +46,8 @@ def training_spec(workdir: Path, name: str, *, steps: int = STEPS, extra: Sequen
         "command": [str(TRAIN), "--steps", str(steps), "--checkpoint-every", str(CHECKPOINT_EVERY),
                     "--loader-workers", str(loader_workers), *extra],
         "output_dir": str(workdir / "logs"), "checkpoint_dir": str(workdir / "ckpt"), "time_limit_min": 10,
-        "requeue": {"hang_timeout_s": 120, "backoff_s": 0, "warning_lead_s": 60, "checkpoint_grace_s": 30,
-                    "preflight": preflight},
+        "requeue": {"hang_timeout_s": 120, "backoff_s": 0, "warning_lead_s": 60, "checkpoint_grace_s": 30},
+        "preflight": preflight,
     }
     return spec_from_dict(_merge(data, over))
 
