@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
+# the spec's metrics_dir, passed to the job (runtime, sbatch) and read by slurmtools.metrics; unset: no metrics
+METRICS_DIR_ENV = "SLURMTOOLS_METRICS_DIR"
+
 # as in Slurm's file name patterns: this node's short host name, and the job's id (a job's own
 # metrics_dir takes both; the admin's inbox and textfile dirs take %N)
 NODE_PLACEHOLDER = "%N"

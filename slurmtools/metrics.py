@@ -24,7 +24,7 @@ from slurmtools.metric_names import JOB_LABELS, JOB_PLACEHOLDER, METRICS, NODE_P
 from slurmtools.requeue import ledger
 from slurmtools.requeue.ledger import Event, Goodput
 from slurmtools.requeue.policy import Cause
-from slurmtools.runtime import METRICS_DIR_ENV
+from slurmtools.metric_names import METRICS_DIR_ENV
 
 DEFAULT_MIN_INTERVAL_S = 5.0
 

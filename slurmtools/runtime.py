@@ -61,7 +61,6 @@ REQUEST_FILE = "checkpoint-request"
 COMPLETE_FILE = "complete"
 SDC_FILE = "silent-data-corruption"     # rank 0: the canary's verdict (slurmtools.sdc)
 PREFLIGHT_REPORT_FILE = "preflight.json"  # rank 0 of the preflight step: its report (slurmtools.preflight)
-METRICS_DIR_ENV = "SLURMTOOLS_METRICS_DIR"   # the spec's metrics_dir (slurmtools.metrics); unset: no metrics
 SDC_CHECK_EVERY_ENV = "SLURMTOOLS_SDC_CHECK_EVERY"   # the spec's distributed.sdc_check_every
 PREFLIGHT_ENV = "SLURMTOOLS_PREFLIGHT"   # notebook path: the spec's preflight settings (JSON); unset: off
 STOPPED_FILE = "stopped-for-requeue"

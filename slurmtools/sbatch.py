@@ -13,8 +13,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from slurmtools import __version__
 from slurmtools.errors import SpecError
 from slurmtools.requeue import flags as requeue_flags
-from slurmtools.runtime import (CHECKPOINT_DIR_ENV, COLLECTIVE_TIMEOUT_ENV, METRICS_DIR_ENV, SDC_CHECK_EVERY_ENV,
-                                control_root)
+from slurmtools.metric_names import METRICS_DIR_ENV
+from slurmtools.runtime import CHECKPOINT_DIR_ENV, COLLECTIVE_TIMEOUT_ENV, SDC_CHECK_EVERY_ENV, control_root
 from slurmtools.slurm_parse import EXPEDITE_SINCE
 from slurmtools.spec import JobSpec
 
