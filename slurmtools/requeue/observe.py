@@ -5,11 +5,12 @@ flight-recorder dumps naming the rank that never entered a collective. The decis
 """
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from slurmtools.fsutil import write_json_atomic
 from slurmtools.requeue import flightrec, ledger, nodecheck, straggler, watchdog
@@ -105,3 +106,25 @@ def collective_laggard(recorder_dir: Optional[Path], beats: List[watchdog.Beat])
     if recorder_dir is None:
         return None
     return flightrec.laggard(flightrec.read_dumps(recorder_dir), {beat.rank: beat.host for beat in beats})
+
+
+_LAUNCH_FAILED_ON = re.compile(r"(?:failed on node|Node failure on) (\S+?)[:,]?\s")
+
+
+def lost_with_step(node_watch: nodecheck.NodeWatch, exit_code: Optional[int], tail: str
+                   ) -> Optional[Tuple[Tuple[str, ...], str]]:
+    """After a step failed on its own (a non-zero exit we did not cause): the nodes that went with
+    it, and the detail. Slurm needs SlurmdTimeout to notice a dead node and the ranks may not have
+    beaten yet (a node lost while the step launches: srun's "Task launch ... failed on node X"),
+    so each slurmd of the step is asked now. A minority that does not answer is lost (the node
+    srun named first); a majority says more about our own node (watchdog.minority_unreachable)."""
+    if exit_code in (None, 0):
+        return None
+    gone = node_watch.unreachable()
+    if not watchdog.minority_unreachable(gone, len(node_watch.candidates) + 1):
+        return None
+    named = [match.group(1) for match in _LAUNCH_FAILED_ON.finditer(tail) if match.group(1) in gone]
+    first = named[0] if named else gone[0]
+    rest = tuple(node for node in gone if node != first)
+    return (first, *rest), (f"the step failed (exit {exit_code}) and the slurmd of {','.join((first, *rest))} "
+                            f"does not answer")

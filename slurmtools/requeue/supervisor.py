@@ -361,10 +361,18 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
         return (attempt.job_id is not None and requeue.in_allocation and not flags.seen(signal.SIGTERM)
                 and bool(this_run.topology.spares(this_run.lost)) and this_run.topology.can_lose(node, this_run.lost))
     try:
-        watch = _watch(config, attempt, launched, flags, start_t, node_watch, stragglers, can_swap,
-                       lambda: _warn_when_due(clock, attempt, flags, warn_sig))
+        try:
+            watch = _watch(config, attempt, launched, flags, start_t, node_watch, stragglers, can_swap,
+                           lambda: _warn_when_due(clock, attempt, flags, warn_sig))
+        finally:
+            launched.finish(config.stop_timeout_s)      # the whole tail read
+        lost = (observe.lost_with_step(node_watch, watch.exit_code, "".join(launched.tail))
+                if node_watch is not None and not watch.killed_by_us and watch.dead_node is None else None)
+        if lost is not None:
+            (watch.dead_node, *also), watch.dead_detail = lost
+            watch.dead_also = tuple(also)
+            emit("node_dead", attempt.attempt_id, node=watch.dead_node, also=also, after_exit=watch.exit_code)
     finally:
-        launched.finish(config.stop_timeout_s)
         if node_watch is not None:
             node_watch.close()
     emit("step_end", attempt.attempt_id, exit_code=watch.exit_code, run_s=round(time.time() - start_t, 3))

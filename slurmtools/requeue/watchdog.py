@@ -12,7 +12,7 @@ import statistics
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurmtools.fsutil import read_small_regular
 from slurmtools.runtime import HEARTBEAT_DIR
@@ -188,12 +188,18 @@ def judge(beats: List[Beat], now_s: float, timeout_s: float, expected_ranks: Opt
     return Stall(idle, None, None, low)
 
 
+def minority_unreachable(unreachable: Sequence[str], step_nodes: int) -> bool:
+    """Some of the step's nodes do not answer, but fewer than half: they are the ones lost. A
+    majority unreachable says more about our own node (its network), so nobody is named."""
+    return bool(unreachable) and 2 * len(unreachable) < step_nodes
+
+
 def cut_off(stall: Stall, beats: List[Beat], unreachable: List[str], step_nodes: int) -> Stall:
     """A stall nobody explains (every rank alive at the same step) while the slurmd of a minority
     of the step's nodes does not answer: those nodes are cut off from the others (a partition;
     their ranks may go on beating on a filesystem reached another way) and the first is named.
     A majority unreachable says more about our own node: nobody is named."""
-    if stall.rank is not None or stall.host is not None or not unreachable or 2 * len(unreachable) >= step_nodes:
+    if stall.rank is not None or stall.host is not None or not minority_unreachable(unreachable, step_nodes):
         return stall
     node = unreachable[0]
     ranks = sorted(beat.rank for beat in beats if beat.host == node)
