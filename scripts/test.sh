@@ -1,6 +1,6 @@
 #!/bin/bash
 # The type check and the whole test suite, set-up included (fresh Debian 12, as root): bootstrap .venv,
-# mypy, the unit tests, then two lanes side by side, each a list of pytest runs one after another, each run on a
+# mypy, then two lanes side by side, each a list of pytest runs one after another, each run on a
 # named cluster of its own (cluster tests wait on Slurm's timers as much as on the 2 CPUs; a third
 # lane only slowed the other two: measured 2026-12-02, the 5-node matrix 16:37 -> 24:25):
 #   lane 1: the whole cluster suite but the matrix on the machine's own Slurm (cluster `thost`);
@@ -8,8 +8,8 @@
 #           during a recovery, the controller restarted during a requeue, a node partitioned) on a
 #           5-node cluster of the machine's own Slurm (`mhost`), then the core cluster tests (marker
 #           every_release) on Slurm 24.11 (`t2411`) and 26.05 (`t2605`).
-# The unit tests run first, alone: a failure stops the run before the cluster tests, and they never
-# share the 2 CPUs with a lane's timing-sensitive tests.
+# The unit tests run at the end of lane 2 (host:unit): lane 2's cluster tests end minutes before lane 1's,
+# and 5 minutes of unit tests before both lanes made the command ~47 minutes on CI (stop 36).
 # SLURMTOOLS_TEST_LANES overrides them: lanes separated by ';', each a list of words RELEASE:KIND,
 # KIND one of cluster (the whole cluster suite but the matrix), suite-a or suite-b (its two parts:
 # SUITE_A_MODULES and the rest), core, matrix (on a 5-node cluster) or unit (the unit tests; RELEASE
@@ -18,7 +18,7 @@
 # Extra arguments run that one pytest on the machine's Slurm only (e.g. -m "not cluster").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-lanes_text=${SLURMTOOLS_TEST_LANES-host:cluster; host:matrix 24.11:core 26.05:core}
+lanes_text=${SLURMTOOLS_TEST_LANES-host:cluster; host:matrix 24.11:core 26.05:core host:unit}
 # the cluster suite's part a (suite-a); every other cluster module (a new one too) is in part b
 SUITE_A_MODULES="test_0_failed_up test_blame test_confinement test_faults test_health_gate"
 IFS=';' read -ra lanes <<<"$lanes_text"
@@ -54,11 +54,6 @@ phase_done "mypy" 0
 if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest "$@"
 fi
-
-rc=0
-.venv/bin/python -m pytest -m "not cluster" || rc=$?
-phase_done "unit tests" "$rc"
-if [ "$rc" != 0 ]; then summary; exit "$rc"; fi
 
 # the checkout's bytecode, written now by root: the jobs run as an ordinary user, who cannot write
 # __pycache__ here, and would compile every slurmtools module in every process otherwise
