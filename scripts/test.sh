@@ -5,9 +5,10 @@
 # lane only slowed the other two: measured 2026-12-02, the 5-node matrix 16:37 -> 24:25):
 #   lane 1: the whole cluster suite but the matrix on the machine's own Slurm (cluster `thost`);
 #   lane 2: the fault matrix (marker matrix: two nodes lost at once, a node lost during start-up or
-#           during a recovery, the controller restarted during a requeue, a node partitioned) on a
-#           5-node cluster of the machine's own Slurm (`mhost`), then the core cluster tests (marker
-#           every_release) on Slurm 24.11 (`t2411`) and 26.05 (`t2605`).
+#           during a recovery, the controller restarted during a requeue, a node partitioned; and a
+#           plain torchrun script's crash and lost node) on a 5-node cluster of the machine's own
+#           Slurm (`mhost`), then the core cluster tests (marker every_release) on Slurm 24.11
+#           (`t2411`) and 26.05 (`t2605`), then the unit tests.
 # The unit tests run at the end of lane 2 (host:unit): lane 2's cluster tests end minutes before lane 1's,
 # and 5 minutes of unit tests before both lanes made the command ~47 minutes on CI (stop 36).
 # SLURMTOOLS_TEST_LANES overrides them: lanes separated by ';', each a list of words RELEASE:KIND,

@@ -64,6 +64,9 @@ PREFLIGHT_REPORT_FILE = "preflight.json"  # rank 0 of the preflight step: its re
 SDC_CHECK_EVERY_ENV = "SLURMTOOLS_SDC_CHECK_EVERY"   # the spec's distributed.sdc_check_every
 PREFLIGHT_ENV = "SLURMTOOLS_PREFLIGHT"   # notebook path: the spec's preflight settings (JSON); unset: off
 STOPPED_FILE = "stopped-for-requeue"
+# made by every TrainingControl: the program reports its progress (heartbeats, completion); without
+# it the supervisor takes the program's exit 0 for completion (slurmtools/requeue/progress.py)
+REPORTS_PROGRESS_FILE = "reports-progress"
 # how long a rank may stay in a phase (saving, verifying) without a step before it counts as hung:
 # a checkpoint of hundreds of GB takes minutes, far beyond a step's hang timeout
 DEFAULT_PHASE_TIMEOUT_S = 1800.0
@@ -156,6 +159,8 @@ class TrainingControl:
         self._phase: Optional[Tuple[str, float]] = None    # (name, deadline): TrainingControl.phase
         if self.control_dir is not None:
             (self.control_dir / HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):
+                (self.control_dir / REPORTS_PROGRESS_FILE).touch()
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:

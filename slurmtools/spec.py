@@ -71,9 +71,32 @@ class RequeueSpec:
     direct_drain: bool = doc("Drain a blamed node with the job's own rights: only where the site made its users "
                              "Slurm operators. Default: report it, with the evidence, to the site's root-owned "
                              "health hooks, which check the report and drain (slurmtools/blame).", False)
+    # a program that does not use TrainingControl: how its progress shows (slurmtools/requeue/progress.py)
+    progress_checkpoints: Optional[str] = doc(
+        "For a program without TrainingControl: a glob of its own checkpoints (absolute, or relative to the "
+        "job's working directory). A new complete match is progress, its step the last number in its name.", None)
+    progress_checkpoint_marker: Optional[str] = doc(
+        "A file the program writes last inside a checkpoint directory (`.metadata` for torch.distributed."
+        "checkpoint): the directory counts only with it. Unset: a match counts as soon as it exists (programs "
+        "that write to a temporary name and rename).", None)
+    progress_log_pattern: Optional[str] = doc(
+        "For a program without TrainingControl: a regular expression that matches its output line for a "
+        "finished step (group 1: the step number). With hang_timeout_s, no such line for that long is a hang.",
+        None)
 
     def __post_init__(self) -> None:
         check_limits(self, ())
+        if self.progress_log_pattern is not None:
+            try:
+                re.compile(self.progress_log_pattern)
+            except re.error as exc:
+                raise err(f"is not a regular expression: {exc}", ("progress_log_pattern",)) from None
+        marker = self.progress_checkpoint_marker
+        if marker is not None and ("/" in marker or marker in (".", "..")):
+            raise err(f"must be a file name inside the checkpoint directory, got {marker!r}",
+                      ("progress_checkpoint_marker",))
+        if marker is not None and self.progress_checkpoints is None:
+            raise err("needs progress_checkpoints (the checkpoints it marks)", ("progress_checkpoint_marker",))
         if 0 < self.straggler_factor <= 1:
             raise err(f"must be above 1 (a slowdown), or 0 for off; got {self.straggler_factor}",
                       ("straggler_factor",))

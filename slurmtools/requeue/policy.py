@@ -65,6 +65,7 @@ class Evidence:
     log_tail: str = ""                       # last lines of the job step's output
     progressed: bool = True                  # any step finished in this attempt
     earlier_progress: bool = False           # an earlier attempt of this job trained, or a checkpoint exists
+    reports_progress: bool = True            # the program uses TrainingControl (its marker, a heartbeat)
     node_states: Dict[str, str] = field(default_factory=dict)  # allocation node -> Slurm base state
     dead_node: Optional[str] = None          # every rank on it silent and its slurmd unreachable
     dead_detail: str = ""
@@ -180,6 +181,11 @@ def classify(evidence: Evidence) -> Diagnosis:
                                   and (ev.exit_code == 0 or not (down or node_fail))):
         return Diagnosis(Cause.PREEMPTED, detail="checkpointed on request" if ev.stopped_for_requeue
                          else "warning signal")
+    if ev.exit_code == 0 and not ev.reports_progress:
+        # every rank exited 0 and nothing asked it to stop: a program that tells us nothing has
+        # completed when it says so (a node lost after its end is no reason to run it again)
+        return Diagnosis(Cause.COMPLETED, detail="exit 0 on every rank (the program reports no progress; "
+                                                 "its exit is its completion)")
     if ev.dead_node:
         return Diagnosis(Cause.NODE_FAILURE, node=ev.dead_node, detail=ev.dead_detail or f"node {ev.dead_node} died",
                          fatal_for_node=True, also_nodes=tuple(n for n in ev.dead_also if n != ev.dead_node))
@@ -216,8 +222,9 @@ def classify(evidence: Evidence) -> Diagnosis:
     infra = _INFRA.search(ev.log_tail)
     if infra:
         return Diagnosis(Cause.CRASH, detail=f"exit {ev.exit_code}, infrastructure: {infra.group(1)}")
-    if not ev.progressed and not ev.earlier_progress:
-        # nothing of this job ever trained: the program or its environment is broken
+    if not ev.progressed and not ev.earlier_progress and ev.reports_progress:
+        # nothing of this job ever trained: the program or its environment is broken (a program that
+        # reports no progress may have trained: its crash counts, within the budget)
         return Diagnosis(Cause.USER_ERROR, detail=f"exit {ev.exit_code} before the first step")
     return Diagnosis(Cause.CRASH, detail=f"exit {ev.exit_code}" + ("" if ev.progressed else " before the first step"))
 

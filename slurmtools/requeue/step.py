@@ -13,13 +13,13 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Deque, List, Mapping, Optional, Sequence, Tuple
+from typing import IO, Callable, Deque, List, Mapping, Optional, Sequence, Tuple
 
 from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError, UsageError
 from slurmtools.fsutil import read_small_regular
-from slurmtools.runtime import (COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, HEARTBEAT_DIR, REQUEST_FILE, SDC_FILE,
-                                STOPPED_FILE)
+from slurmtools.runtime import (COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, HEARTBEAT_DIR, REPORTS_PROGRESS_FILE,
+                                REQUEST_FILE, SDC_FILE, STOPPED_FILE)
 
 TAIL_LINES = 300
 
@@ -27,14 +27,17 @@ TAIL_LINES = 300
 class _Pump(threading.Thread):
     """Copy a child's stream to ours, keeping the last lines as evidence."""
 
-    def __init__(self, src: IO[bytes], dst: IO[str], tail: Deque[str]) -> None:
+    def __init__(self, src: IO[bytes], dst: IO[str], tail: Deque[str],
+                 on_line: Optional[Callable[[str], None]] = None) -> None:
         super().__init__(daemon=True)
-        self.src, self.dst, self.tail = src, dst, tail
+        self.src, self.dst, self.tail, self.on_line = src, dst, tail, on_line
 
     def run(self) -> None:
         for raw in iter(self.src.readline, b""):
             line = raw.decode(errors="replace")
             self.tail.append(line)
+            if self.on_line is not None:
+                self.on_line(line)
             try:
                 self.dst.write(line)
                 self.dst.flush()
@@ -59,13 +62,14 @@ class Step:
                 stream.close()
 
 
-def launch(argv: Sequence[str], env: Mapping[str, str]) -> Step:
-    """Start the step in its own session (raises OSError when it cannot start)."""
+def launch(argv: Sequence[str], env: Mapping[str, str], on_line: Optional[Callable[[str], None]] = None) -> Step:
+    """Start the step in its own session (raises OSError when it cannot start); on_line sees every
+    line of its output."""
     child = subprocess.Popen(list(argv), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              stdin=subprocess.DEVNULL, start_new_session=True)
     assert child.stdout is not None and child.stderr is not None
     tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
-    pumps = [_Pump(child.stdout, sys.stdout, tail), _Pump(child.stderr, sys.stderr, tail)]
+    pumps = [_Pump(child.stdout, sys.stdout, tail, on_line), _Pump(child.stderr, sys.stderr, tail, on_line)]
     for pump in pumps:
         pump.start()
     return Step(child, pumps, tail)
@@ -127,7 +131,8 @@ def _remove(path: Path) -> None:
 def prepare_control_dir(control_dir: Path) -> None:
     """Markers and heartbeats belong to one attempt: clear the previous attempt's."""
     ensure_control_dir(control_dir)
-    for name in (REQUEST_FILE, STOPPED_FILE, COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, SDC_FILE):
+    for name in (REQUEST_FILE, STOPPED_FILE, COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, SDC_FILE,
+                 REPORTS_PROGRESS_FILE):
         _remove(control_dir / name)
     heartbeats = control_dir / HEARTBEAT_DIR
     if heartbeats.is_symlink() or (heartbeats.exists() and not heartbeats.is_dir()):

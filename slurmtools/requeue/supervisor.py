@@ -25,7 +25,8 @@ from slurmtools.checkpoint import Checkpoint, CheckpointManager
 from slurmtools.deadline import WarningClock
 from slurmtools.preflight import launch as preflight
 from slurmtools.preflight.judge import Settings as PreflightSettings
-from slurmtools.requeue import actions, ledger, nodecheck, observe, policy, slurm_view, step, straggler, watchdog
+from slurmtools.requeue import (actions, ledger, nodecheck, observe, policy, progress, slurm_view, step, straggler,
+                                watchdog)
 from slurmtools.requeue.actions import Run, emit
 from slurmtools.requeue.topology import step_argv, topology_of
 from slurmtools.runtime import (ATTEMPT_ID_ENV, ATTEMPT_NUMBER_ENV, COMPLETE_FILE, CONTROL_DIR_ENV,
@@ -116,7 +117,7 @@ def _begin(config: SupervisorConfig, attempt: Attempt, manager: Optional[Checkpo
 def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flags: SignalFlags,
            start_t: float, node_watch: Optional[nodecheck.NodeWatch],
            stragglers: Optional[straggler.StragglerWatch], can_swap: Callable[[str], bool],
-           keep_clock: Callable[[], None]) -> Watch:
+           keep_clock: Callable[[], None], inferred: progress.ProgressWatch) -> Watch:
     """Until the step ends: warning (Slurm's, or ours when due) -> checkpoint request (and the
     grace timer), heartbeats -> hang, silent node + unreachable slurmd -> node death, a
     persistently slow node -> a checkpoint request to swap it out."""
@@ -165,8 +166,9 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
                 break
         if requeue.hang_timeout_s > 0 and requested_at is None:
             stall = watchdog.judge(beats, now, requeue.hang_timeout_s)
-            if stall is None and not beats and now - start_t > requeue.hang_timeout_s + STARTUP_ALLOWANCE_S:
-                stall = watchdog.Stall(now - start_t, None, None, 0)
+            if stall is None and not beats:
+                stall = inferred.stall(progress.reports_progress(control, False), start_t, now,
+                                       requeue.hang_timeout_s, STARTUP_ALLOWANCE_S)
             stall = dumps.settle(stall, beats, now)
             if stall is not None:
                 emit("hang", attempt.attempt_id, idle_s=round(stall.idle_s, 1), rank=stall.rank, host=stall.host,
@@ -185,10 +187,12 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
 
 
 def _evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: SignalFlags, tail: str,
-              resume: Optional[Checkpoint]) -> "tuple[policy.Evidence, List[watchdog.Beat]]":
+              resume: Optional[Checkpoint], inferred: progress.ProgressWatch
+              ) -> "tuple[policy.Evidence, List[watchdog.Beat]]":
     control = config.control_dir
     beats = watchdog.read_heartbeats(control)
     last_step = max((beat.step for beat in beats), default=None)
+    reports = progress.reports_progress(control, bool(beats))
     corruption = step.sdc_record(control)
     collective = (observe.collective_laggard(attempt.recorder_dir, beats)
                   if not watch.killed_by_us and watch.exit_code else None)
@@ -205,8 +209,10 @@ def _evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: S
         collective_laggard_node=collective.host if collective else None,
         collective_laggard_detail=collective.detail if collective else "",
         log_tail=tail,
-        progressed=last_step is not None and last_step > (resume.step if resume else 0),
-        earlier_progress=resume is not None or ledger.ever_trained(ledger.read(control)),
+        progressed=(last_step is not None and last_step > (resume.step if resume else 0)) or (
+            not reports and inferred.progressed()),
+        earlier_progress=resume is not None or ledger.ever_trained(ledger.read(control)) or bool(inferred.at_launch),
+        reports_progress=reports,
         node_states=slurm_view.node_states(attempt.nodelist),
         dead_node=watch.dead_node,
         dead_also=watch.dead_also,
@@ -231,17 +237,20 @@ def _capacity(attempt: Attempt, run: Run, nodes: Sequence[str], flags: SignalFla
 
 def _decide(config: SupervisorConfig, attempt: Attempt, evidence: policy.Evidence, beats: List[watchdog.Beat],
             events: List[ledger.Event], manager: Optional[CheckpointManager], exit_code: Optional[int],
-            capacity: policy.Capacity) -> "tuple[policy.Diagnosis, policy.Verdict, Optional[int]]":
-    """Classify, decide, and record the attempt's end in the ledger and the job's output."""
+            capacity: policy.Capacity, inferred: Optional[progress.ProgressWatch] = None
+            ) -> "tuple[policy.Diagnosis, policy.Verdict, Optional[int]]":
+    """Classify, decide, and record the attempt's end in the ledger and the job's output; a program
+    that reports no progress is judged by its own checkpoints and progress lines (inferred)."""
     newest = manager.latest(checksums=False) if manager else None
-    checkpoint_step = newest.step if newest else None
+    own = inferred if inferred is not None and not evidence.reports_progress else None
+    checkpoint_step = newest.step if newest else (own.newest_checkpoint_step() if own else None)
     diag = policy.classify(evidence)
     verdict = policy.decide(diag, ledger.history(events), config.requeue, checkpoint_step, capacity,
                             now_s=time.time())
     if attempt.job_id is None and verdict.action is policy.Action.REQUEUE:
         verdict = replace(verdict, action=policy.Action.STOP,
                           reason=verdict.reason + "; not under Slurm, cannot requeue")
-    last_step = max((beat.step for beat in beats), default=None)
+    last_step = max((beat.step for beat in beats), default=own.last_step() if own else None)
     ledger.append(config.control_dir, ledger.AttemptEnd(
         attempt_id=attempt.attempt_id, time_s=time.time(), cause=diag.cause.value, counted=verdict.counted,
         action=verdict.action.value, detail=diag.detail, reason=verdict.reason, node=diag.node,
@@ -342,9 +351,13 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
             diag, verdict, checkpoint_step = _decide(config, attempt, evidence, [], events, manager, None,
                                                      policy.Capacity())
             return diag, verdict, checkpoint_step, events
+    requeue = config.requeue
+    inferred = progress.ProgressWatch.start(requeue.progress_checkpoints, requeue.progress_checkpoint_marker,
+                                            requeue.progress_log_pattern, Path.cwd())
     start_t = time.time()
     try:
-        launched = step.launch(step_argv(argv, nodes, overlap=bool(this_run.lost)), child_env)
+        launched = step.launch(step_argv(argv, nodes, overlap=bool(this_run.lost)), child_env,
+                               inferred.log.feed if inferred.log is not None else None)
     except OSError as exc:
         emit("stop", attempt.attempt_id, reason=f"cannot start {argv[0]}: {exc}")
         return 1
@@ -352,7 +365,6 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
     node_watch = (nodecheck.NodeWatch(config.requeue.node_timeout_s, nodes or this_run.topology.allocation,
                                       this_run.topology.batch_host, start_t)
                   if attempt.job_id is not None else None)
-    requeue = config.requeue
     stragglers = (straggler.StragglerWatch(requeue.straggler_factor, requeue.straggler_windows,
                                            requeue.straggler_window_steps) if requeue.straggler_factor > 0 else None)
 
@@ -363,7 +375,7 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
     try:
         try:
             watch = _watch(config, attempt, launched, flags, start_t, node_watch, stragglers, can_swap,
-                           lambda: _warn_when_due(clock, attempt, flags, warn_sig))
+                           lambda: _warn_when_due(clock, attempt, flags, warn_sig), inferred)
         finally:
             launched.finish(config.stop_timeout_s)      # the whole tail read
         lost = (observe.lost_with_step(node_watch, watch.exit_code, "".join(launched.tail))
@@ -376,10 +388,10 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
         if node_watch is not None:
             node_watch.close()
     emit("step_end", attempt.attempt_id, exit_code=watch.exit_code, run_s=round(time.time() - start_t, 3))
-    evidence, beats = _evidence(config, attempt, watch, flags, "".join(launched.tail), resume)
+    evidence, beats = _evidence(config, attempt, watch, flags, "".join(launched.tail), resume, inferred)
     capacity = _capacity(attempt, this_run, nodes, flags)
     diag, verdict, checkpoint_step = _decide(config, attempt, evidence, beats, events, manager, watch.exit_code,
-                                             capacity)
+                                             capacity, inferred)
     return diag, verdict, checkpoint_step, events
 
 
