@@ -31,12 +31,12 @@ def step_in_name(path: str) -> Optional[int]:
     return int(match.group(1)) if match else None
 
 
-def complete_checkpoints(pattern: str, marker: Optional[str]) -> Dict[str, Optional[int]]:
+def complete_checkpoints(pattern: str, marker_file: Optional[str]) -> Dict[str, Optional[int]]:
     """Every complete checkpoint the glob matches now, with its step: a directory only with its
     marker file in it, a file (or a directory without a marker configured) as soon as it exists."""
     found: Dict[str, Optional[int]] = {}
     for path in glob.glob(pattern):
-        if marker and os.path.isdir(path) and not os.path.isfile(os.path.join(path, marker)):
+        if marker_file and os.path.isdir(path) and not os.path.isfile(os.path.join(path, marker_file)):
             continue
         found[path] = step_in_name(path)
     return found
