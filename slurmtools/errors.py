@@ -6,7 +6,8 @@ operation.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import functools
+from typing import Callable, Optional, Sequence
 
 
 def one_line(text: str) -> str:
@@ -64,6 +65,10 @@ class SlurmCommandError(SlurmToolsError):
         first = self.stderr.splitlines()[0] if self.stderr else ""
         super().__init__(f"{' '.join(self.argv[:3])}{' ...' if len(self.argv) > 3 else ''} {what}"
                          + (f": {first}" if first else ""))
+
+    def __reduce__(self) -> "tuple[Callable[..., SlurmCommandError], tuple[object, ...]]":
+        """Picklable (a forked child's failure, a worker's): rebuilt from its fields, not its message."""
+        return (functools.partial(type(self), timed_out=self.timed_out), (self.argv, self.returncode, self.stderr))
 
 
 class MiniClusterError(SlurmToolsError):

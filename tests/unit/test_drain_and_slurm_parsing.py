@@ -166,3 +166,12 @@ def test_the_notes_slurmctld_appends_to_our_reason_are_not_ours():
     assert parse_reason(ours + " : Not responding") == {
         "status": "CRITICAL", "check": "job.node_failure", "user": "alice", "job": "7",
         "detail": "node node2: every rank silent"}
+
+
+def test_a_slurm_command_error_survives_pickling_whole():
+    """A forked child's or worker's failure travels back as itself (tests/cluster/asuser.py)."""
+    import pickle
+    error = slurm.SlurmCommandError(["scancel", "--batch", "--signal=USR1", "7"], None, "no answer\nmore", timed_out=True)
+    back = pickle.loads(pickle.dumps(error))
+    assert (type(back), back.argv, back.returncode, back.stderr, back.timed_out, str(back)) == (
+        slurm.SlurmCommandError, error.argv, None, "no answer\nmore", True, "scancel --batch --signal=USR1 ... timed out: no answer")
