@@ -270,9 +270,11 @@ class TrainingControl:
                     self._record["phase_t"] = end
                 self._write(end)
 
-    def heartbeat(self, step: int, *, force: bool = False) -> None:
+    def heartbeat(self, step: int, *, force: bool = False, defer: bool = False) -> None:
         """Liveness signal: written whenever the step changes (the watchdog finds the laggard by
-        step), otherwise at most once per interval. Call it at the top of each step."""
+        step), otherwise at most once per interval. Call it at the top of each step. With defer
+        the keep-alive thread writes it within heartbeat_interval_s (the framework adapters: no
+        file written on the training thread each step; hang timeouts are minutes)."""
         now = time.time()
         if self.control_dir is None:
             return
@@ -289,7 +291,8 @@ class TrainingControl:
                   "busy_s": round(self._busy_s, 6)}
         with self._lock:
             self._record = record
-            self._write(now)
+            if not defer or self._alive_thread is None:
+                self._write(now)
         self._start_keep_alive()
 
     def _start_keep_alive(self) -> None:
@@ -336,7 +339,7 @@ class TrainingControl:
             print(f"slurmtools: flight-recorder dump failed: {exc}", file=sys.stderr, flush=True)
 
     def checkpoint_requested(self) -> bool:
-        """This rank's view; use `agree()` so every rank acts at the same step."""
+        """This rank's view; use `slurmtools.agreement` so every rank acts at the same step."""
         if self._flags is not None and self._flags.any():
             return True
         return self.control_dir is not None and (self.control_dir / REQUEST_FILE).exists()
@@ -379,19 +382,3 @@ class TrainingControl:
         self.flush_metrics()
         if self.control_dir is not None and self.rank == 0:
             write_json_atomic(self.control_dir / COMPLETE_FILE, {"step": step, "attempt_id": self.attempt_id})
-
-
-def agree(flag: bool) -> bool:
-    """True on every rank if it is true on any rank (an all-reduce MAX); plain flag without torch.distributed."""
-    try:
-        import torch
-        import torch.distributed as dist
-    except ImportError:
-        return flag
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    if dist.get_backend() == "nccl":
-        tensor = tensor.cuda()
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item())

@@ -27,6 +27,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from slurmtools import checkpoint_torch, sdc_canary
+from slurmtools.agreement import agree
 from slurmtools.checkpoint import CheckpointManager
 from slurmtools.errors import CheckpointError
 from slurmtools.preflight import canary as preflight_canary
@@ -34,7 +35,7 @@ from slurmtools.resumable_loader import ResumableLoader
 from slurmtools.state_digest import state_hash
 from slurmtools.tiny_data import SequenceDataset, accumulation, warmup_cosine
 from slurmtools.trainer_state import TrainerState
-from slurmtools.runtime import SDC_CHECK_EVERY_ENV, TrainingControl, agree, attempt_number
+from slurmtools.runtime import SDC_CHECK_EVERY_ENV, TrainingControl, attempt_number
 
 
 @dataclass
