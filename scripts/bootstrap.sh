@@ -28,6 +28,6 @@ stamp=.venv/.slurmtools-installed
 if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
   # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
   .venv/bin/pip install -q torch==2.13.0 numpy
-  .venv/bin/pip install -q -e '.[nvml,submitit,torch,report,notebook,test]'
+  .venv/bin/pip install -q -e '.[nvml,submitit,torch,report,notebook,lightning,transformers,test]'
   touch "$stamp"
 fi

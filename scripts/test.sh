@@ -6,7 +6,8 @@
 #   lane 1: the whole cluster suite but the matrix on the machine's own Slurm (cluster `thost`);
 #   lane 2: the fault matrix (marker matrix: two nodes lost at once, a node lost during start-up or
 #           during a recovery, the controller restarted during a requeue, a node partitioned; and a
-#           plain torchrun script's crash and lost node) on a 5-node cluster of the machine's own
+#           plain torchrun script's crash and lost node; the Lightning adapter's test, while lane 1
+#           runs the Transformers adapter's) on a 5-node cluster of the machine's own
 #           Slurm (`mhost`), then the core cluster tests (marker every_release) on Slurm 24.11
 #           (`t2411`) and 26.05 (`t2605`), then the unit tests.
 # The unit tests run at the end of lane 2 (host:unit): lane 2's cluster tests end minutes before lane 1's,

@@ -211,6 +211,31 @@ def verify_dir(path: Path, *, checksums: bool = True, step: Optional[int] = None
     return True, "", manifest
 
 
+def write_manifest(directory: Path, step: int, meta: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """Seal a directory whose files are all written: fsync each (what a writer sealed itself is
+    taken from its record), then MANIFEST.json last (temp + fsync + replace). Also for a
+    framework's own checkpoint directory, sealed in place once the framework is done with it
+    (slurmtools.integrations): without the manifest it is never resumed from."""
+    sealed = sealed_by_writers(directory)
+    shutil.rmtree(directory / SHARD_HASHES_DIR, ignore_errors=True)
+    files: Dict[str, Dict[str, Any]] = {}
+    for member in sorted(p for p in directory.rglob("*") if p.is_file()):
+        rel = member.relative_to(directory).as_posix()
+        if rel == MANIFEST:
+            continue
+        size = member.stat().st_size
+        if rel in sealed and sealed[rel]["size"] == size:
+            files[rel] = sealed[rel]             # fsynced and hashed by the rank that wrote it
+            continue
+        fsync_path(member)
+        files[rel] = digests.entry(size, file_digest(member))
+    if not files:
+        raise CheckpointError(f"step {step}: the writer wrote no files into {directory}")
+    manifest = {"format": 1, "step": step, "files": files, "created_unix_s": time.time(), **(meta or {})}
+    write_json_atomic(directory / MANIFEST, manifest)
+    return manifest
+
+
 class CheckpointManager:
     """Atomic commit, latest complete, retention (keeps at least two)."""
 
@@ -249,23 +274,7 @@ class CheckpointManager:
         final = self.final_dir(step)
         if final.exists():
             raise CheckpointError(f"{final} already exists; a checkpoint is never written into an existing directory")
-        sealed = sealed_by_writers(tmp)
-        shutil.rmtree(tmp / SHARD_HASHES_DIR, ignore_errors=True)
-        files: Dict[str, Dict[str, Any]] = {}
-        for member in sorted(p for p in tmp.rglob("*") if p.is_file()):
-            rel = member.relative_to(tmp).as_posix()
-            if rel == MANIFEST:
-                continue
-            size = member.stat().st_size
-            if rel in sealed and sealed[rel]["size"] == size:
-                files[rel] = sealed[rel]             # fsynced and hashed by the rank that wrote it
-                continue
-            fsync_path(member)
-            files[rel] = digests.entry(size, file_digest(member))
-        if not files:
-            raise CheckpointError(f"step {step}: the writer wrote no files into {tmp}")
-        manifest = {"format": 1, "step": step, "files": files, "created_unix_s": time.time(), **(meta or {})}
-        write_json_atomic(tmp / MANIFEST, manifest)
+        manifest = write_manifest(tmp, step, meta)
         os.replace(tmp, final)
         fsync_path(self.root)
         if prune:

@@ -187,8 +187,11 @@ def job_state(job_id: int) -> JobInfo:
     return acct
 
 
-def cancel(job_id: int, signal_name: Optional[str] = None) -> None:
-    argv = ["scancel"] + ([f"--signal={signal_name}"] if signal_name else []) + [str(job_id)]
+def cancel(job_id: int, signal_name: Optional[str] = None, *, batch_only: bool = False) -> None:
+    """scancel; with signal_name only that signal (to every step, or with batch_only to the batch
+    step alone: where Slurm's own warning goes, --signal=B:)."""
+    argv = (["scancel"] + ([f"--signal={signal_name}"] if signal_name else []) + (["--batch"] if batch_only else [])
+            + [str(job_id)])
     run_slurm(argv)
 
 

@@ -242,8 +242,10 @@ def _decide(config: SupervisorConfig, attempt: Attempt, evidence: policy.Evidenc
     """Classify, decide, and record the attempt's end in the ledger and the job's output; a program
     that reports no progress is judged by its own checkpoints and progress lines (inferred)."""
     newest = manager.latest(checksums=False) if manager else None
+    # the program's own checkpoints (requeue.progress_checkpoints) when ours are not there: a plain
+    # script's, or a framework's sealed in place (slurmtools.integrations.transformers)
+    checkpoint_step = newest.step if newest else (inferred.newest_checkpoint_step() if inferred else None)
     own = inferred if inferred is not None and not evidence.reports_progress else None
-    checkpoint_step = newest.step if newest else (own.newest_checkpoint_step() if own else None)
     diag = policy.classify(evidence)
     verdict = policy.decide(diag, ledger.history(events), config.requeue, checkpoint_step, capacity,
                             now_s=time.time())

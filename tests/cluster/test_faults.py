@@ -19,13 +19,6 @@ from tests.conftest import wait_for
 pytestmark = pytest.mark.cluster
 
 
-@pytest.fixture
-def workdir(cluster, user_tmp: Path) -> Path:
-    training.settle()
-    yield user_tmp
-    training.cancel_all()
-
-
 def _our_jobs():
     out = slurm.run_slurm(["squeue", "-h", "-o", "%i"])
     return [int(x) for x in out.split()]

@@ -9,27 +9,19 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from slurmtools import slurm
 from slurmtools.spec import JobSpec, spec_from_dict
 from tests.cluster import training
-from tests.cluster.test_fault_matrix import _killed, _start_nodes, decisions
+from tests.cluster.test_fault_matrix import _completed_with_a_node_killed, _start_nodes, decisions
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.matrix]
 
 PLAIN = Path(__file__).resolve().parents[2] / "examples" / "plain_ddp" / "train.py"
 STEPS = 14
-
-
-@pytest.fixture
-def workdir(cluster, user_tmp: Path) -> Iterator[Path]:
-    training.settle()
-    yield user_tmp
-    training.cancel_all()
 
 
 def _spec(workdir: Path) -> JobSpec:
@@ -55,23 +47,19 @@ def test_a_plain_script_survives_a_crash_after_progress_and_a_node_kill(cluster,
     job = training.submit(spec)
     wait_for(lambda: _steps_after_restart(spec, job) >= 6, 150,
              f"job {job}'s restart after its crash at step 3 to train to step 6", interval_s=0.2)
-    victim = _start_nodes(training.events(spec, job))[1][1]
-    with _killed(cluster, [victim]):
-        info = training.wait_finished(job, 240)
-        evts = training.events(spec, job)
-        assert info.state == "COMPLETED", training.describe(spec, job)
-        # rank 0's exit 3 is a crash; the other rank's gloo "Connection closed by peer", when it gets
-        # to print it before srun ends it, reads as a collective failure: restarted and counted alike
-        steps = decisions(evts)
-        assert steps[0] in (("crash", "restart"), ("collective_timeout", "restart")), training.describe(spec, job)
-        assert steps[1:] == [("node_failure", "restart"), ("completed", "complete")], training.describe(spec, job)
-        crash, lost, done = training.supervisor_events(evts, "decision")
-        # judged by its own checkpoint (step_2.pt) and progress line (step 3), not by heartbeats
-        assert (crash["checkpoint_step"], crash["last_step"]) == (2, 3)
-        assert lost["node"] == victim and lost["checkpoint_step"] >= 6
-        assert victim not in _start_nodes(evts)[2] and slurm.job_state(job).restarts == 0   # the spare, in place
-        out = training.output(spec, job)
-        resumed = re.findall(r"^resumed from step_(\d+)\.pt at step \d+ on (\d+) ranks$", out, re.M)
-        assert resumed == [("2", "2"), (str(lost["checkpoint_step"]), "2")], resumed
-        assert f"trained {STEPS} steps" in out
-        assert done["reason"] == "training completed"
+    victim, evts = _completed_with_a_node_killed(cluster, spec, job, 240)
+    # rank 0's exit 3 is a crash; the other rank's gloo "Connection closed by peer", when it gets
+    # to print it before srun ends it, reads as a collective failure: restarted and counted alike
+    steps = decisions(evts)
+    assert steps[0] in (("crash", "restart"), ("collective_timeout", "restart")), training.describe(spec, job)
+    assert steps[1:] == [("node_failure", "restart"), ("completed", "complete")], training.describe(spec, job)
+    crash, lost, done = training.supervisor_events(evts, "decision")
+    # judged by its own checkpoint (step_2.pt) and progress line (step 3), not by heartbeats
+    assert (crash["checkpoint_step"], crash["last_step"]) == (2, 3)
+    assert lost["node"] == victim and lost["checkpoint_step"] >= 6
+    assert victim not in _start_nodes(evts)[2] and slurm.job_state(job).restarts == 0   # the spare, in place
+    out = training.output(spec, job)
+    resumed = re.findall(r"^resumed from step_(\d+)\.pt at step \d+ on (\d+) ranks$", out, re.M)
+    assert resumed == [("2", "2"), (str(lost["checkpoint_step"]), "2")], resumed
+    assert f"trained {STEPS} steps" in out
+    assert done["reason"] == "training completed"

@@ -90,6 +90,11 @@ def cancel(job: int, signal: str = "") -> None:
     asuser.call(slurm.cancel, job, *([signal] if signal else []))
 
 
+def warn(job: int, signal: str = "USR1") -> None:
+    """The time-limit warning as Slurm sends it (--signal=B:USR1@lead: the batch step only), by its user."""
+    asuser.call(slurm.cancel, job, signal, batch_only=True)
+
+
 def requeue(job: int) -> None:
     """By its user (a person's `scontrol requeue` of their own job)."""
     asuser.call(slurm.requeue, job)
