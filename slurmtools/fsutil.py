@@ -111,7 +111,7 @@ def read_small_regular(path: Path, max_bytes: int) -> Optional[bytes]:
     which a job's own processes write."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    except (OSError, ValueError):               # ValueError: a NUL byte in the path
         return None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):

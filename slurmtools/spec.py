@@ -296,6 +296,8 @@ def load_spec(path: Union[str, Path]) -> JobSpec:
         raise SpecError("no such file", file=str(file_path)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read: {exc}", file=str(file_path)) from None
+    except ValueError as exc:                   # a NUL byte in the path
+        raise SpecError(f"not a usable path: {exc}", file=str(file_path)) from None
     data, lines = load_yaml_with_lines(text, str(file_path))
     return spec_from_dict(data, file=str(file_path), lines=lines)
 

@@ -171,7 +171,8 @@ arguments = st.one_of(st.text(max_size=12), st.sampled_from(["nan", "inf", "-1",
 command_lines = st.one_of(
     st.tuples(st.just("render"), arguments).map(list),
     st.tuples(st.just("status"), arguments.filter(lambda a: not (a.isascii() and a.isdigit()))).map(list),
-    st.lists(st.sampled_from(["--checkpoint-cost-s", "--nodes", "--node-mtbf-h", "--restart-cost-s"]) | arguments,
+    st.lists(st.sampled_from(["--checkpoint-cost-s", "--nodes", "--node-mtbf-h", "--restart-cost-s", "--simulate",
+                                  "--spare-nodes", "--work-days", "--trials", "--person-h"]) | arguments,
              max_size=8).map(lambda rest: ["plan", *rest]),
     st.tuples(st.just("goodput"), arguments, st.sampled_from(["--json", "--spec", "x"])).map(list),
     st.lists(st.sampled_from(["--phase", "prolog", "--node", "--config", "--json"]) | arguments, max_size=6).map(
