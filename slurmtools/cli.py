@@ -6,17 +6,14 @@ non-zero exit code (2 for bad input, 1 for a failed operation); never a tracebac
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Tuple, TypeVar
+from typing import Any, List, Optional, Tuple
 
 from slurmtools.errors import SlurmToolsError, UsageError, one_line
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-Number = TypeVar("Number", int, float)
-MAX_CLI_NUMBER = 1e12
 
 
 
@@ -167,35 +164,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    from slurmtools.requeue import plan
-
-    try:
-        parser = plan.plan(checkpoint_cost_s=args.checkpoint_cost_s, nodes=args.nodes, node_mtbf_h=args.node_mtbf_h,
-                      restart_cost_s=args.restart_cost_s)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    print(plan.format_plan(parser))
-    return 0
-
-
-def _positive(kind: Callable[[str], Number]) -> Callable[[str], Number]:
-    """argparse type: a finite number >= 0 (NaN, infinity and huge values are refused)."""
-    def parse(text: str) -> Number:
-        if not text.isascii() or len(text) > 32:
-            raise argparse.ArgumentTypeError(f"not a number (or too long to be one): {text[:40]!r}")
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not math.isfinite(value) or value > MAX_CLI_NUMBER:
-            raise argparse.ArgumentTypeError(f"must be a finite number <= {MAX_CLI_NUMBER:g}, got {text}")
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-        return value
-    return parse
-
-
 def _add_jobs(sub: Any) -> None:
     parser = sub.add_parser("render", help="print the sbatch script for a job spec")
     parser.add_argument("spec")
@@ -239,12 +207,8 @@ def _add_jobs(sub: Any) -> None:
     parser.add_argument("--spec", help="the job's spec: its checkpoint_dir (or output_dir) holds the control dir")
     parser.add_argument("--html", metavar="FILE", help="write one self-contained HTML page with the plots")
     parser.set_defaults(func=cmd_report)
-    parser = sub.add_parser("plan", help="checkpoint interval (Young/Daly) and predicted goodput")
-    parser.add_argument("--checkpoint-cost-s", type=_positive(float), required=True)
-    parser.add_argument("--nodes", type=_positive(int), required=True)
-    parser.add_argument("--node-mtbf-h", type=_positive(float), required=True, help="mean time between failures of ONE node")
-    parser.add_argument("--restart-cost-s", type=_positive(float), default=60.0, help="requeue + launch + load")
-    parser.set_defaults(func=cmd_plan)
+    from slurmtools.requeue.plan_command import add_plan
+    add_plan(sub)
 
 
 # ---- health and nodes ----------------------------------------------------------------

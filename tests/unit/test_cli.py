@@ -38,6 +38,10 @@ def test_version_and_render_golden():
     (["status", "12x"], 2, "not a job id: '12x'"),
     (["plan", "--checkpoint-cost-s", "-1", "--nodes", "8", "--node-mtbf-h", "10"], 2, "must be >= 0, got -1"),
     (["plan", "--checkpoint-cost-s", "0", "--nodes", "8", "--node-mtbf-h", "10"], 2, "checkpoint cost must be > 0 and <= 604800 s, got 0"),
+    (["plan", "--checkpoint-cost-s", "5", "--nodes", "100000", "--node-mtbf-h", "1", "--simulate"], 2,
+     "--simulate: about 1.44e+10 failures to simulate"),
+    (["plan", "--checkpoint-cost-s", "5", "--nodes", "8", "--node-mtbf-h", "10", "--simulate", "--trials", "0"], 2,
+     "--trials must be 1 to 100000"),
     (["run"], 2, "run: no command given"),
     (["minicluster", "kill", "node99"], 2, "unknown node 'node99'"),
     (["minicluster", "up", "--nodes", "0"], 2, "nodes must be between 1 and 32"),
@@ -113,3 +117,15 @@ def test_minicluster_refuses_a_non_root_user():
     proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-m",
                            "slurmtools", "minicluster", "up"], capture_output=True, text=True, cwd="/", timeout=60)
     one_line_error(proc, 1, "the mini-cluster needs root")
+
+
+def test_plan_simulates_the_seeds_cluster_with_the_real_policy():
+    """8 nodes (64 GPUs), one node failure per 14 days for the cluster, a spare, async checkpoints."""
+    out = cli("plan", "--checkpoint-cost-s", "5", "--nodes", "8", "--node-mtbf-h", str(14 * 24 * 8), "--simulate",
+              "--spare-nodes", "1", "--trials", "50")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "job MTBF: 336.00 h"
+    assert lines[-2].startswith("8 nodes, 8.92857 failures per 1,000 node-days, 1 spare(s), 30 days of training, "
+                                "checkpoint every 57.9 min (5 s blocking), restart 7.2 s, requeue 60 s (50 runs):")
+    assert lines[-1].startswith("  ETTR 99.") and "finished without a person 100%" in lines[-1]

@@ -1,0 +1,86 @@
+"""The goodput simulator (slurmtools.requeue.simulate): exact without failures, Young/Daly's
+closed form where it applies, the real policy's budget, spares, stragglers, bad input."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from slurmtools.requeue import plan
+from slurmtools.requeue.policy import Cause
+from slurmtools.requeue.simulate import (DAY_S, FailureKind, Scenario, default_mix, format_summary, simulate,
+                                         simulate_run)
+from slurmtools.spec import RequeueSpec
+
+CRASH_ONLY = (FailureKind("crash", 1.0, Cause.CRASH, 0.0, loses_work=True, names_node=False),)
+NODES_ONLY = (FailureKind("node", 1.0, Cause.NODE_FAILURE, 10.0, loses_work=True, names_node=True),)
+
+
+def _scenario(**overrides) -> Scenario:
+    values = dict(nodes=100, failures_per_1000_node_days=0.0, work_days=1.0, checkpoint_interval_s=3600.0,
+                  checkpoint_s=36.0, restart_s=60.0, requeue_s=600.0)
+    values.update(overrides)
+    return Scenario(**values)
+
+
+def test_without_failures_the_only_cost_is_the_checkpoints():
+    run = simulate_run(_scenario(), random.Random(1))
+    # 24 h of training in 1-h intervals: 23 checkpoints block it (the run ends where the 24th would be)
+    assert (run.work_s, run.wall_s, sum(run.actions.values()), sum(run.failures.values()), run.finished) == (
+        DAY_S, DAY_S + 23 * 36.0, 0, 0, True)
+
+
+def test_with_crashes_alone_it_agrees_with_young_daly():
+    job_mtbf_s = 20 * 3600.0
+    scenario = _scenario(nodes=1000, failures_per_1000_node_days=DAY_S / job_mtbf_s, work_days=20.0,
+                         checkpoint_interval_s=1800.0, checkpoint_s=60.0, restart_s=120.0, kinds=CRASH_ONLY,
+                         limits=RequeueSpec(backoff_s=0, max_restarts=1000, max_consecutive_failures=100,
+                                            no_progress_restarts=100))
+    summary = simulate(scenario, trials=60, seed=3)
+    expected = plan.predicted_goodput(1800.0, 60.0, job_mtbf_s, 120.0)
+    assert summary.finished_without_person == 1.0
+    assert abs(summary.ettr_mean - expected) < 0.005, (summary.ettr_mean, expected)
+
+
+def test_a_failure_rate_beyond_the_budget_needs_a_person_and_costs_the_wait():
+    scenario = _scenario(nodes=1000, failures_per_1000_node_days=20.0, checkpoint_interval_s=600.0, kinds=CRASH_ONLY,
+                         limits=RequeueSpec(max_restarts=2, restart_window_h=6))
+    summary = simulate(scenario, trials=20, seed=1)
+    assert summary.finished_without_person == 0.0 and summary.finished == 1.0
+    gentle = simulate(_scenario(nodes=10, failures_per_1000_node_days=1.0, kinds=CRASH_ONLY), trials=20, seed=1)
+    assert gentle.finished_without_person == 1.0 and gentle.ettr_mean > summary.ettr_mean + 0.3
+
+
+def test_a_node_failure_restarts_on_a_spare_and_requeues_without_one():
+    kwargs = dict(nodes=1000, failures_per_1000_node_days=5.0, work_days=10.0, kinds=NODES_ONLY,
+                  limits=RequeueSpec(max_restarts=1000, no_progress_restarts=100))
+    no_spare = simulate(_scenario(**kwargs), trials=20, seed=2)
+    spares = simulate(_scenario(spare_nodes=2, **kwargs), trials=20, seed=2)
+    assert no_spare.restarts_mean == 0 and no_spare.requeues_mean > 40
+    # each requeue brings a fresh allocation with its spares: most failures stay in the allocation
+    assert spares.restarts_mean > 2 * spares.requeues_mean and spares.ettr_mean > no_spare.ettr_mean
+
+
+def test_a_straggler_without_a_spare_slows_the_run_until_its_next_requeue():
+    straggler = (FailureKind("straggler", 1.0, Cause.STRAGGLER, 0.0, loses_work=False, names_node=True),)
+    kwargs = dict(nodes=1000, failures_per_1000_node_days=1.0, work_days=5.0, kinds=straggler)
+    slow = simulate(_scenario(**kwargs), trials=10, seed=4)
+    swapped = simulate(_scenario(spare_nodes=10, **kwargs), trials=10, seed=4)
+    assert slow.requeues_mean == 0 and slow.ettr_mean < 0.75          # at 1/1.5 speed most of the run
+    assert swapped.ettr_mean > 0.95 and swapped.restarts_mean >= 1
+
+
+def test_a_run_that_can_never_checkpoint_is_given_up_not_simulated_for_ever():
+    summary = simulate(_scenario(nodes=1000, failures_per_1000_node_days=2000.0, checkpoint_interval_s=7200.0,
+                                 kinds=CRASH_ONLY), trials=2, seed=1)
+    assert summary.finished == 0.0 and summary.finished_without_person == 0.0
+    assert "finished at all: 0%" in format_summary(summary)
+
+
+def test_the_default_mix_sums_to_one_and_bad_scenarios_are_refused():
+    assert abs(sum(kind.share for kind in default_mix()) - 1.0) < 1e-9
+    for bad in (dict(nodes=0), dict(work_days=0.0), dict(checkpoint_interval_s=-1.0),
+                dict(failures_per_1000_node_days=-1.0), dict(checkpoint_s=-1.0), dict(straggler_slowdown=0.5),
+                dict(kinds=())):
+        with pytest.raises(ValueError):
+            _scenario(**bad)
