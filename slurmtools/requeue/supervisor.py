@@ -242,8 +242,7 @@ def _decide(config: SupervisorConfig, attempt: Attempt, evidence: policy.Evidenc
     """Classify, decide, and record the attempt's end in the ledger and the job's output; a program
     that reports no progress is judged by its own checkpoints and progress lines (inferred)."""
     newest = manager.latest(checksums=False) if manager else None
-    # the program's own checkpoints (requeue.progress_checkpoints) when ours are not there: a plain
-    # script's, or a framework's sealed in place (slurmtools.integrations.transformers)
+    # else the program's own (requeue.progress_checkpoints; Transformers' sealed checkpoint-N too)
     checkpoint_step = newest.step if newest else (inferred.newest_checkpoint_step() if inferred else None)
     own = inferred if inferred is not None and not evidence.reports_progress else None
     diag = policy.classify(evidence)
