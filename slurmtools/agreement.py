@@ -30,6 +30,16 @@ def all_ranks_max(values: Sequence[int]) -> List[int]:
     return [int(value) for value in tensor.tolist()]
 
 
+def barrier() -> None:
+    """Every rank here before any goes on; nothing without torch.distributed."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
 def agree(flag: bool) -> bool:
     """True on every rank if it is true on any rank; the plain flag without torch.distributed."""
     return bool(all_ranks_max([1 if flag else 0])[0])

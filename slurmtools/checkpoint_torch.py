@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from slurmtools.agreement import barrier
 from slurmtools import trainer_state as trainer_state_files
 from slurmtools.checkpoint import (Checkpoint, CheckpointManager, mark_seal_failed, seal_failures, seal_own_files,
                                    verify_dir, verify_files, writers_sealed)
@@ -60,11 +61,6 @@ def _broadcast(obj: Any) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def _complete_or_quarantine(manager: CheckpointManager, step: int) -> bool:
@@ -167,11 +163,11 @@ def save(manager: CheckpointManager, step: int, model: Any, optim: Any, extra: O
         raise CheckpointError(f"checkpoint of step {step} not saved: {failed}")
     if before_commit is not None:
         before_commit()
-    _barrier()
+    barrier()
     ckpt = None
     if _rank() == 0:
         ckpt = _commit(manager, step, dict(meta or {}, world_size=_world()))
-    _barrier()
+    barrier()
     return ckpt
 
 
@@ -205,7 +201,7 @@ def verified_latest(manager: CheckpointManager, refused: Optional[List[Tuple[str
                 manager.quarantine(Path(path), bad)
             except OSError:
                 pass              # cannot be moved aside (a read-only directory): skipped all the same
-        _barrier()
+        barrier()
 
 
 def _saved_extras(reader: FileSystemReader) -> Dict[str, Any]:

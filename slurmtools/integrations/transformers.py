@@ -22,7 +22,7 @@ from typing import Any, Optional
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from slurmtools.checkpoint import verify_dir, write_manifest
-from slurmtools.agreement import RequestAgreement
+from slurmtools.agreement import RequestAgreement, barrier
 from slurmtools.runtime import TrainingControl
 
 _CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")     # transformers' PREFIX_CHECKPOINT_DIR-<global step>
@@ -41,12 +41,6 @@ def resume_path(output_dir: str) -> Optional[str]:
         if ok:
             return str(path)
     return None
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
 
 
 class SlurmtoolsTrainerCallback(TrainerCallback):
@@ -82,14 +76,14 @@ class SlurmtoolsTrainerCallback(TrainerCallback):
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
         assert self.control is not None
-        _barrier()          # every process has written its part of checkpoint-N
+        barrier()          # every process has written its part of checkpoint-N
         if args.process_index == 0 and args.output_dir is not None:
             started = time.monotonic()
             write_manifest(Path(args.output_dir) / f"checkpoint-{state.global_step}", state.global_step,
                            {"framework": "transformers"})
             self.control.checkpoint_done(state.global_step, time.monotonic() - started,
                                          requested=self.stopping_for_requeue)
-        _barrier()
+        barrier()
         if self.stopping_for_requeue:
             self.control.heartbeat(state.global_step)     # the step it stops at (a beat per step is at its start)
             self.control.mark_stopped_for_requeue(state.global_step)
