@@ -65,8 +65,15 @@ def worker(args: argparse.Namespace) -> None:
 
     raw, sync, commit, verify = [], [], [], []
 
-    def raw_save(i: int) -> float:
+    def quiesce() -> None:
+        """Write back the previous save's dirty pages before the next is timed: otherwise the
+        page cache's write-back of one lands on whichever save runs after it."""
+        if rank == 0:
+            os.sync()
         dist.barrier()
+
+    def raw_save(i: int) -> float:
+        quiesce()
         t0 = time.perf_counter()
         msd, osd = get_state_dict(model, optim)
         dcp.save({"model": msd, "optim": osd}, storage_writer=FileSystemWriter(os.path.join(root, f"raw{i}"),
@@ -75,7 +82,7 @@ def worker(args: argparse.Namespace) -> None:
         return time.perf_counter() - t0
 
     def managed_save(i: int) -> float:
-        dist.barrier()
+        quiesce()
         t0 = time.perf_counter()
         checkpoint_torch.save(manager, 100 + i, model, optim)
         return time.perf_counter() - t0
