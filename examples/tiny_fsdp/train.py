@@ -15,10 +15,12 @@ import argparse
 import dataclasses
 import datetime
 import os
+import sys
 
 import torch
 import torch.distributed as dist
 
+from slurmtools.errors import SlurmToolsError
 from slurmtools.runtime import TrainingControl
 from slurmtools.tiny_fsdp import TrainConfig, shutdown, train
 
@@ -69,7 +71,13 @@ def main(argv=None) -> int:
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    train(cfg, TrainingControl(rank=dist.get_rank()))
+    try:
+        train(cfg, TrainingControl(rank=dist.get_rank()))
+    except SlurmToolsError as exc:
+        # one line, no traceback; no barrier: a rank alone in its error must not wait for the others
+        print(f"train.py: error: rank {dist.get_rank()}: {exc}", file=sys.stderr, flush=True)
+        dist.destroy_process_group()
+        return 1
     shutdown()
     return 0
 

@@ -110,3 +110,23 @@ def test_a_file_unreadable_on_resume_passes_to_the_previous_checkpoint_and_says_
     assert checkpoint_torch.verified_latest(manager, refused) == str(root / "step_2")
     assert refused == [(str(root / "step_4"), "cannot read w.bin ([Errno 5] Input/output error)")]
     assert [p.name.split(".bad-")[0] for p in root.iterdir() if ".bad-" in p.name] == ["step_4"]
+
+
+def test_the_example_trainer_stopped_by_a_failed_save_ends_in_one_line_per_rank_not_a_traceback(tmp_path, small_fs):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+    env.pop("SLURMTOOLS_CONTROL_DIR", None)
+    example = Path(__file__).resolve().parents[2] / "examples" / "tiny_fsdp" / "train.py"
+    argv = [sys.executable, str(example), "--steps", "12", "--checkpoint-every", "4", "--checkpoint-dir",
+            str(small_fs), "--on-save-error", "stop", "--loader-workers", "0"]
+    procs = [subprocess.Popen(argv, env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    results = [proc.communicate(timeout=240) for proc in procs]
+    assert [proc.returncode for proc in procs] == [1, 1]
+    for rank, (_, err) in enumerate(results):
+        assert "Traceback" not in err, err[-3000:]
+        assert err.strip().splitlines()[-1] == (f"train.py: error: rank {rank}: a periodic checkpoint was not saved "
+                                                "(on_save_error: stop); see the checkpoint_failed event")
+    assert CheckpointManager(small_fs).latest().step == 4
