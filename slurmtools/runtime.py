@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from slurmtools.fsutil import write_json_atomic
 from slurmtools.signals import SignalFlags
@@ -163,13 +163,16 @@ class TrainingControl:
                 (self.control_dir / REPORTS_PROGRESS_FILE).touch()
 
     @contextlib.contextmanager
-    def busy(self) -> Iterator[None]:
-        """Time work that waits for no other rank (e.g. a sharded model's optimizer step; on a
-        GPU, synchronise before leaving). Heartbeats carry the total: collectives make every
-        step as long as the slowest rank's, so only this names a straggling node."""
+    def busy(self, synchronize: Optional[Callable[[], None]] = None) -> Iterator[None]:
+        """Time work that waits for no other rank (e.g. a sharded model's optimizer step).
+        Heartbeats carry the total: collectives make every step as long as the slowest rank's,
+        so only this names a straggling rank. GPU work is queued, not done, when the Python call
+        returns: pass synchronize (e.g. torch.cuda.synchronize) and it runs before the clock stops."""
         start = time.monotonic()
         try:
             yield
+            if synchronize is not None:
+                synchronize()
         finally:
             self._busy_s += time.monotonic() - start
 

@@ -62,10 +62,11 @@ class RequeueSpec:
                               "after the launch), and its slurmd unreachable, counts as that node's death; 0: "
                               "4x the median step time, at least 10 s. With spares or min_nodes the job goes on "
                               "in place; without, it requeues excluding the node at once.", 0, min=0, max=86400)
-    straggler_factor: float = doc("A node whose ranks' local compute per step (TrainingControl.busy) is this "
-                                  "many times the other nodes' median for `straggler_windows` windows in a row is "
-                                  "a straggler: with a spare left it is checkpointed away from, drained and "
-                                  "replaced; otherwise reported. 0: off.", 1.3, min=0.0, max=100.0)
+    straggler_factor: float = doc("A rank whose local compute per step (TrainingControl.busy) is this many "
+                                  "times the median of the other nodes' ranks, costing at least 5% of a step, for "
+                                  "`straggler_windows` windows in a row makes its node a straggler: with a spare "
+                                  "left it is checkpointed away from, drained and replaced; otherwise reported. "
+                                  "0: off.", 1.3, min=0.0, max=100.0)
     straggler_windows: int = doc("Consecutive slow windows that make a node a straggler.", 3, min=1, max=1000)
     straggler_window_steps: int = doc("Training steps per straggler window.", 10, min=1, max=1000000)
     direct_drain: bool = doc("Drain a blamed node with the job's own rights: only where the site made its users "

@@ -271,10 +271,11 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
     slow_at = cfg.slow_checkpoint_at if faults else -1
     slow_host, _, slow_s = cfg.slow_node.partition(":") if faults else ("", "", "")
     slower_s = float(slow_s or 0) if slow_host == socket.gethostname() else 0.0
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else None   # GPU work done, not queued
 
     @contextlib.contextmanager
     def local_work() -> Iterator[None]:
-        with control.busy():
+        with control.busy(synchronize):
             yield
             if slower_s:
                 time.sleep(slower_s)

@@ -61,13 +61,15 @@ class AttemptEnd:
 @dataclass(frozen=True)
 class NodeSlowdown:
     """A straggler window in which some node was at or above the straggler factor (every window
-    goes to the job's output; only these to the ledger), and the verdict once one is a straggler."""
+    goes to the job's output; only these to the ledger, naming only those nodes), and the verdict
+    once one is a straggler."""
     KIND: ClassVar[str] = "slowdown"
     attempt_id: str
     time_s: float
     first_step: int
     last_step: int
-    slowdown: Dict[str, float]               # node -> busy time per step / the other nodes' median
+    slowdown: Dict[str, float]               # node at or above the factor -> its slowest rank's busy time
+                                             # per step / the other nodes' ranks' median
     straggler: Optional[str] = None
     action: str = ""                         # with a straggler: "swap" (a spare is left) or "report"
 

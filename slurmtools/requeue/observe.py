@@ -38,9 +38,10 @@ def watch_stragglers(control: Path, attempt_id: str, stragglers: straggler.Strag
     action = "" if found is None or found.node in reported else ("swap" if can_swap(found.node) else "report")
     emit("slowdown", attempt_id, steps=[window.first_step, window.last_step], slowdown=window.slowdown,
          busy_per_step_s={node: round(value, 6) for node, value in window.busy_per_step_s.items()})
-    if max(window.slowdown.values()) >= stragglers.factor or action:
+    slow = {node: value for node, value in window.slowdown.items() if value >= stragglers.factor}
+    if slow or action:          # only the slow nodes: a record stays small on thousands of nodes
         ledger.append(control, ledger.NodeSlowdown(
-            attempt_id, time.time(), window.first_step, window.last_step, window.slowdown,
+            attempt_id, time.time(), window.first_step, window.last_step, slow,
             found.node if found is not None and action else None, action))
     if found is None or not action:
         return None
