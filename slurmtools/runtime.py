@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from slurmtools.fsutil import write_json_atomic
+from slurmtools.node_beat import NodeBeats
 from slurmtools.signals import SignalFlags
 
 CONTROL_DIR_ENV = "SLURMTOOLS_CONTROL_DIR"
@@ -157,10 +158,13 @@ class TrainingControl:
         self._steplog: Optional[Any] = None      # steplog.StepLog, made at the first step_done
         self._steplog_off = False
         self._phase: Optional[Tuple[str, float]] = None    # (name, deadline): TrainingControl.phase
+        self._node: Optional[NodeBeats] = None     # heartbeats gathered per node (slurmtools.node_beat)
         if self.control_dir is not None:
             (self.control_dir / HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(OSError):
                 (self.control_dir / REPORTS_PROGRESS_FILE).touch()
+            self._node = NodeBeats.for_rank(self.control_dir, self.rank, socket.gethostname(), self.attempt_id,
+                                            os.environ, (REQUEST_FILE, FLIGHT_RECORDER_REQUEST_FILE))
 
     @contextlib.contextmanager
     def busy(self, synchronize: Optional[Callable[[], None]] = None) -> Iterator[None]:
@@ -307,9 +311,12 @@ class TrainingControl:
         if self.control_dir is None or self._record is None:
             return
         phase = {"phase": self._phase[0], "phase_until": self._phase[1]} if self._phase else {}
+        record = dict(self._record, alive=now, **phase)
         try:
-            write_json_atomic(self.control_dir / HEARTBEAT_DIR / f"{self.rank}.json",
-                              dict(self._record, alive=now, **phase), durable=False)
+            if self._node is not None:
+                self._node.write(record, self.control_dir / HEARTBEAT_DIR, now)
+            else:
+                write_json_atomic(self.control_dir / HEARTBEAT_DIR / f"{self.rank}.json", record, durable=False)
         except OSError:
             pass    # a full or vanished control dir must not kill training; the watchdog sees silence
 
@@ -321,8 +328,7 @@ class TrainingControl:
             time.sleep(self.heartbeat_interval_s)
             with self._lock:
                 self._write(time.time())
-            if not self._dumped and self.control_dir is not None and (
-                    self.control_dir / FLIGHT_RECORDER_REQUEST_FILE).exists():
+            if not self._dumped and self.control_dir is not None and self._marker(FLIGHT_RECORDER_REQUEST_FILE):
                 self._dumped = True
                 self._dump_flight_recorder(self.control_dir)
 
@@ -345,7 +351,13 @@ class TrainingControl:
         """This rank's view; use `slurmtools.agreement` so every rank acts at the same step."""
         if self._flags is not None and self._flags.any():
             return True
-        return self.control_dir is not None and (self.control_dir / REQUEST_FILE).exists()
+        return self._marker(REQUEST_FILE)
+
+    def _marker(self, name: str) -> bool:
+        """A supervisor's marker: in node memory where the node's heartbeats are gathered."""
+        if self._node is not None:
+            return self._node.marker_exists(name)
+        return self.control_dir is not None and (self.control_dir / name).exists()
 
     def flush_metrics(self) -> None:
         """The last steps' numbers now (both records write at most every few seconds)."""

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from slurmtools import slurm
+from slurmtools import node_beat, slurm
 from slurmtools.errors import MiniClusterError, SlurmCommandError, UsageError
 from slurmtools.blame import spool
 from slurmtools.minicluster import daemons, debroot, degrade, jobcgroups, jobuser, netns, node_files, release
@@ -240,6 +240,9 @@ def down(layout: MiniClusterLayout, *, purge: bool = False) -> None:
     record["etc_slurm"] = None
     if layout.root.exists():
         save_record(layout, record)
+    if record.get("job_user"):      # the nodes' memory goes with them: the job user's node_beat records
+        shutil.rmtree(node_beat.user_root(Path(node_beat.DEFAULT_NODE_LOCAL_DIR), jobuser.job_user(layout).uid),
+                      ignore_errors=True)
     if purge:
         jobuser.remove(layout, record)
     if purge and layout.root.exists():

@@ -129,3 +129,14 @@ def lost_with_step(node_watch: nodecheck.NodeWatch, exit_code: Optional[int], ta
     rest = tuple(node for node in gone if node != first)
     return (first, *rest), (f"the step failed (exit {exit_code}) and the slurmd of {','.join((first, *rest))} "
                             f"does not answer")
+
+
+# the supervisor's share of one core at most: at 8,000 ranks one pass over the heartbeats takes
+# ~0.1-0.2 s (bench/scale.py), so a fixed 0.5-s sleep would make it a third of a core or more
+MAX_SUPERVISOR_CPU_SHARE = 0.1
+
+
+def pace_s(poll_s: float, pass_s: float) -> float:
+    """How long to sleep after a pass that took pass_s: poll_s, or longer where the passes are
+    long, so they take at most MAX_SUPERVISOR_CPU_SHARE of a core."""
+    return max(poll_s, pass_s * (1 - MAX_SUPERVISOR_CPU_SHARE) / MAX_SUPERVISOR_CPU_SHARE)

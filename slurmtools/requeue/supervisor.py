@@ -181,7 +181,7 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
                 else:
                     watch.stall = stall
                 break
-        time.sleep(config.poll_s)
+        time.sleep(observe.pace_s(config.poll_s, time.time() - now))
     watch.exit_code = child.wait()
     return watch
 

@@ -1,4 +1,5 @@
-"""Heartbeat watchdog: read every rank's heartbeat file and find a stall and its laggard.
+"""Heartbeat watchdog: read the ranks' heartbeats (a file per rank, or per node: node_beat) and
+find a stall and its laggard.
 
 A rank that hangs stops before announcing its next step, while the others announce it and
 then block inside a collective: the laggard is the rank with the lowest step. Deciding on a
@@ -7,7 +8,6 @@ stall is pure (`judge`); reading the files is `read_heartbeats`.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurmtools.fsutil import read_small_regular
+from slurmtools.node_beat import MAX_RANKS_PER_NODE, NODE_FILE_PREFIX
 from slurmtools.runtime import HEARTBEAT_DIR
 
 
@@ -66,6 +67,7 @@ class Stall:
 
 
 MAX_HEARTBEAT_BYTES = 64 * 1024
+MAX_NODE_HEARTBEAT_BYTES = MAX_HEARTBEAT_BYTES * MAX_RANKS_PER_NODE
 # a heartbeat from the future hides a hang for as long as it is "new": allow only clock skew
 FUTURE_TOLERANCE_S = 300.0
 MAX_RANK = 1 << 20
@@ -76,31 +78,40 @@ MAX_PHASE_NAME = 32
 
 
 def parse_heartbeat(data: Any, now_s: float) -> Optional[Beat]:
-    """One rank's heartbeat, or None when it is not a well-formed, plausible one."""
-    if not isinstance(data, dict):
+    """One rank's heartbeat, or None when it is not a well-formed, plausible one. Written flat
+    (exact JSON types, ranges that also refuse NaN and the infinities): the supervisor checks
+    every rank's record every pass."""
+    if type(data) is not dict:
         return None
-    rank: Any = data.get("rank")
-    step: Any = data.get("step")
-    time_s: Any = data.get("time")
-    first: Any = data.get("first_progress_t")
-    host: Any = data.get("host", "")
-    alive: Any = data.get("alive")
-    attempt: Any = data.get("attempt_id", "")
-    busy: Any = data.get("busy_s")
-    phase: Any = data.get("phase", "")
-    until: Any = data.get("phase_until")
-    phase_t: Any = data.get("phase_t")
-    if not (alive is None or _is_time(alive, now_s)) or not isinstance(attempt, str):
+    get = data.get
+    rank: Any = get("rank")
+    step: Any = get("step")
+    time_s: Any = get("time")
+    first: Any = get("first_progress_t")
+    host: Any = get("host", "")
+    alive: Any = get("alive")
+    attempt: Any = get("attempt_id", "")
+    busy: Any = get("busy_s")
+    phase: Any = get("phase", "")
+    until: Any = get("phase_until")
+    phase_t: Any = get("phase_t")
+    latest = now_s + FUTURE_TOLERANCE_S
+    numbers = _NUMBER_TYPES
+    if type(rank) is not int or not 0 <= rank < MAX_RANK or type(step) is not int or not 0 <= step < MAX_STEP:
         return None
-    if not (isinstance(phase, str) and len(phase) <= MAX_PHASE_NAME) or not (phase_t is None or _is_time(phase_t, now_s)):
+    if type(time_s) not in numbers or not 0 < time_s <= latest or type(host) is not str or type(attempt) is not str:
         return None
-    if until is not None and not (_is_number(until) and 0 < until <= now_s + MAX_PHASE_S):
+    if alive is not None and (type(alive) not in numbers or not 0 < alive <= latest):
         return None
-    if busy is not None and not (_is_number(busy) and 0 <= busy < MAX_BUSY_S):
+    if first is not None and (type(first) not in numbers or not 0 < first <= latest):
         return None
-    if not (_is_int(rank) and 0 <= rank < MAX_RANK and _is_int(step) and 0 <= step < MAX_STEP):
+    if busy is not None and (type(busy) not in numbers or not 0 <= busy < MAX_BUSY_S):
         return None
-    if not _is_time(time_s, now_s) or not (first is None or _is_time(first, now_s)) or not isinstance(host, str):
+    if type(phase) is not str or len(phase) > MAX_PHASE_NAME:
+        return None
+    if phase_t is not None and (type(phase_t) not in numbers or not 0 < phase_t <= latest):
+        return None
+    if until is not None and (type(until) not in numbers or not 0 < until <= now_s + MAX_PHASE_S):
         return None
     return Beat(rank, host[:256], step, float(time_s), float(first) if first is not None else None,
                 float(alive) if alive is not None else None, attempt[:256],
@@ -108,16 +119,8 @@ def parse_heartbeat(data: Any, now_s: float) -> Optional[Beat]:
                 float(until) if until is not None else None, float(phase_t) if phase_t is not None else None)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_time(value: Any, now_s: float) -> bool:
-    return _is_number(value) and 0 < value <= now_s + FUTURE_TOLERANCE_S
+# exact types, not isinstance: JSON gives plain int, float and bool (a bool is no number here)
+_NUMBER_TYPES = (int, float)
 
 
 def scan_heartbeats(control_dir: Path, now_s: Optional[float] = None, attempt_id: Optional[str] = None
@@ -136,19 +139,24 @@ def scan_heartbeats(control_dir: Path, now_s: Optional[float] = None, attempt_id
     for path in entries:
         if not path.name.endswith(".json"):
             continue
-        raw = read_small_regular(path, MAX_HEARTBEAT_BYTES)
-        beat = None
-        if raw is not None:
-            try:
-                beat = parse_heartbeat(json.loads(raw), now)
-            except (ValueError, RecursionError):
-                beat = None
-        if beat is not None and attempt_id is not None and beat.attempt_id and beat.attempt_id != attempt_id:
-            continue
-        if beat is None or beat.rank in beats:
+        gathered = path.name.startswith(NODE_FILE_PREFIX)      # a node's ranks in one file (node_beat)
+        raw = read_small_regular(path, MAX_NODE_HEARTBEAT_BYTES if gathered else MAX_HEARTBEAT_BYTES)
+        try:
+            data = json.loads(raw) if raw is not None else None
+        except (ValueError, RecursionError):
+            data = None
+        records = data.get("ranks") if gathered and isinstance(data, dict) else [data]
+        if not isinstance(records, list):
             invalid += 1
             continue
-        beats[beat.rank] = beat
+        for record in records:
+            beat = parse_heartbeat(record, now)
+            if beat is not None and attempt_id is not None and beat.attempt_id and beat.attempt_id != attempt_id:
+                continue
+            if beat is None or beat.rank in beats:
+                invalid += 1
+                continue
+            beats[beat.rank] = beat
     return [beats[rank] for rank in sorted(beats)], invalid
 
 
