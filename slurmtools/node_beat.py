@@ -35,7 +35,7 @@ from slurmtools.fsutil import read_small_regular, write_json_atomic
 NODE_LOCAL_DIR_ENV = "SLURMTOOLS_NODE_LOCAL_DIR"
 DEFAULT_NODE_LOCAL_DIR = "/dev/shm"
 NODE_FILE_PREFIX = "node-"
-MAX_RANK_RECORD_BYTES = 64 * 1024
+MAX_RANK_RECORD_BYTES = 64 * 1024             # one rank's heartbeat record (watchdog reads it by this)
 MAX_RANKS_PER_NODE = 256
 # a node directory of this user untouched this long belongs to no running launch (its ranks rewrite
 # their records every heartbeat interval): local rank 0 removes it when it starts

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurmtools.fsutil import read_small_regular
-from slurmtools.node_beat import MAX_RANKS_PER_NODE, NODE_FILE_PREFIX
+from slurmtools.node_beat import MAX_RANK_RECORD_BYTES, MAX_RANKS_PER_NODE, NODE_FILE_PREFIX
 from slurmtools.runtime import HEARTBEAT_DIR
 
 
@@ -66,7 +66,7 @@ class Stall:
     cut_off: Tuple[str, ...] = ()   # nodes whose slurmd did not answer: lost to the job (cut_off)
 
 
-MAX_HEARTBEAT_BYTES = 64 * 1024
+MAX_HEARTBEAT_BYTES = MAX_RANK_RECORD_BYTES       # one rank's record, in its own file or in its node's
 MAX_NODE_HEARTBEAT_BYTES = MAX_HEARTBEAT_BYTES * MAX_RANKS_PER_NODE
 # a heartbeat from the future hides a hang for as long as it is "new": allow only clock skew
 FUTURE_TOLERANCE_S = 300.0
