@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -37,6 +38,8 @@ DEFAULT_NODE_LOCAL_DIR = "/dev/shm"
 NODE_FILE_PREFIX = "node-"
 MAX_RANK_RECORD_BYTES = 64 * 1024             # one rank's heartbeat record (watchdog reads it by this)
 MAX_RANKS_PER_NODE = 256
+# in a node directory: the ranks' reduced flight-recorder records (fr_dump.py), gathered like heartbeats
+FLIGHT_RECORDS_SUBDIR = "flight-recorder"
 # a node directory of this user untouched this long belongs to no running launch (its ranks rewrite
 # their records every heartbeat interval): local rank 0 removes it when it starts
 STALE_AFTER_S = 600.0
@@ -104,13 +107,14 @@ def gather(directory: Path) -> List[Dict[str, Any]]:
 
 def clear(directory: Path) -> None:
     """Records and markers of an earlier launch under the same name (a rerun in the same dir) go."""
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return
-    for entry in entries:
-        if entry.is_file(follow_symlinks=False):
-            Path(entry.path).unlink(missing_ok=True)
+    for folder in (directory / FLIGHT_RECORDS_SUBDIR, directory):
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_file(follow_symlinks=False):
+                Path(entry.path).unlink(missing_ok=True)
 
 
 def sweep_stale(directory: Path, now: float, stale_after_s: float = STALE_AFTER_S) -> None:
@@ -149,6 +153,8 @@ class NodeBeats:
                  markers: Sequence[str]) -> None:
         self.control_dir, self.directory, self.rank, self.host = control_dir, directory, rank, host
         self.gathers, self.markers = gathers, tuple(markers)
+        self.recorder_dir: Optional[Path] = None     # where this node's flight records go, once asked
+        self.flight_records_written = 0
 
     @classmethod
     def for_rank(cls, control_dir: Path, rank: int, host: str, attempt_id: str, environ: Mapping[str, str],
@@ -160,6 +166,10 @@ class NodeBeats:
         root = Path(environ.get(NODE_LOCAL_DIR_ENV) or DEFAULT_NODE_LOCAL_DIR)
         directory = node_dir(root, control_dir, attempt_id, host)
         if directory is None:
+            if local == 0:     # one line per node in the job's output: an admin's setting to mend
+                print(f"slurmtools: {NODE_LOCAL_DIR_ENV} {root}: no directory of this user's own there (missing, "
+                      f"or others can write it); each rank writes its heartbeat to the control dir",
+                      file=sys.stderr, flush=True)
             return None
         if local == 0:
             clear(directory)
@@ -173,6 +183,24 @@ class NodeBeats:
             mirror_markers(self.control_dir, self.directory, self.markers)
             write_json_atomic(heartbeat_dir / node_file_name(self.host),
                               {"node": self.host, "time": now, "ranks": gather(self.directory)}, durable=False)
+            self._gather_flight_records()
+
+    def write_flight_record(self, record: Dict[str, Any], recorder_dir: Path) -> None:
+        """This rank's reduced flight recorder into node memory; local rank 0's next beats gather
+        the node's records into recorder_dir/node-<host>.json (until no more come)."""
+        local = self.directory / FLIGHT_RECORDS_SUBDIR
+        local.mkdir(mode=0o700, exist_ok=True)
+        write_json_atomic(local / f"{self.rank}.json", record, durable=False)
+        self.recorder_dir = recorder_dir
+
+    def _gather_flight_records(self) -> None:
+        if self.recorder_dir is None:
+            return
+        records = gather(self.directory / FLIGHT_RECORDS_SUBDIR)
+        if len(records) != self.flight_records_written:
+            write_json_atomic(self.recorder_dir / node_file_name(self.host), {"node": self.host, "ranks": records},
+                              durable=False)
+            self.flight_records_written = len(records)
 
     def marker_exists(self, name: str) -> bool:
         return (self.directory / name).exists()

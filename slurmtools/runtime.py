@@ -20,7 +20,8 @@ supervisor, the submitit path and the trainer):
                             each rank's finished steps and rank 0's checkpoints (steplog.py),
                             what `slurmtools report` plots
     flight-recorder/<attempt id>/rank_<N>
-                            NCCL flight-recorder dumps after a collective timeout
+                            NCCL flight-recorder dumps after a collective timeout;
+                            rank_<N>.json, node-<host>.json: dumps reduced on request (fr_dump.py)
   attempt id    "<job id>.<restart count>", and "<job id>.<restart count>.<step seq>" for a
                 restart inside the allocation (SLURMTOOLS_ATTEMPT_ID); the attempt's number
                 across the whole job, from 0, in SLURMTOOLS_ATTEMPT_NUMBER
@@ -53,6 +54,7 @@ CONTROL_SUBDIR = ".slurmtools"
 LOCAL_JOB_ID = "local"
 
 HEARTBEAT_DIR = "heartbeat"
+HEARTBEAT_INTERVAL_S = 1.0     # a rank's keep-alive thread: how often `alive` is refreshed and markers looked at
 FLIGHT_RECORDER_DIR = "flight-recorder"
 # where torch writes its flight-recorder dump (the rank is appended): torch >= 2.7 and older names
 FLIGHT_RECORDER_FILE_ENVS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
@@ -82,23 +84,6 @@ def flight_recorder_prefix(control_dir: PathLike, attempt_id: str) -> str:
     """Where a rank's flight-recorder dump goes, the rank appended: torch's own on an NCCL
     timeout (the supervisor exports it as FLIGHT_RECORDER_FILE_ENVS) and ours on request."""
     return f"{control_dir}/{FLIGHT_RECORDER_DIR}/{attempt_id}/rank_"
-
-
-def dump_flight_recorder() -> Optional[bytes]:
-    """This process's flight recorder (torch's pickle, without stack traces), or None when
-    torch.distributed is not in use here."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    import torch.distributed as dist
-    if not dist.is_available() or not dist.is_initialized():
-        return None
-    from torch._C import _distributed_c10d as c10d
-    dump = getattr(c10d, "_dump_fr_trace", None)
-    if dump is None:
-        return None
-    raw: bytes = dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
-    return raw
 
 
 def control_root(checkpoint_dir: Optional[str], output_dir: str) -> str:
@@ -137,7 +122,7 @@ class TrainingControl:
     """One per training process. Works (as a no-op) outside the supervisor too."""
 
     def __init__(self, control_dir: Optional[PathLike] = None, rank: Optional[int] = None,
-                 heartbeat_interval_s: float = 1.0) -> None:
+                 heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
         env_dir = os.environ.get(CONTROL_DIR_ENV)
         self.control_dir = Path(control_dir) if control_dir else (Path(env_dir) if env_dir else None)
         self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
@@ -333,17 +318,19 @@ class TrainingControl:
                 self._dump_flight_recorder(self.control_dir)
 
     def _dump_flight_recorder(self, control_dir: Path) -> None:
+        """This rank's flight recorder, reduced to what attribution reads (slurmtools.fr_dump)."""
         try:
-            raw = dump_flight_recorder()
-            if raw is None:
+            from slurmtools.fr_dump import this_process_summary
+            record = this_process_summary(self.rank)
+            if record is None:
                 return
             prefix = os.environ.get(FLIGHT_RECORDER_FILE_ENVS[0]) or flight_recorder_prefix(control_dir,
                                                                                              self.attempt_id)
-            path = Path(f"{prefix}{self.rank}")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(raw)
-            os.replace(tmp, path)
+            Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+            if self._node is not None:
+                self._node.write_flight_record(record, Path(prefix).parent)
+            else:
+                write_json_atomic(Path(f"{prefix}{self.rank}.json"), record, durable=False)
         except Exception as exc:      # evidence only: never a reason for training to fail
             print(f"slurmtools: flight-recorder dump failed: {exc}", file=sys.stderr, flush=True)
 

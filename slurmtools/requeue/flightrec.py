@@ -1,100 +1,97 @@
 """Flight-recorder dumps: which rank never entered the collective the others wait in.
 
-torch records every collective of a process group in a ring buffer (TORCH_FR_BUFFER_SIZE;
-NCCL and gloo alike): per entry its process group, `collective_seq_id` (the n-th collective
-of that group), `profiling_name` ("nccl:all_reduce", "gloo:all_reduce") and state. NCCL dumps
-it on a collective timeout (TORCH_NCCL_DUMP_ON_TIMEOUT) to `<prefix><rank>`; on any backend a
-rank's keep-alive thread dumps it to the same place when the supervisor asks (runtime.py), also
-while the rank's main thread waits in a collective. In a hang, the ranks that wait have each
+torch records every collective of a process group in a ring buffer (slurmtools/fr_dump.py). NCCL
+dumps it on a collective timeout (TORCH_NCCL_DUMP_ON_TIMEOUT) to `<prefix><rank>`; on any
+backend a rank's keep-alive thread reduces its own dump when the supervisor asks (runtime.py),
+also while the rank's main thread waits in a collective, and writes `<prefix><rank>.json`, or,
+gathered per node, `node-<host>.json` (node_beat.py). In a hang, the ranks that wait have each
 entered collective #S of a group; a rank whose newest entry of that group is below S never
 entered it: that rank, and its node, is the one to blame.
 
-Reading is `read_dumps` (a restricted unpickler: only plain containers, strings and numbers,
-never code); deciding is the pure `laggard`.
+Reading is `read_reduced` (reduced records first; a full dump only for a rank without one, read
+and reduced one at a time, so the supervisor holds one dump at most, and within a time budget:
+judging on the ranks read so far is sound, a rank behind among them is behind); deciding is the
+pure `laggard`.
 """
 from __future__ import annotations
 
-import io
-import pickle
-import pickletools
+import json
+import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
+from slurmtools.fr_dump import (MAX_DUMP_BYTES, MAX_SUMMARY_BYTES, Reduced, parse_dump, parse_summary,
+                                reduce)
 from slurmtools.fsutil import read_small_regular, write_json_atomic
+from slurmtools.node_beat import MAX_RANKS_PER_NODE, NODE_FILE_PREFIX
 from slurmtools.runtime import FLIGHT_RECORDER_REQUEST_FILE
 
-MAX_DUMP_BYTES = 64 * 1024 * 1024
 _RANK_FILE = re.compile(r"^rank_(\d{1,7})$")
+_SUMMARY_FILE = re.compile(r"^rank_(\d{1,7})\.json$")
+# the supervisor's time for reading full dumps (torch's own, 0.2-0.6 MB each) before it judges on
+# those read: reduced records take ~2 ms per node at 8,000 ranks (bench/scale.py)
+READ_BUDGET_S = 30.0
 
 
-class _PlainUnpickler(pickle.Unpickler):
-    """Builds dicts, lists, tuples, strings, numbers, bools and None; refuses every class."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"flight-recorder dump refers to {module}.{name}")
-
-
-# Opcodes that build objects by calling code, or name outside objects: a plain dump has none.
-_CODE_OPCODES = frozenset({"GLOBAL", "STACK_GLOBAL", "REDUCE", "BUILD", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX",
-                           "EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID"})
-
-
-def _plain_and_bounded(raw: bytes) -> bool:
-    """Whether raw is a pickle of plain values whose memo indices count up as a pickler writes them.
-
-    Walked opcode by opcode (pickletools.genops reads every argument before anything is built)
-    before the C unpickler sees it: that unpickler sizes its memo from the largest index and its
-    bytes from the stated length, so 9 hostile bytes (a memo index of 2**26) made it allocate about
-    1 GB, next to training, before it refused the dump."""
-    memo_size = 0
+def _records(raw: Optional[bytes]) -> List[Tuple[int, Reduced]]:
+    """The reduced records in one file's bytes: one rank's record, or a node's {"ranks": [...]}."""
     try:
-        for opcode, arg, _ in pickletools.genops(raw):
-            name = opcode.name
-            if name in _CODE_OPCODES:
-                return False
-            if name == "MEMOIZE":
-                memo_size += 1
-            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-                if not isinstance(arg, int) or not 0 <= arg <= memo_size:
-                    return False
-                memo_size = max(memo_size, arg + 1)
-            elif name in ("GET", "BINGET", "LONG_BINGET") and not (isinstance(arg, int) and 0 <= arg < memo_size):
-                return False
-    except Exception:       # torn or not a pickle: genops says so with several exception types
-        return False
-    return True
+        data = json.loads(raw) if raw is not None else None
+    except (ValueError, RecursionError):
+        return []
+    many = data.get("ranks") if isinstance(data, dict) and "ranks" in data else [data]
+    parsed = [parse_summary(record) for record in (many if isinstance(many, list) else [])]
+    return [one for one in parsed if one is not None]
 
 
-def parse_dump(raw: bytes) -> Optional[Dict[str, Any]]:
-    """One dump's dict, or None when it is not a plain pickle of a dict with a list of entries."""
-    if not _plain_and_bounded(raw):
-        return None
+def _names(directory: Path) -> List[str]:
     try:
-        data = _PlainUnpickler(io.BytesIO(raw)).load()
-    except Exception:       # any malformed pickle (torn, foreign, hostile) is no evidence
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
-        return None
-    return data
-
-
-def read_dumps(directory: Path) -> Dict[int, Dict[str, Any]]:
-    """rank -> dump for every well-formed `rank_<N>` file in directory (others are skipped)."""
-    dumps: Dict[int, Dict[str, Any]] = {}
-    try:
-        paths = sorted(directory.iterdir()) if directory.is_dir() else []
+        return sorted(entry.name for entry in os.scandir(directory))
     except OSError:
-        return dumps
-    for path in paths:
-        match = _RANK_FILE.match(path.name)
-        raw = read_small_regular(path, MAX_DUMP_BYTES) if match else None   # no link, FIFO or huge file
+        return []
+
+
+def read_summaries(directory: Path) -> Dict[int, Reduced]:
+    """rank -> reduced record, from every well-formed `rank_<N>.json` and `node-<host>.json`."""
+    reduced: Dict[int, Reduced] = {}
+    for name in _names(directory):
+        if name.startswith(NODE_FILE_PREFIX) and name.endswith(".json"):
+            limit = MAX_SUMMARY_BYTES * MAX_RANKS_PER_NODE
+        elif _SUMMARY_FILE.match(name):
+            limit = MAX_SUMMARY_BYTES
+        else:
+            continue
+        for rank, groups in _records(read_small_regular(directory / name, limit)):
+            reduced[rank] = groups
+    return reduced
+
+
+def read_reduced(directory: Path, budget_s: float = READ_BUDGET_S) -> Dict[int, Reduced]:
+    """rank -> reduced record for every rank with a record or a well-formed full dump `rank_<N>`
+    in directory (others skipped); full dumps only until budget_s has passed."""
+    reduced = read_summaries(directory)
+    deadline = time.monotonic() + budget_s
+    for name in _names(directory):
+        match = _RANK_FILE.match(name)
+        if not match or int(match.group(1)) in reduced:
+            continue
+        if time.monotonic() > deadline:
+            break
+        raw = read_small_regular(directory / name, MAX_DUMP_BYTES)   # no link, FIFO or huge file
         dump = parse_dump(raw) if raw is not None else None
-        if match and dump is not None:
-            dumps[int(match.group(1))] = dump
-    return dumps
+        del raw
+        if dump is not None:
+            reduced[int(match.group(1))] = reduce(dump)
+    return reduced
+
+
+def ranks_there(directory: Path) -> Set[int]:
+    """The ranks with a record or a full dump (full dumps by name: they are read once, when all are)."""
+    dumped = {int(match.group(1)) for match in map(_RANK_FILE.match, _names(directory)) if match}
+    return dumped | set(read_summaries(directory))
 
 
 @dataclass(frozen=True)
@@ -126,22 +123,6 @@ class Laggard:
 ENTRY_STATES = ("scheduled", "started", "completed")
 
 
-def _newest(entries: List[Any]) -> Dict[str, Tuple[int, str, str]]:
-    """group -> (highest collective_seq_id, its profiling name, its state) among a rank's collective entries."""
-    out: Dict[str, Tuple[int, str, str]] = {}
-    for entry in entries:
-        if not isinstance(entry, dict) or entry.get("is_p2p") is True:
-            continue
-        seq, group, name = entry.get("collective_seq_id"), entry.get("pg_id"), entry.get("profiling_name", "")
-        state = entry.get("state", "")
-        if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(group, (int, str)):
-            continue
-        key = str(group)
-        if key not in out or seq > out[key][0]:
-            out[key] = (seq, name if isinstance(name, str) else "", state if isinstance(state, str) else "")
-    return out
-
-
 def one_node(ranks: Sequence[int], hosts: Mapping[int, str]) -> Optional[str]:
     """The node every one of ranks sits on ("" for one rank of unknown host), else None."""
     if len(ranks) == 1:
@@ -150,14 +131,14 @@ def one_node(ranks: Sequence[int], hosts: Mapping[int, str]) -> Optional[str]:
     return named.pop() if len(named) == 1 and None not in named else None
 
 
-def laggard(dumps: Mapping[int, Mapping[str, Any]], hosts: Mapping[int, str]) -> Optional[Laggard]:
+def laggard(reduced: Mapping[int, Reduced], hosts: Mapping[int, str]) -> Optional[Laggard]:
     """The rank (or the ranks of one node) that never entered a collective its group's other ranks
     entered; or, all having entered it, whose entry never started while the others' did. None when
     the dumps name no single node (all equal, several nodes behind, fewer than two dumps). A rank
     of the job without a dump is not blamed here: its silence is the node watch's evidence."""
-    if len(dumps) < 2:
+    if len(reduced) < 2:
         return None
-    newest = {rank: _newest(list(dump.get("entries") or [])) for rank, dump in dumps.items()}
+    newest = reduced
     for group in sorted({group for per_rank in newest.values() for group in per_rank}):
         # a rank without entries of the group may not be in it (a sub-group): only members compare
         seqs = {rank: per_rank[group][0] for rank, per_rank in newest.items() if group in per_rank}
@@ -195,24 +176,17 @@ def request_dumps(control_dir: Path) -> bool:
 
 
 def dumps_ready(recorder_dir: Path, ranks: int) -> bool:
-    """`ranks` dumps are there (names counted; the large dumps are read once, when all are)."""
-    return _dump_files(recorder_dir) >= ranks
+    """`ranks` ranks have written their record or dump."""
+    return len(ranks_there(recorder_dir)) >= ranks
 
 
 def collect(control_dir: Path, recorder_dir: Path, ranks: int, wait_s: float = DUMP_WAIT_S
-            ) -> Dict[int, Dict[str, Any]]:
+            ) -> Dict[int, Reduced]:
     """Ask for the dumps and wait up to wait_s until `ranks` are there; what is there then. (The
     supervisor does not wait here: observe.DumpRequest asks and looks again on its next passes.)"""
     if not request_dumps(control_dir):
-        return read_dumps(recorder_dir)
+        return read_reduced(recorder_dir)
     deadline = time.monotonic() + wait_s
     while not dumps_ready(recorder_dir, ranks) and time.monotonic() < deadline:
         time.sleep(0.2)
-    return read_dumps(recorder_dir)
-
-
-def _dump_files(directory: Path) -> int:
-    try:
-        return sum(1 for path in directory.iterdir() if _RANK_FILE.match(path.name))
-    except OSError:
-        return 0
+    return read_reduced(recorder_dir)

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from slurmtools.fr_dump import Reduced
 from slurmtools.fsutil import write_json_atomic
 from slurmtools.requeue import flightrec, ledger, nodecheck, straggler, watchdog
 from slurmtools.requeue.actions import emit
@@ -86,13 +87,13 @@ class DumpRequest:
         if waiting and now - self.asked_at < flightrec.DUMP_WAIT_S:
             return None
         if self.recorder_dir is not None:
-            stall = attributed(stall, self.attempt_id, flightrec.read_dumps(self.recorder_dir), beats)
+            stall = attributed(stall, self.attempt_id, flightrec.read_reduced(self.recorder_dir), beats)
         if self.node_watch is not None and self.reach is not None and self.reach.done():
             stall = watchdog.cut_off(stall, beats, self.reach.result(), len(self.node_watch.candidates) + 1)
         return stall
 
 
-def attributed(stall: watchdog.Stall, attempt_id: str, dumps: Dict[int, Dict[str, Any]],
+def attributed(stall: watchdog.Stall, attempt_id: str, dumps: Dict[int, Reduced],
                beats: List[watchdog.Beat]) -> watchdog.Stall:
     """Every rank is at the same step: the flight recorders may still say which one never
     entered the collective the others wait in."""
@@ -106,7 +107,7 @@ def collective_laggard(recorder_dir: Optional[Path], beats: List[watchdog.Beat])
     """After a failed step: the laggard named by the dumps torch wrote (an NCCL timeout), if any."""
     if recorder_dir is None:
         return None
-    return flightrec.laggard(flightrec.read_dumps(recorder_dir), {beat.rank: beat.host for beat in beats})
+    return flightrec.laggard(flightrec.read_reduced(recorder_dir), {beat.rank: beat.host for beat in beats})
 
 
 _LAUNCH_FAILED_ON = re.compile(r"(?:failed on node|Node failure on) (\S+?)[:,]?\s")

@@ -14,6 +14,7 @@ import pytest
 from slurmtools import drain, slurm
 from slurmtools.minicluster import cluster as mc
 from slurmtools.requeue import ledger
+from slurmtools.runtime import FLIGHT_RECORDER_DIR, control_dir_for
 from tests.cluster import training
 from tests.cluster.test_faults import _expand
 from tests.conftest import wait_for
@@ -161,6 +162,9 @@ def test_e_a_rank_that_skips_a_collective_is_named_by_the_flight_recorder(cluste
     job, evts = _completed(spec, [("hang", "restart"), ("completed", "complete")])
     recorder = training.supervisor_events(evts, "flight_recorder")
     assert [(r["dumps"], r["ranks"], r["laggard"]) for r in recorder] == [(4, 4, 3)]
+    dumps_dir = control_dir_for(spec.checkpoint_dir, spec.output_dir, str(job)) / FLIGHT_RECORDER_DIR / f"{job}.0"
+    # each rank reduced its own dump, each node's local rank 0 gathered them: two small files
+    assert sorted(path.name for path in dumps_dir.iterdir()) == ["node-node1.json", "node-node2.json"]
     hang = training.supervisor_events(evts, "hang")
     assert [(h["rank"], h["host"]) for h in hang] == [(3, "node2")]
     reason = training.blamed_reason("node2", job)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmtools import fr_dump, node_beat
 from slurmtools.requeue import flightrec, watchdog
 from slurmtools.requeue.policy import Cause, Evidence, classify
 from slurmtools.runtime import FLIGHT_RECORDER_REQUEST_FILE, flight_recorder_prefix
@@ -28,6 +29,11 @@ def entry(seq, name="nccl:all_reduce", pg=0, state="completed", p2p=False):
             "is_p2p": p2p, "frames": []}
 
 
+def laggard(dumps, hosts):
+    """flightrec.laggard over full dumps, each reduced as a rank reduces its own."""
+    return flightrec.laggard({rank: fr_dump.reduce(one) for rank, one in dumps.items()}, hosts)
+
+
 def dump(*entries):
     return {"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"}},
             "pg_status": {}, "entries": list(entries)}
@@ -36,7 +42,7 @@ def dump(*entries):
 def test_the_rank_that_never_entered_the_collective_is_named_with_its_node():
     waiting = dump(entry(41), entry(42, "nccl:all_gather"), entry(43, "nccl:reduce_scatter", state="started"))
     behind = dump(entry(41), entry(42, "nccl:all_gather"))
-    found = flightrec.laggard({0: waiting, 1: waiting, 2: behind, 3: waiting}, HOSTS)
+    found = laggard({0: waiting, 1: waiting, 2: behind, 3: waiting}, HOSTS)
     assert (found.rank, found.host, found.collective, found.seq, found.group, found.waiting) == (
         2, "node2", "nccl:reduce_scatter", 43, "0", (0, 1, 3))
     assert found.detail == ("rank 2 on node2 never entered nccl:reduce_scatter #43 of process group 0 that "
@@ -45,10 +51,10 @@ def test_the_rank_that_never_entered_the_collective_is_named_with_its_node():
 
 def test_no_single_laggard_names_nobody():
     same = dump(entry(7), entry(8))
-    assert flightrec.laggard({0: same, 1: same, 2: same}, HOSTS) is None             # a true deadlock
+    assert laggard({0: same, 1: same, 2: same}, HOSTS) is None             # a true deadlock
     two_behind = dump(entry(7))
-    assert flightrec.laggard({0: same, 1: two_behind, 2: two_behind}, HOSTS) is None
-    assert flightrec.laggard({0: same}, HOSTS) is None                                 # one dump compares nothing
+    assert laggard({0: same, 1: two_behind, 2: two_behind}, HOSTS) is None
+    assert laggard({0: same}, HOSTS) is None                                 # one dump compares nothing
 
 
 def test_p2p_entries_and_other_groups_do_not_confuse_it():
@@ -56,7 +62,7 @@ def test_p2p_entries_and_other_groups_do_not_confuse_it():
     ahead = dump(entry(5), entry(3, pg=1), entry(99, "nccl:send", p2p=True))
     behind = dump(entry(5), entry(2, pg=1))
     other = dump(entry(5))
-    found = flightrec.laggard({0: ahead, 1: behind, 2: other}, HOSTS)
+    found = laggard({0: ahead, 1: behind, 2: other}, HOSTS)
     assert (found.rank, found.group, found.seq, found.waiting) == (1, "1", 3, (0,))
 
 
@@ -67,8 +73,8 @@ def test_dumps_are_read_without_running_any_code_and_bad_files_are_skipped(tmp_p
     (tmp_path / "rank_3").write_bytes(pickle.dumps({"entries": "not a list"}))
     (tmp_path / "notes.txt").write_bytes(pickle.dumps(dump()))
     (tmp_path / "rank_4").symlink_to(tmp_path / "rank_0")
-    assert list(flightrec.read_dumps(tmp_path)) == [0]
-    assert flightrec.read_dumps(tmp_path / "absent") == {}
+    assert flightrec.read_reduced(tmp_path) == {0: {"0": (1, "nccl:all_reduce", "completed")}}
+    assert flightrec.read_reduced(tmp_path / "absent") == {}
 
 
 def test_the_flight_recorder_account_becomes_the_diagnosis():
@@ -97,7 +103,10 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_real_gloo_ranks_dump_on_request_and_name_the_one_that_skipped(tmp_path):
+@pytest.mark.parametrize("per_node", [False, True], ids=["per-rank", "gathered-per-node"])
+def test_real_gloo_ranks_dump_on_request_and_name_the_one_that_skipped(tmp_path, per_node):
+    """Each rank reduces its own dump; with a local rank (one node of three ranks) local rank 0
+    gathers them into one node file, and no rank writes a file of its own in the control dir."""
     pytest.importorskip("torch")
     control = tmp_path / "control"
     port = _free_port()
@@ -107,7 +116,8 @@ def test_real_gloo_ranks_dump_on_request_and_name_the_one_that_skipped(tmp_path)
         env.pop(name, None)
     errors = tmp_path / "ranks.err"
     with errors.open("w") as err:
-        procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT], env=dict(env, RANK=str(rank)),
+        procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT],
+                                  env=dict(env, RANK=str(rank), **({"LOCAL_RANK": str(rank)} if per_node else {})),
                                   stdout=subprocess.DEVNULL, stderr=err) for rank in range(3)]
     try:
         deadline = time.monotonic() + 120
@@ -126,6 +136,9 @@ def test_real_gloo_ranks_dump_on_request_and_name_the_one_that_skipped(tmp_path)
         found = flightrec.laggard(dumps, {beat.rank: beat.host for beat in beats})
         assert (found.rank, found.collective, found.waiting) == (2, "gloo:all_reduce", (0, 1))
         assert found.host == socket.gethostname()
+        written = sorted(path.name for path in recorder.iterdir())
+        assert written == ([node_beat.node_file_name(socket.gethostname())] if per_node else
+                           ["rank_0.json", "rank_1.json", "rank_2.json"])
     finally:
         for proc in procs:
             proc.kill()

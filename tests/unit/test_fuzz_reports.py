@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurmtools import jobreport, metrics, steplog
-from slurmtools.requeue import flightrec, ledger
+from slurmtools import fr_dump, jobreport, metrics, steplog
+from slurmtools.requeue import ledger
 
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -138,7 +138,7 @@ _VALID_DUMP = pickle.dumps({"entries": [{"state": "completed", "collective_seq_i
 def test_a_flight_recorder_dump_of_any_bytes_is_evidence_or_nothing_in_bounded_memory(raw: bytes) -> None:
     tracemalloc.start()
     try:
-        dump = flightrec.parse_dump(raw)
+        dump = fr_dump.parse_dump(raw)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -2,7 +2,7 @@
 GPU-side hang where every rank entered the collective but one node's entries never started."""
 from slurmtools.requeue import flightrec, watchdog
 from slurmtools.requeue.policy import Cause, Evidence, classify
-from tests.unit.test_flight_recorder import dump, entry
+from tests.unit.test_flight_recorder import dump, entry, laggard
 
 HOSTS = {0: "node1", 1: "node1", 2: "node2", 3: "node2", 4: "node3", 5: "node3"}
 
@@ -10,7 +10,7 @@ HOSTS = {0: "node1", 1: "node1", 2: "node2", 3: "node2", 4: "node3", 5: "node3"}
 def test_a_whole_node_behind_in_the_flight_recorder_is_named():
     waiting = dump(entry(41), entry(42, "nccl:all_reduce", state="started"))
     behind = dump(entry(41))
-    found = flightrec.laggard({0: waiting, 1: waiting, 2: behind, 3: behind, 4: waiting, 5: waiting}, HOSTS)
+    found = laggard({0: waiting, 1: waiting, 2: behind, 3: behind, 4: waiting, 5: waiting}, HOSTS)
     assert (found.rank, found.host, found.ranks, found.waiting) == (2, "node2", (2, 3), (0, 1, 4, 5))
     assert found.detail == ("ranks 2,3 on node2 never entered nccl:all_reduce #42 of process group 0 that ranks "
                             "0,1,4,5 wait in (flight recorder)")
@@ -19,7 +19,7 @@ def test_a_whole_node_behind_in_the_flight_recorder_is_named():
 def test_ranks_behind_on_two_nodes_name_nobody():
     waiting = dump(entry(41), entry(42, state="started"))
     behind = dump(entry(41))
-    assert flightrec.laggard({0: waiting, 1: behind, 2: behind, 3: waiting}, HOSTS) is None
+    assert laggard({0: waiting, 1: behind, 2: behind, 3: waiting}, HOSTS) is None
 
 
 def test_a_gpu_side_hang_is_named_from_the_entry_states():
@@ -28,22 +28,22 @@ def test_a_gpu_side_hang_is_named_from_the_entry_states():
     started = dump(entry(41), entry(42, state="started"))
     scheduled = dump(entry(41), entry(42, state="scheduled"))
     dumps = {0: started, 1: started, 2: started, 3: started, 4: scheduled, 5: scheduled}
-    found = flightrec.laggard(dumps, HOSTS)
+    found = laggard(dumps, HOSTS)
     assert (found.rank, found.host, found.ranks, found.never_started) == (4, "node3", (4, 5), True)
     assert found.detail == ("ranks 4,5 on node3 never started nccl:all_reduce #42 of process group 0 that ranks "
                             "0,1,2,3 started (flight recorder entry states)")
-    one = flightrec.laggard({0: started, 1: scheduled}, {0: "node1", 1: "node2"})      # one rank per side
+    one = laggard({0: started, 1: scheduled}, {0: "node1", 1: "node2"})      # one rank per side
     assert (one.rank, one.host) == (1, "node2")
 
 
 def test_entry_states_that_name_no_single_node_name_nobody():
     started = dump(entry(42, state="started"))
     scheduled = dump(entry(42, state="scheduled"))
-    assert flightrec.laggard({0: started, 1: scheduled, 2: scheduled, 3: started, 4: started, 5: started},
+    assert laggard({0: started, 1: scheduled, 2: scheduled, 3: started, 4: started, 5: started},
                              HOSTS) is None                                      # node1 and node2 behind
-    assert flightrec.laggard({0: started, 1: started}, HOSTS) is None               # all the same: a deadlock
+    assert laggard({0: started, 1: started}, HOSTS) is None               # all the same: a deadlock
     odd = dump(entry(42, state="weird"))
-    assert flightrec.laggard({0: started, 1: odd}, {0: "node1", 1: "node2"}) is None  # an unknown state
+    assert laggard({0: started, 1: odd}, {0: "node1", 1: "node2"}) is None  # an unknown state
 
 
 def beat(rank, host, step, time_s=100.0):

@@ -78,13 +78,18 @@ def test_two_jobs_of_one_user_never_share_a_node_directory(tmp_path):
 
 
 def test_without_a_private_node_directory_or_a_local_rank_each_rank_writes_its_own_file(tmp_path, node_memory,
-                                                                                        monkeypatch):
+                                                                                        monkeypatch, capsys):
     control = tmp_path / "control"
     base = node_memory / f"slurmtools-{os.geteuid()}"
     base.mkdir()
     base.chmod(0o777)                                                 # others could plant records: not ours alone
     _control(control, 4, 0, monkeypatch).heartbeat(1)
     assert [p.name for p in (control / HEARTBEAT_DIR).iterdir()] == ["4.json"]
+    assert capsys.readouterr().err == (f"slurmtools: SLURMTOOLS_NODE_LOCAL_DIR {node_memory}: no directory of this "
+                                       "user's own there (missing, or others can write it); each rank writes its "
+                                       "heartbeat to the control dir\n")      # local rank 0 says so, once per node
+    _control(control, 6, 1, monkeypatch)
+    assert capsys.readouterr().err == ""
     base.chmod(0o700)
     monkeypatch.delenv("LOCAL_RANK")
     monkeypatch.delenv("SLURM_LOCALID", raising=False)
