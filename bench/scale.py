@@ -3,7 +3,8 @@
 and what one supervisor pass over every rank's heartbeat costs, with one heartbeat file per rank
 (the old way, and what a rank without a local rank still does) and gathered per node (node_beat).
 
-    .venv/bin/python bench/scale.py [--ranks 1000,8000,64000] [--ranks-per-node 8] [--passes 5] [--dir D]
+    .venv/bin/python bench/scale.py [--ranks 1000,8000,64000] [--ranks-per-node 8] [--passes 5] [--only heartbeats|attribution]
+                                     [--fr-entries 2000] [--raw-dumps 100] [--dir D]
 
 No torch and no cluster: the real code paths with simulated ranks.
 - Per rank: one real `TrainingControl` with a control dir, a 1-s step for `--rank-seconds` seconds
@@ -276,12 +277,22 @@ def main() -> None:
     ap.add_argument("--ranks-per-node", type=int, default=8)
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--rank-seconds", type=int, default=5)
+    ap.add_argument("--only", choices=("heartbeats", "attribution"), help="measure one part only")
     ap.add_argument("--fr-entries", type=int, default=2000, help="entries in each flight-recorder dump")
     ap.add_argument("--raw-dumps", type=int, default=100, help="full dumps read to time the supervisor's own reduction")
     ap.add_argument("--dir", default=None, help="where the control dirs go (default: a temporary directory)")
     args = ap.parse_args()
     base = Path(args.dir or tempfile.mkdtemp(prefix="slurmtools-scale-"))
     poll_s = SupervisorConfig.poll_s          # the dataclass default: the cadence of a supervisor pass
+    if args.only != "attribution":
+        heartbeats(args, base, poll_s)
+    if args.only != "heartbeats":
+        attributions(args, base, poll_s)
+    if args.dir is None:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def heartbeats(args: argparse.Namespace, base: Path, poll_s: float) -> None:
     loads = {}
     for mode, local in (("per rank", None), ("gathered, local rank 0", 0), ("gathered, other ranks", 1)):
         load_dir = Path(tempfile.mkdtemp(prefix="rank-", dir=base))
@@ -319,6 +330,9 @@ def main() -> None:
               f"({'met' if share <= 0.10 + 1e-9 else 'not met'})")
         print(f"goal detection <= node_timeout_s + 2 s at 8000 ranks: node_timeout_s + {detect:.1f} s "
               f"({'met' if detect <= 2.0 else 'not met'})")
+
+
+def attributions(args: argparse.Namespace, base: Path, poll_s: float) -> None:
     interval_s = HEARTBEAT_INTERVAL_S
     verdicts = {}
     for ranks in [int(x) for x in args.ranks.split(",")]:
@@ -340,8 +354,6 @@ def main() -> None:
         met = at_8000["verdict_s"] <= 30.0 and at_8000["peak_mb"] <= 2000.0
         print(f"goal attribution <= 30 s in <= 2 GB at 8000 ranks: {at_8000['verdict_s']:.1f} s, "
               f"{at_8000['peak_mb']:.0f} MB ({'met' if met else 'not met'})")
-    if args.dir is None:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ REGISTRY_DIR = Path("/run/slurmtools/minicluster")
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 MAX_SLOTS = 100
 JOB_IDS_PER_SLOT = 100_000
-MAX_NODES = 32
+# node i has 10.77.<slot>.(10 + i): the /24 holds up to .250 (measured: docs/minicluster.md)
+MAX_NODES = 240
 
 # Debian 12 packages the cluster needs (--no-install-recommends is enough: 28 packages, the
 # --json plugins included; apt starts no daemon here, policy-rc.d refuses).

@@ -44,7 +44,7 @@ def test_version_and_render_golden():
      "--trials must be 1 to 100000"),
     (["run"], 2, "run: no command given"),
     (["minicluster", "kill", "node99"], 2, "unknown node 'node99'"),
-    (["minicluster", "up", "--nodes", "0"], 2, "nodes must be between 1 and 32"),
+    (["minicluster", "up", "--nodes", "0"], 2, "nodes must be between 1 and 240"),
     (["nodes", "drain", "node1", "--reason", " "], 2, "--reason must be one line of text"),
     (["health", "run", "--phase", "later"], 2, "invalid choice: 'later'"),
 ])

@@ -80,9 +80,9 @@ def test_names_and_addresses():
         lay.node_addr("node13")
 
 
-@pytest.mark.parametrize("nodes", [0, 33])
+@pytest.mark.parametrize("nodes", [0, 241])
 def test_node_count_is_bounded(nodes):
-    with pytest.raises(ValueError, match="nodes must be between 1 and 32"):
+    with pytest.raises(ValueError, match="nodes must be between 1 and 240"):
         layout(nodes=nodes)
 
 
@@ -97,8 +97,9 @@ def test_named_clusters_share_nothing():
     assert MiniClusterLayout(name="last", slot=99).first_job_id + 100_000 < 0x03ff0000     # Slurm's MaxJobId
     assert {first.netns("node1"), first.veth("node1")}.isdisjoint({second.netns("node1"), second.veth("node1")})
     assert second.subnet == "10.77.1.0/24" and second.bridge == "st-test"
-    widest = MiniClusterLayout(name="abcdefgh", slot=99, nodes=32)
-    assert widest.veth("node32") == "stabcdefghv32" and len(widest.veth("node32")) <= 15 and len(widest.bridge) <= 15
+    widest = MiniClusterLayout(name="abcdefgh", slot=99, nodes=240)
+    assert widest.veth("node240") == "stabcdefghv240" and len(widest.veth("node240")) <= 15 and len(widest.bridge) <= 15
+    assert widest.node_addr("node240") == "10.77.99.250" and "NodeAddr=10.77.99.[11-250]" in widest.render_slurm_conf()
     # interface names follow the name, not the slot: a layout with a wrong slot cannot touch another's
     assert MiniClusterLayout(name="test", slot=0).veth("node1") != MiniClusterLayout(name="mini", slot=0).veth("node1")
 
