@@ -9,26 +9,27 @@
 #           plain torchrun script's crash and lost node; the Lightning adapter's test, while lane 1
 #           runs the Transformers adapter's) on a 5-node cluster of the machine's own
 #           Slurm (`mhost`), then the core cluster tests (marker every_release) on Slurm 24.11
-#           (`t2411`) and 26.05 (`t2605`), then the unit tests.
+#           (`t2411`) and 26.05 (`t2605`), then the control plane at 128 nodes (marker scale: a light
+#           trainer without torch on a 130-node cluster, `shost`), then the unit tests.
 # The unit tests run at the end of lane 2 (host:unit): lane 2's cluster tests end minutes before lane 1's,
 # and 5 minutes of unit tests before both lanes made the command ~47 minutes on CI (stop 36).
 # SLURMTOOLS_TEST_LANES overrides them: lanes separated by ';', each a list of words RELEASE:KIND,
 # KIND one of cluster (the whole cluster suite but the matrix), suite-a or suite-b (its two parts:
-# SUITE_A_MODULES and the rest), core, matrix (on a 5-node cluster) or unit (the unit tests; RELEASE
+# SUITE_A_MODULES and the rest), core, matrix (on a 5-node cluster), scale (on a 130-node cluster) or unit (the unit tests; RELEASE
 # is ignored); RELEASE `host` is the machine's own Slurm. Lane 1's output is printed as it runs, the
 # other lanes' when all are done. Each lane's wall time and the total are printed at the end.
 # Extra arguments run that one pytest on the machine's Slurm only (e.g. -m "not cluster").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-lanes_text=${SLURMTOOLS_TEST_LANES-host:cluster; host:matrix 24.11:core 26.05:core host:unit}
+lanes_text=${SLURMTOOLS_TEST_LANES-host:cluster; host:matrix 24.11:core 26.05:core host:scale host:unit}
 # the cluster suite's part a (suite-a); every other cluster module (a new one too) is in part b
 SUITE_A_MODULES="test_0_failed_up test_blame test_confinement test_faults test_health_gate"
 IFS=';' read -ra lanes <<<"$lanes_text"
 for lane in "${lanes[@]}"; do   # a bad word fails before an hour of tests, not after
   for run in $lane; do
     case "$run" in
-      *:cluster|*:suite-a|*:suite-b|*:core|*:matrix|*:unit) ;;
-      *) echo "scripts/test.sh: SLURMTOOLS_TEST_LANES: '$run' is not RELEASE:KIND with KIND cluster, suite-a, suite-b, core, matrix or unit" >&2
+      *:cluster|*:suite-a|*:suite-b|*:core|*:matrix|*:scale|*:unit) ;;
+      *) echo "scripts/test.sh: SLURMTOOLS_TEST_LANES: '$run' is not RELEASE:KIND with KIND cluster, suite-a, suite-b, core, matrix, scale or unit" >&2
          exit 2 ;;
     esac
   done
@@ -80,11 +81,12 @@ run_one() {   # RELEASE:KIND: one pytest run on a cluster of its own
       echo "== the unit tests"
       .venv/bin/python -m pytest -p no:cacheprovider -m "not cluster"
       return ;;
-    cluster) what="the whole cluster suite"; marker="cluster and not matrix" ;;
-    suite-a) what="the cluster suite, part a"; marker="cluster and not matrix"; prefix=a; paths=("${suite_a_args[@]}") ;;
-    suite-b) what="the cluster suite, part b"; marker="cluster and not matrix"; prefix=b; paths=("${suite_b_args[@]}") ;;
+    cluster) what="the whole cluster suite"; marker="cluster and not matrix and not scale" ;;
+    suite-a) what="the cluster suite, part a"; marker="cluster and not matrix and not scale"; prefix=a; paths=("${suite_a_args[@]}") ;;
+    suite-b) what="the cluster suite, part b"; marker="cluster and not matrix and not scale"; prefix=b; paths=("${suite_b_args[@]}") ;;
     core) what="the core cluster tests"; marker="cluster and every_release" ;;
     matrix) what="the fault matrix"; marker="cluster and matrix"; prefix=m; nodes=5 ;;
+    scale) what="the control plane at 128 nodes"; marker="cluster and scale"; prefix=s; nodes=130 ;;
   esac
   local name=$prefix${release//./}
   echo "== $what on Slurm $release (cluster $name, $nodes nodes)"

@@ -12,6 +12,8 @@ from typing import Callable, Iterator
 
 import pytest
 
+from slurmtools.minicluster.layout import MAX_NODES
+
 REPO = Path(__file__).resolve().parent.parent
 TEST_STATE_DIR = Path(os.environ.get("SLURMTOOLS_TEST_CLUSTER_DIR", "/var/tmp/slurmtools-test-cluster"))
 # The suite's own named cluster: a user's (the demo's `mini`, say) is never touched.
@@ -20,10 +22,11 @@ TEST_CLUSTER_NAME = os.environ.get("SLURMTOOLS_TEST_CLUSTER_NAME", "test")
 # release runs from its Debian root, its client commands first on PATH (scripts/test.sh).
 TEST_SLURM_RELEASE = os.environ.get("SLURMTOOLS_TEST_SLURM") or None
 # How many nodes the suite's cluster has: 3 for the suite; the fault matrix (marker `matrix`: two
-# training nodes and two spares lost at once) needs 5 and runs on a cluster of its own (scripts/test.sh).
+# training nodes and two spares lost at once) needs 5 and the control plane at scale (marker `scale`)
+# 130; each runs on a cluster of its own (scripts/test.sh).
 _NODES_TEXT = os.environ.get("SLURMTOOLS_TEST_CLUSTER_NODES") or "3"
-if not _NODES_TEXT.isdigit() or not 1 <= int(_NODES_TEXT) <= 64:
-    raise pytest.UsageError(f"SLURMTOOLS_TEST_CLUSTER_NODES: {_NODES_TEXT!r} is not a node count from 1 to 64")
+if not _NODES_TEXT.isdigit() or not 1 <= int(_NODES_TEXT) <= MAX_NODES:
+    raise pytest.UsageError(f"SLURMTOOLS_TEST_CLUSTER_NODES: {_NODES_TEXT!r} is not a node count from 1 to {MAX_NODES}")
 TEST_CLUSTER_NODES = int(_NODES_TEXT)
 # Where the cluster tests' jobs write (made at the session's start, removed at its end): beside the
 # state dir, never under pytest's own tmp (/tmp/pytest-of-root is root's alone, and the jobs run as

@@ -11,12 +11,13 @@ import dataclasses
 import json
 import math
 import os
+import stat
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Dict, List, Optional, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union, get_args, get_origin, get_type_hints
 
-from slurmtools.fsutil import read_json_lines
+from slurmtools.fsutil import json_lines
 from slurmtools.requeue.policy import AttemptRecord, Cause
 
 LEDGER_FILE = "ledger.jsonl"
@@ -155,14 +156,49 @@ def parse(record: Dict[str, Any]) -> Optional[Event]:
     return event
 
 
+# path -> (device, inode, bytes consumed: whole lines only, the last of those bytes, their events): a
+# supervisor reads its job's ledger at every attempt start and judgement; only what was appended
+# since is parsed again. The last bytes consumed must still be there: a file rewritten in place, or
+# a new one that got a removed one's inode, is read whole again.
+_READ: Dict[str, Tuple[int, int, int, bytes, List[Event]]] = {}
+_CHECK_BYTES = 256
+
+
+def _events(raw: bytes) -> List[Event]:
+    parsed = (parse(record) for record in json_lines(raw.decode(errors="replace")))
+    return [event for event in parsed if event is not None]
+
+
 def read(path: Path) -> List[Event]:
     """Events from a ledger file (or a control dir); malformed lines are skipped. A ledger that is
-    not a regular file (a FIFO, a link) or is past MAX_LEDGER_BYTES reads as empty."""
+    not a regular file (a FIFO, a link) or is past MAX_LEDGER_BYTES reads as empty. Read
+    incrementally: the lines read before in this process (the same file, grown) are not parsed again."""
     if path.is_dir():
         path = path / LEDGER_FILE
-    records = read_json_lines(path, MAX_LEDGER_BYTES) or []
-    events = (parse(record) for record in records)
-    return [event for event in events if event is not None]
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return []
+    key = str(path.absolute())
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_LEDGER_BYTES:
+            return []
+        device, inode, consumed, last, events = _READ.get(key, (info.st_dev, info.st_ino, 0, b"", []))
+        if ((device, inode) != (info.st_dev, info.st_ino) or consumed > info.st_size
+                or os.pread(fd, len(last), consumed - len(last)) != last):
+            consumed, last, events = 0, b"", []     # replaced or rewritten: read it whole again
+        raw = os.pread(fd, info.st_size - consumed + 1, consumed)
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    whole = raw.rfind(b"\n") + 1          # a torn last line is parsed now and again when it is whole
+    if whole:
+        events = events + _events(raw[:whole])
+        last = (last + raw[:whole])[-_CHECK_BYTES:]
+    _READ[key] = (info.st_dev, info.st_ino, consumed + whole, last, events)
+    return events + _events(raw[whole:])
 
 
 @dataclass(frozen=True)

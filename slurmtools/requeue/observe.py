@@ -138,6 +138,8 @@ MAX_SUPERVISOR_CPU_SHARE = 0.1
 
 
 def pace_s(poll_s: float, pass_s: float) -> float:
-    """How long to sleep after a pass that took pass_s: poll_s, or longer where the passes are
-    long, so they take at most MAX_SUPERVISOR_CPU_SHARE of a core."""
+    """How long to sleep after a pass that took pass_s of CPU time: poll_s, or longer where the
+    passes are long, so they take at most MAX_SUPERVISOR_CPU_SHARE of a core. CPU time, not wall
+    time: on a busy node a pass waits for a core (128 ranks starting on 2 cores made a 10-ms pass
+    last seconds) and sleeping 9x its wall time left the job unwatched for a minute."""
     return max(poll_s, pass_s * (1 - MAX_SUPERVISOR_CPU_SHARE) / MAX_SUPERVISOR_CPU_SHARE)

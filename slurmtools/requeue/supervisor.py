@@ -131,7 +131,7 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
     dumps = observe.DumpRequest(control, attempt.attempt_id, attempt.recorder_dir, node_watch)
     while child.poll() is None:
         keep_clock()
-        now = time.time()
+        now, pass_cpu_t = time.time(), time.thread_time()
         if flags.any() and requested_at is None:
             requested_at = now
             observe.request_checkpoint(control, attempt.attempt_id, now, signals=flags.names())
@@ -181,7 +181,7 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
                 else:
                     watch.stall = stall
                 break
-        time.sleep(observe.pace_s(config.poll_s, time.time() - now))
+        time.sleep(observe.pace_s(config.poll_s, time.thread_time() - pass_cpu_t))
     watch.exit_code = child.wait()
     return watch
 

@@ -125,7 +125,7 @@ def events(spec: JobSpec, job: int) -> List[Dict[str, Any]]:
     return json_lines(output(spec, job))
 
 
-def leftover_trainers(job: int) -> List[int]:
+def leftover_trainers(job: int, program: Path = TRAIN) -> List[int]:
     """Pids of training processes of this job still alive (orphans), on any node of this suite's
     cluster (scripts/test.sh runs other clusters beside it, whose job ids are the same numbers)."""
     import os
@@ -135,7 +135,7 @@ def leftover_trainers(job: int) -> List[int]:
     pids = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            env = p.environ() if str(TRAIN) in (p.info["cmdline"] or []) else {}
+            env = p.environ() if str(program) in (p.info["cmdline"] or []) else {}
             if env.get("SLURM_JOB_ID") == str(job) and env.get("SLURM_CONF") == conf:
                 pids.append(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):

@@ -1,0 +1,98 @@
+"""The job's control plane at 128 nodes (marker `scale`: a 130-node cluster of its own, lane 2 of
+scripts/test.sh): a light trainer without torch (examples/light/train.py: a sleep stands for each
+step's work, so 128 ranks fit 2 cores) on 128 nodes with 2 hot spares. One node is a straggler
+(--slow-node): found by its ranks' busy time, checkpointed away from and replaced by the first spare;
+then a node is killed: the step fails (its ranks' connections to the step barrier close, as gloo's
+do), its slurmd does not answer, the second spare takes its place. The job completes without a
+requeue, heartbeats gathered per node throughout."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurmtools import drain, slurm
+from slurmtools.minicluster import cluster as mc
+from slurmtools.requeue import watchdog
+from slurmtools.runtime import HEARTBEAT_DIR, control_dir_for
+from slurmtools.spec import JobSpec, spec_from_dict
+from tests.cluster import training
+from tests.cluster.test_faults import _expand
+from tests.conftest import REPO, TEST_CLUSTER_NODES, wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.scale]
+
+LIGHT = REPO / "examples" / "light" / "train.py"
+TRAIN_NODES, SPARES = 128, 2
+STEPS = 100
+
+
+@pytest.fixture
+def workdir(cluster, user_tmp):
+    if TEST_CLUSTER_NODES < TRAIN_NODES + SPARES:
+        pytest.fail(f"the scale test needs a {TRAIN_NODES + SPARES}-node cluster: run it with "
+                    f"SLURMTOOLS_TEST_CLUSTER_NODES={TRAIN_NODES + SPARES} on a cluster of its own (scripts/test.sh does)")
+    training.settle(180)
+    yield user_tmp
+    training.cancel_all()
+
+
+def _spec(workdir) -> JobSpec:
+    return spec_from_dict({
+        "name": "scale", "nodes": TRAIN_NODES, "processes_per_node": 1, "launcher": "srun", "python": sys.executable,
+        "command": [str(LIGHT), "--steps", str(STEPS), "--step-s", "0.2", "--checkpoint-every", "10",
+                    "--slow-node", "node5:0.3"],
+        "output_dir": str(workdir / "logs"), "checkpoint_dir": str(workdir / "ckpt"), "time_limit_min": 15,
+        # node5 at 2.5x; a factor of 1.5 over 5-step windows keeps a rank of a busy 2-core machine from
+        # ever looking slow (it would need 0.5 s more sleep in each of two windows in a row)
+        "requeue": {"spare_nodes": SPARES, "straggler_factor": 1.5, "straggler_window_steps": 5, "straggler_windows": 2,
+                    "hang_timeout_s": 120,
+                    "backoff_s": 0, "warning_lead_s": 60, "checkpoint_grace_s": 30},
+        "preflight": False,
+    })
+
+
+def _training_in(control: Path, attempt: str, ranks: int) -> bool:
+    """Every rank of the attempt has beaten and finished steps in it."""
+    beats = [beat for beat in watchdog.read_heartbeats(control) if beat.attempt_id == attempt]
+    return len(beats) >= ranks and all(beat.first_progress_s is not None for beat in beats)
+
+
+def test_a_straggler_and_a_killed_node_at_128_nodes_are_replaced_by_spares(cluster, workdir):
+    spec = _spec(workdir)
+    job = training.submit(spec)
+    control = control_dir_for(spec.checkpoint_dir, spec.output_dir, str(job))
+    # the straggler swapped and every rank training again (heartbeats gathered per node): then a node goes
+    wait_for(lambda: _training_in(control, f"{job}.0.1", TRAIN_NODES), 300,
+             f"job {job}'s straggler swapped and all ranks training again", interval_s=1.0)
+    starts = training.supervisor_events(training.events(spec, job), "start")
+    victim = _expand(starts[1]["nodes"])[6]
+    assert len(list((control / HEARTBEAT_DIR).glob("node-*.json"))) >= TRAIN_NODES
+    assert not list((control / HEARTBEAT_DIR).glob("[0-9]*.json"))          # no rank wrote a file of its own
+    mc.kill_node(cluster, victim)
+    try:
+        info = training.wait_finished(job, 420)
+        evts = training.events(spec, job)
+        assert info.state == "COMPLETED", training.describe(spec, job)
+        decisions = [(d["cause"], d["action"]) for d in training.supervisor_events(evts, "decision")]
+        assert decisions == [("straggler", "restart"), ("node_failure", "restart"), ("completed", "complete")]
+        found = training.supervisor_events(evts, "straggler")
+        assert [(s["node"], s["action"]) for s in found] == [("node5", "swap")] and found[0]["slowdown"] >= 1.5
+        lost = [d for d in training.supervisor_events(evts, "decision") if d["cause"] == "node_failure"]
+        assert [d["node"] for d in lost] == [victim]
+        starts = [_expand(s["nodes"]) for s in training.supervisor_events(evts, "start")]
+        spares = [f"node{TRAIN_NODES + n}" for n in range(1, SPARES + 1)]
+        assert starts[0] == [f"node{n}" for n in range(1, TRAIN_NODES + 1)]
+        assert sorted(starts[1]) == sorted([n for n in starts[0] if n != "node5"] + spares[:1])
+        assert sorted(starts[2]) == sorted([n for n in starts[1] if n != victim] + spares[1:])
+        assert training.trainer_events(evts, "final")[-1]["step"] == STEPS
+        assert slurm.job_state(job).restarts == 0
+        assert training.leftover_trainers(job, LIGHT) == []
+    finally:
+        mc.restart_node(cluster, victim)
+        wait_for(lambda: "NOT_RESPONDING" not in slurm.nodes(victim)[0].flags, 90, f"{victim} responding")
+        training.lift_blame_drains()
+        for node in slurm.nodes():
+            if node.drained and drain.is_ours(node.reason):
+                drain.resume(node.name)
