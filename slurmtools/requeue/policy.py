@@ -150,6 +150,8 @@ _INFRA = re.compile(
     r"srun: error: Unable to create step|Unable to contact slurm controller|"
     r"slurmstepd: error: .*(Connection refused|Connection timed out)|"
     r"\[Errno (5|110|111|113|116|121)\]|Input/output error|Stale file handle|Remote I/O error)")
+# a rank's own exception as torchrun reports it ("[rank3]: RuntimeError: ...")
+_RANK_EXCEPTION = re.compile(r"^\[rank\d+\]: [A-Za-z_][\w.]*(?:Error|Exception)\b.*$", re.MULTILINE)
 _NODE_FAIL = re.compile(r"Node failure on (\S+)")
 # a node's Slurm state that is evidence of its failure (slurm_view adds not_responding: Slurm's
 # NOT_RESPONDING flag, whatever the base state)
@@ -219,7 +221,7 @@ def classify(evidence: Evidence) -> Diagnosis:
     user = _USER.search(ev.log_tail)
     if user:
         return Diagnosis(Cause.USER_ERROR, detail=user.group(1))
-    infra = _INFRA.search(ev.log_tail)
+    infra = _platform_failure(ev.log_tail)
     if infra:
         return Diagnosis(Cause.CRASH, detail=f"exit {ev.exit_code}, infrastructure: {infra.group(1)}")
     if not ev.progressed and not ev.earlier_progress and ev.reports_progress:
@@ -227,6 +229,17 @@ def classify(evidence: Evidence) -> Diagnosis:
         # reports no progress may have trained: its crash counts, within the budget)
         return Diagnosis(Cause.USER_ERROR, detail=f"exit {ev.exit_code} before the first step")
     return Diagnosis(Cause.CRASH, detail=f"exit {ev.exit_code}" + ("" if ev.progressed else " before the first step"))
+
+
+def _platform_failure(tail: str) -> "Optional[re.Match[str]]":
+    """The first platform line of the tail, unless ranks had already failed with an exception of
+    their own: torchrun's agents then fail to shut the rendezvous down (DistNetworkError once the
+    store's host exited), fallout of the program's error, not its cause."""
+    infra = _INFRA.search(tail)
+    if infra is None:
+        return None
+    own = [line for line in _RANK_EXCEPTION.findall(tail, 0, infra.start()) if not _INFRA.search(line)]
+    return None if own else infra
 
 
 def _blamed_host(text: str, pattern: Pattern[str]) -> Optional[str]:

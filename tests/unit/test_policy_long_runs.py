@@ -125,3 +125,29 @@ def test_a_user_error_pattern_wins_over_a_platform_line():
             "srun: error: Task launch for StepId=5.0 failed on node node2: Communication connection failure\n")
     diag = classify(Evidence(exit_code=1, progressed=False, earlier_progress=True, log_tail=tail))
     assert (diag.cause, diag.detail) == (Cause.USER_ERROR, "ModuleNotFoundError")
+
+
+# torchrun's output when every rank raised in its first step (R34, 2026-12-03): node2's agent then
+# failed to shut the rendezvous down, because node1's agent, which held the store, had exited
+_RANKS_RAISED_THEN_AGENT_FALLOUT = (
+    "[rank0]:     raise RuntimeError(f\"injected failure at step {step}\")\n"
+    "[rank0]: RuntimeError: injected failure at step 0\n"
+    "[rank2]: RuntimeError: injected failure at step 0\n"
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+    "frame #2: c10::DistNetworkError::DistNetworkError(c10::SourceLocation, std::string) + 0x72\n"
+    "W1203 04:47:43.096000 27735 torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:1298] The node "
+    "'node2_27735_0' has failed to shutdown the rendezvous '19' due to an error of type RendezvousConnectionError.\n"
+    "srun: error: node1: task 0: Exited with exit code 1\n")
+
+
+def test_the_agents_rendezvous_errors_after_the_ranks_own_exception_are_not_the_platforms():
+    diag = classify(Evidence(exit_code=143, progressed=False, log_tail=_RANKS_RAISED_THEN_AGENT_FALLOUT))
+    assert (diag.cause, diag.detail) == (Cause.USER_ERROR, "exit 143 before the first step")
+    # a rank's own exception that is the platform's (a store it cannot reach) stays the platform's
+    tail = ("[rank1]: torch.distributed.DistNetworkError: The client socket has timed out after 900000ms\n"
+            "W1203 ... has failed to shutdown the rendezvous '19' due to an error of type RendezvousConnectionError.\n")
+    diag = classify(Evidence(exit_code=1, progressed=False, log_tail=tail))
+    assert (diag.cause, diag.detail) == (Cause.CRASH, "exit 1, infrastructure: DistNetworkError")
+    # the platform line first, a rank's error after it (its fallout): the platform's
+    tail = "torch.distributed.DistStoreError: timed out\n[rank0]: RuntimeError: store gone\n"
+    assert classify(Evidence(exit_code=1, progressed=False, log_tail=tail)).cause is Cause.CRASH
