@@ -164,7 +164,7 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
                 step.kill_now(child)
                 watch.killed_by_us = True
                 break
-        if requeue.hang_timeout_s > 0 and requested_at is None:
+        if requeue.hang_timeout_s > 0 and requested_at is None and not (control / COMPLETE_FILE).exists():
             stall = watchdog.judge(beats, now, requeue.hang_timeout_s)
             if stall is None and not beats:
                 stall = inferred.stall(progress.reports_progress(control, False), start_t, now,
