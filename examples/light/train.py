@@ -11,21 +11,25 @@ step, as gloo's do. Everything the supervisor sees is real: heartbeats gathered 
 keep-alive thread beats while a rank waits in the barrier), busy time, checkpoint requests, the
 completion marker, and checkpoints through slurmtools' CheckpointManager (rank 0 saves the step;
 every rank resumes from the newest complete one). One JSON line per event on rank 0.
-Fault hook for tests: --slow-node HOST:SECONDS (a straggler: ranks on HOST that much slower per step).
+Fault hooks for tests: --slow-node HOST:SECONDS (a straggler: ranks on HOST that much slower per
+step); --stop-rank RANK:STEP (in the job's first attempt that rank stops its own process with
+SIGSTOP when it has ended the step, before the barrier: its keep-alive thread stands still too, as
+in a process stopped or stuck holding the GIL; the others wait for it).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, Dict, List, Optional
+from typing import Any, BinaryIO, Callable, Dict, List, Optional
 
 from slurmtools.checkpoint import CheckpointManager
-from slurmtools.runtime import CHECKPOINT_DIR_ENV, TrainingControl
+from slurmtools.runtime import CHECKPOINT_DIR_ENV, TrainingControl, attempt_number
 
 STATE_FILE = "state.json"
 CONNECT_TIMEOUT_S = 300.0     # every rank of the step has started (128 ranks on 2 cores: ~30 s)
@@ -81,14 +85,17 @@ class StepBarrier:
                                   "rank 0 left the step barrier") from None
 
 
-def _slow_node(text: str) -> str:
-    host, sep, seconds = text.partition(":")
-    try:
-        if text and not (sep and host and float(seconds) >= 0):
-            raise ValueError
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not HOST:SECONDS: {text!r}") from None
-    return text
+def _pair(shape: str, first_ok: Callable[[str], bool]) -> Callable[[str], str]:
+    """An argparse type for "A:B" (or empty): first_ok(A), and B a number >= 0."""
+    def parse(text: str) -> str:
+        first, sep, number = text.partition(":")
+        try:
+            if text and not (sep and first_ok(first) and float(number) >= 0):
+                raise ValueError
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {shape}: {text!r}") from None
+        return text
+    return parse
 
 
 def _log(rank: int, record: Dict[str, Any]) -> None:
@@ -109,7 +116,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--step-s", type=float, default=0.2, help="the work of one step (a sleep), in seconds")
     ap.add_argument("--checkpoint-every", type=int, default=10)
-    ap.add_argument("--slow-node", type=_slow_node, default="", help="test only: HOST:SECONDS slower per step")
+    ap.add_argument("--slow-node", type=_pair("HOST:SECONDS", bool), default="",
+                    help="test only: HOST:SECONDS slower per step")
+    ap.add_argument("--stop-rank", type=_pair("RANK:STEP", str.isdigit), default="",
+                    help="test only: RANK:STEP stops itself (SIGSTOP) at the end of that step")
     args = ap.parse_args()
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     control = TrainingControl(rank=rank)
@@ -119,8 +129,11 @@ def main() -> int:
     step = _resume_step(manager)
     world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
     _log(rank, {"event": "resumed", "step": step, "attempt_id": control.attempt_id, "world_size": world})
+    first_attempt = attempt_number(os.environ) == 0
     slow_host, _, slow_s = args.slow_node.partition(":")
     extra_s = float(slow_s) if slow_host == socket.gethostname() else 0.0
+    stop_rank, _, stop_step = args.stop_rank.partition(":")
+    stop_at = int(float(stop_step)) if stop_rank == str(rank) and first_attempt else -1
     try:
         barrier = StepBarrier(rank, world, os.environ.get("MASTER_ADDR", "127.0.0.1"),
                               int(os.environ.get("MASTER_PORT", "29500")))
@@ -135,6 +148,10 @@ def main() -> int:
         step += 1
         control.heartbeat(step)
         control.step_done(step, time.monotonic() - step_t0)
+        if step == stop_at:
+            print(f"train.py: rank {rank}: stopping this process at step {step} (--stop-rank)", file=sys.stderr,
+                  flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
         try:
             requested = barrier.end_step(control.checkpoint_requested())
         except OSError as exc:

@@ -69,10 +69,12 @@ def read_summaries(directory: Path) -> Dict[int, Reduced]:
     return reduced
 
 
-def read_reduced(directory: Path, budget_s: float = READ_BUDGET_S) -> Dict[int, Reduced]:
+def read_reduced(directory: Path, budget_s: float = READ_BUDGET_S,
+                 summaries: Optional[Dict[int, Reduced]] = None) -> Dict[int, Reduced]:
     """rank -> reduced record for every rank with a record or a well-formed full dump `rank_<N>`
-    in directory (others skipped); full dumps only until budget_s has passed."""
-    reduced = read_summaries(directory)
+    in directory (others skipped); full dumps only until budget_s has passed. summaries: the
+    records already read (records_there), so a waiting supervisor reads the node files once."""
+    reduced = dict(summaries) if summaries is not None else read_summaries(directory)
     deadline = time.monotonic() + budget_s
     for name in _names(directory):
         match = _RANK_FILE.match(name)
@@ -88,10 +90,17 @@ def read_reduced(directory: Path, budget_s: float = READ_BUDGET_S) -> Dict[int, 
     return reduced
 
 
-def ranks_there(directory: Path) -> Set[int]:
-    """The ranks with a record or a full dump (full dumps by name: they are read once, when all are)."""
+def records_there(directory: Path) -> Tuple[Dict[int, Reduced], Set[int]]:
+    """The reduced records there, and every rank with a record or a full dump (full dumps by
+    name: they are read once, when all are there or the wait is over)."""
+    summaries = read_summaries(directory)
     dumped = {int(match.group(1)) for match in map(_RANK_FILE.match, _names(directory)) if match}
-    return dumped | set(read_summaries(directory))
+    return summaries, dumped | set(summaries)
+
+
+def ranks_there(directory: Path) -> Set[int]:
+    """The ranks with a record or a full dump."""
+    return records_there(directory)[1]
 
 
 @dataclass(frozen=True)
@@ -163,7 +172,19 @@ def laggard(reduced: Mapping[int, Reduced], hosts: Mapping[int, str]) -> Optiona
     return None
 
 
+# How long the supervisor waits for the records it asked for: until none has come for DUMP_WAIT_S
+# (at 64,000 ranks they come over several of its passes, a pass and its sleep ~8 s: bench/scale.py),
+# and DUMP_WAIT_MAX_S at most; then it judges on those there (a rank missing is not named by them).
 DUMP_WAIT_S = 5.0
+DUMP_WAIT_MAX_S = 60.0
+
+
+def dump_wait_over(asked_s: float, last_arrival_s: Optional[float], now_s: float) -> bool:
+    """Whether the wait for asked records is over: quiet for DUMP_WAIT_S since the request or the
+    newest arrival, or DUMP_WAIT_MAX_S since the request."""
+    if now_s - asked_s >= DUMP_WAIT_MAX_S:
+        return True
+    return now_s - max(asked_s, last_arrival_s if last_arrival_s is not None else asked_s) >= DUMP_WAIT_S
 
 
 def request_dumps(control_dir: Path) -> bool:

@@ -56,8 +56,10 @@ class DumpRequest:
     """A hang no single rank explains: the flight recorders are asked once (and, with a node
     watch, every slurmd of the step probed in its threads), and the supervisor's loop goes on (a
     warning or a dead node is still handled within a pass) while they write; the stall is settled
-    on the pass that finds every dump and probe, or after flightrec.DUMP_WAIT_S: named by the
-    dumps, else by the nodes cut off (watchdog.cut_off), else unattributed."""
+    on the pass that finds every dump and probe, or when the wait is over (flightrec.dump_wait_over:
+    no new record for DUMP_WAIT_S, DUMP_WAIT_MAX_S at most): named by the dumps, else by a node's
+    ranks that show no life (watchdog.silent_rank), else by the nodes cut off (watchdog.cut_off),
+    else unattributed."""
 
     def __init__(self, control: Path, attempt_id: str, recorder_dir: Optional[Path],
                  node_watch: Optional[nodecheck.NodeWatch] = None) -> None:
@@ -65,12 +67,14 @@ class DumpRequest:
         self.node_watch = node_watch
         self.asked_at: Optional[float] = None
         self.reach: "Optional[Future[List[str]]]" = None
+        self.there = 0                                # ranks with a record or dump so far
+        self.arrived_at: Optional[float] = None       # when that count last grew
 
     def settle(self, stall: Optional[watchdog.Stall], beats: List[watchdog.Beat], now: float
                ) -> Optional[watchdog.Stall]:
         """The stall to act on now (attributed where the dumps or probes say), or None: not yet."""
         if stall is None:
-            self.asked_at, self.reach = None, None
+            self.asked_at, self.reach, self.there, self.arrived_at = None, None, 0, None
             return None
         nothing_to_ask = self.recorder_dir is None and self.node_watch is None
         if stall.rank is not None or stall.host is not None or not beats or nothing_to_ask:
@@ -82,12 +86,19 @@ class DumpRequest:
                 self.reach = self.node_watch.pool.submit(self.node_watch.unreachable)
             if asked or self.reach is not None:
                 return None
-        waiting = ((self.recorder_dir is not None and not flightrec.dumps_ready(self.recorder_dir, len(beats)))
+        summaries: Dict[int, Reduced] = {}
+        if self.recorder_dir is not None:
+            summaries, ranks = flightrec.records_there(self.recorder_dir)
+            if len(ranks) > self.there:
+                self.there, self.arrived_at = len(ranks), now
+        waiting = ((self.recorder_dir is not None and self.there < len(beats))
                    or (self.reach is not None and not self.reach.done()))
-        if waiting and now - self.asked_at < flightrec.DUMP_WAIT_S:
+        if waiting and not flightrec.dump_wait_over(self.asked_at, self.arrived_at, now):
             return None
         if self.recorder_dir is not None:
-            stall = attributed(stall, self.attempt_id, flightrec.read_reduced(self.recorder_dir), beats)
+            dumps = flightrec.read_reduced(self.recorder_dir, summaries=summaries)
+            stall = attributed(stall, self.attempt_id, dumps, beats)
+        stall = watchdog.silent_rank(stall, beats, now)
         if self.node_watch is not None and self.reach is not None and self.reach.done():
             stall = watchdog.cut_off(stall, beats, self.reach.result(), len(self.node_watch.candidates) + 1)
         return stall

@@ -196,6 +196,31 @@ def judge(beats: List[Beat], now_s: float, timeout_s: float, expected_ranks: Opt
     return Stall(idle, None, None, low)
 
 
+# a rank silent for less than this is not named by silent_rank: under load a keep-alive thread
+# waits a few seconds for a core (HEARTBEAT_INTERVAL_S is 1 s)
+SILENT_RANK_MIN_S = 5.0
+
+
+def silent_rank(stall: Stall, beats: List[Beat], now_s: float) -> Stall:
+    """A stall nobody explains by step or by the flight recorders, in which the ranks of one node
+    show no life (their keep-alive thread stopped: the process is stopped, or stuck holding the
+    GIL, so it wrote no record either) while the others' keep-alives go on: that node's first
+    such rank is named. Silent: for half the stall's idle time and SILENT_RANK_MIN_S at least,
+    the others fresher than that; a minority of the ranks (a majority silent says more about the
+    file system or our own node)."""
+    if stall.rank is not None or stall.host is not None or not beats:
+        return stall
+    quiet_s = max(SILENT_RANK_MIN_S, stall.idle_s / 2)
+    silent = sorted((beat for beat in beats if now_s - beat.last_alive_s >= quiet_s), key=lambda beat: beat.rank)
+    hosts = {beat.host for beat in silent}
+    if not silent or 2 * len(silent) >= len(beats) or len(hosts) != 1 or "" in hosts:
+        return stall
+    ranks = ",".join(str(beat.rank) for beat in silent)
+    return replace(stall, rank=silent[0].rank, host=silent[0].host,
+                   detail=f"rank{'s' if len(silent) > 1 else ''} {ranks} on {silent[0].host} showed no life for "
+                          f"{now_s - silent[0].last_alive_s:.0f} s while the others waited at step {stall.step}")
+
+
 def minority_unreachable(unreachable: Sequence[str], step_nodes: int) -> bool:
     """Some of the step's nodes do not answer, but fewer than half: they are the ones lost. A
     majority unreachable says more about our own node (its network), so nobody is named."""

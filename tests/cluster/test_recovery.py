@@ -1,7 +1,7 @@
 """Recovery inside the allocation on the real mini-cluster: a crash restarts as a new step
 without a requeue; a killed node is replaced by a hot spare (drained, no requeue) or the job
-goes on with fewer nodes; a straggling node, a rank that skips a collective and a rank computing
-wrong results are found, and their node swapped for the spare. Each keeps the uninterrupted run's exact final state where the
+goes on with fewer nodes; a straggling node, a rank that skips a collective, a rank computing
+wrong results and a rank whose process stopped are found, and their node swapped for the spare. Each keeps the uninterrupted run's exact final state where the
 world size is kept."""
 from __future__ import annotations
 
@@ -192,3 +192,27 @@ def test_f_a_rank_computing_wrong_results_is_caught_by_the_canary_and_its_node_r
     assert [_expand(s["nodes"]) for s in starts] == [["node1", "node2"], ["node1", "node3"]]
     assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
     assert training.leftover_trainers(job) == []
+
+
+def test_g_a_stopped_rank_is_named_by_its_silence_and_its_node_replaced(cluster, workdir):
+    """Rank 3 (node2's second) stops its own process after step 5 (SIGSTOP, the light trainer:
+    no torch, so no flight recorder either): every rank announced step 5, the others wait in the
+    step barrier with their keep-alives going on, rank 3 shows no life at all. The hang is named by
+    that silence (watchdog.silent_rank, after the wait for records that never come), node2 is
+    blamed, the spare takes its place and the job completes without a requeue."""
+    spec = training.training_spec(workdir, "stopped", launcher="srun",
+                                  command=[str(training.LIGHT), "--steps", "12", "--step-s", "0.2",
+                                           "--checkpoint-every", "4", "--stop-rank", "3:5"],
+                                  requeue={"spare_nodes": 1, "hang_timeout_s": 10})
+    job, evts = _completed(spec, [("hang", "restart"), ("completed", "complete")])
+    hang = training.supervisor_events(evts, "hang")
+    assert [(h["rank"], h["host"], h["step"]) for h in hang] == [(3, "node2", 5)]
+    reason = training.blamed_reason("node2", job)
+    assert re.match(r"slurmtools: CRITICAL job\.hang rank 3 on node2 showed no life for \d+ s while the others "
+                    r"waited at step 5", reason), reason
+    starts = training.supervisor_events(evts, "start")
+    assert [_expand(s["nodes"]) for s in starts] == [["node1", "node2"], ["node1", "node3"]]
+    assert [e["step"] for e in training.trainer_events(evts, "resumed")] == [0, 4]
+    assert training.trainer_events(evts, "final")[-1]["step"] == 12
+    assert slurm.job_state(job).restarts == 0
+    assert training.leftover_trainers(job, training.LIGHT) == []

@@ -23,7 +23,7 @@ from tests.conftest import REPO, TEST_CLUSTER_NODES, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.scale]
 
-LIGHT = REPO / "examples" / "light" / "train.py"
+LIGHT = training.LIGHT
 TRAIN_NODES, SPARES = 128, 2
 STEPS = 100
 

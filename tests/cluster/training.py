@@ -16,6 +16,7 @@ from tests.cluster import asuser
 from tests.conftest import REPO, TEST_CLUSTER_NAME, TEST_STATE_DIR, wait_for
 
 TRAIN = REPO / "examples" / "tiny_fsdp" / "train.py"
+LIGHT = REPO / "examples" / "light" / "train.py"      # no torch: the control plane alone
 STEPS = 20
 CHECKPOINT_EVERY = 4
 # the data loader in each rank's own process: worker processes (the trainer's default, 2) cost two

@@ -1,5 +1,5 @@
 """The supervisor never waits for flight-recorder dumps: a hang no single rank explains asks for
-them once and is settled on a later pass (every dump there, or flightrec.DUMP_WAIT_S gone), so a
+them once and is settled on a later pass (every dump there, or the wait over: flightrec.dump_wait_over), so a
 warning or a dead node seen meanwhile is handled on the very next pass."""
 from __future__ import annotations
 
@@ -42,13 +42,42 @@ def test_the_pass_that_finds_every_dump_names_the_laggard(tmp_path):
     assert found is not None and (found.rank, found.host) == (3, "node2")
 
 
-def test_missing_dumps_settle_unattributed_after_the_wait(tmp_path):
+def test_missing_dumps_settle_unattributed_after_the_wait(tmp_path, capsys):
     request = _request(tmp_path)
     assert request.settle(STALL, BEATS, 1000.0) is None
     _write_dumps(tmp_path / "rec", range(3))                      # rank 3 never dumps
-    assert request.settle(STALL, BEATS, 1000.0 + flightrec.DUMP_WAIT_S - 0.1) is None
-    found = request.settle(STALL, BEATS, 1000.0 + flightrec.DUMP_WAIT_S)
+    assert request.settle(STALL, BEATS, 1001.0) is None             # 3 arrived: quiet from here
+    assert request.settle(STALL, BEATS, 1001.0 + flightrec.DUMP_WAIT_S - 0.1) is None
+    found = request.settle(STALL, BEATS, 1001.0 + flightrec.DUMP_WAIT_S)
     assert found is not None and found.rank is None
+    assert '"dumps": 3, "laggard": null, "ranks": 4' in capsys.readouterr().out
+
+
+def test_records_still_arriving_extend_the_wait_up_to_its_maximum(tmp_path):
+    """At 64,000 ranks the records come over several passes: each arrival restarts the quiet
+    time, and DUMP_WAIT_MAX_S after the request the stall is settled on those there."""
+    beats = [watchdog.Beat(rank, f"node{rank // 2}", 5, 100.0) for rank in range(40)]
+    request = _request(tmp_path)
+    assert request.settle(STALL, beats, 1000.0) is None
+    waiting = pickle.dumps(dump(entry(41), entry(42, state="started")))
+    now = 1000.0
+    for rank in range(39):                      # one more every 4 s: never quiet for DUMP_WAIT_S
+        now += flightrec.DUMP_WAIT_S - 1
+        if now - 1000.0 >= flightrec.DUMP_WAIT_MAX_S:
+            break
+        (tmp_path / "rec" / f"rank_{rank}").write_bytes(waiting)
+        assert request.settle(STALL, beats, now) is None, now
+    assert request.there == rank
+    found = request.settle(STALL, beats, 1000.0 + flightrec.DUMP_WAIT_MAX_S)
+    assert found is not None and found.rank is None
+
+
+def test_the_wait_is_over_when_quiet_or_at_its_maximum():
+    assert not flightrec.dump_wait_over(1000.0, None, 1000.0 + flightrec.DUMP_WAIT_S - 0.01)
+    assert flightrec.dump_wait_over(1000.0, None, 1000.0 + flightrec.DUMP_WAIT_S)
+    assert not flightrec.dump_wait_over(1000.0, 1030.0, 1030.0 + flightrec.DUMP_WAIT_S - 0.01)
+    assert flightrec.dump_wait_over(1000.0, 1030.0, 1030.0 + flightrec.DUMP_WAIT_S)
+    assert flightrec.dump_wait_over(1000.0, 1059.0, 1000.0 + flightrec.DUMP_WAIT_MAX_S)
 
 
 def test_a_stall_with_its_rank_acts_at_once_and_an_ended_stall_resets(tmp_path):

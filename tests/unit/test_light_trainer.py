@@ -39,6 +39,8 @@ def test_it_trains_checkpoints_and_resumes_from_the_newest_complete_checkpoint(t
 def test_a_bad_fault_flag_is_one_line(tmp_path):
     bad = _run(tmp_path, "--slow-node", "node5")
     assert bad.returncode == 2 and bad.stderr.splitlines()[-1].endswith("argument --slow-node: not HOST:SECONDS: 'node5'")
+    bad = _run(tmp_path, "--stop-rank", "x:3")
+    assert bad.returncode == 2 and bad.stderr.splitlines()[-1].endswith("argument --stop-rank: not RANK:STEP: 'x:3'")
 
 
 def _free_port() -> int:
@@ -47,10 +49,10 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _ranks(tmp_path: Path, steps: str, world: int = 3):
+def _ranks(tmp_path: Path, steps: str, world: int = 3, *extra: str):
     env = dict(os.environ, **{CONTROL_DIR_ENV: str(tmp_path / "control"), ATTEMPT_ID_ENV: "9.0",
                               "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
-    return [subprocess.Popen([sys.executable, str(LIGHT), "--step-s", "0.05", "--steps", steps],
+    return [subprocess.Popen([sys.executable, str(LIGHT), "--step-s", "0.05", "--steps", steps, *extra],
                              env=dict(env, RANK=str(rank)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for rank in range(world)]
 
@@ -67,3 +69,22 @@ def test_ranks_end_each_step_together_and_a_lost_rank_fails_every_rank_in_one_li
     assert [proc.returncode for proc in lost] == [1, 1, -9]
     assert re.fullmatch(r"train\.py: error: rank 0: step \d+: a rank left the step barrier", outs[0][1].strip())
     assert re.fullmatch(r"train\.py: error: rank 1: step \d+: rank 0 left the step barrier", outs[1][1].strip())
+
+
+def test_a_stopped_rank_stands_still_and_the_others_wait_for_it(tmp_path):
+    """--stop-rank 2:3: rank 2 stops its own process (SIGSTOP) after step 3; the others wait in
+    the barrier, their keep-alives going on (the silence the supervisor names: watchdog.silent_rank)."""
+    import psutil
+    ranks = _ranks(tmp_path, "10000", 3, "--stop-rank", "2:3")
+    try:
+        deadline = time.monotonic() + 60
+        while psutil.Process(ranks[2].pid).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert psutil.Process(ranks[2].pid).status() == psutil.STATUS_STOPPED
+        time.sleep(1)
+        assert [proc.poll() for proc in ranks] == [None, None, None]
+    finally:
+        for proc in ranks:
+            proc.kill()
+        outs = [proc.communicate(timeout=60) for proc in ranks]
+    assert outs[2][1].strip() == "train.py: rank 2: stopping this process at step 3 (--stop-rank)"
