@@ -40,6 +40,8 @@ MAX_RANK_RECORD_BYTES = 64 * 1024             # one rank's heartbeat record (wat
 MAX_RANKS_PER_NODE = 256
 # in a node directory: the ranks' reduced flight-recorder records (fr_dump.py), gathered like heartbeats
 FLIGHT_RECORDS_SUBDIR = "flight-recorder"
+# in a node directory: the ranks' step lines, taken by local rank 0 (node_steps.py)
+STEPS_SUBDIR = "steps"
 # a node directory of this user untouched this long belongs to no running launch (its ranks rewrite
 # their records every heartbeat interval): local rank 0 removes it when it starts
 STALE_AFTER_S = 600.0
@@ -107,7 +109,7 @@ def gather(directory: Path) -> List[Dict[str, Any]]:
 
 def clear(directory: Path) -> None:
     """Records and markers of an earlier launch under the same name (a rerun in the same dir) go."""
-    for folder in (directory / FLIGHT_RECORDS_SUBDIR, directory):
+    for folder in (directory / FLIGHT_RECORDS_SUBDIR, directory / STEPS_SUBDIR, directory):
         try:
             entries = list(os.scandir(folder))
         except OSError:

@@ -222,7 +222,9 @@ class TrainingControl:
     def _open_step_log(self) -> None:
         if self.control_dir is not None and self._steplog is None and not self._steplog_off:
             from slurmtools.steplog import StepLog
-            self._steplog = StepLog(self.control_dir, self.attempt_id, self.rank, socket.gethostname())
+            node = self._node
+            self._steplog = StepLog(self.control_dir, self.attempt_id, self.rank, socket.gethostname(),
+                                    node_dir=node.directory if node else None, gathers=bool(node and node.gathers))
 
     def _steplog_failed(self, exc: OSError) -> None:
         print(f"slurmtools: step log off for rank {self.rank}: {exc}", file=sys.stderr, flush=True)
@@ -346,11 +348,12 @@ class TrainingControl:
             return self._node.marker_exists(name)
         return self.control_dir is not None and (self.control_dir / name).exists()
 
-    def flush_metrics(self) -> None:
-        """The last steps' numbers now (both records write at most every few seconds)."""
+    def flush_metrics(self, last: bool = False) -> None:
+        """The last steps' numbers now (both records write at most every few seconds); last: this
+        rank ends training (its node's step lines are taken: node_steps.py)."""
         if self._steplog is not None:
             try:
-                self._steplog.flush()
+                self._steplog.flush(last)
             except OSError as exc:
                 self._steplog_failed(exc)
         if self._metrics is not None:
@@ -360,7 +363,7 @@ class TrainingControl:
                 self._metrics = None
 
     def mark_stopped_for_requeue(self, step: int) -> None:
-        self.flush_metrics()
+        self.flush_metrics(last=True)
         if self.control_dir is not None and self.rank == 0:
             write_json_atomic(self.control_dir / STOPPED_FILE, {"step": step, "attempt_id": self.attempt_id})
 
@@ -381,6 +384,6 @@ class TrainingControl:
                 ledger.append(self.control_dir, ledger.CheckpointRefused(self.attempt_id, time.time(), path, why))
 
     def mark_complete(self, step: int) -> None:
-        self.flush_metrics()
+        self.flush_metrics(last=True)
         if self.control_dir is not None and self.rank == 0:
             write_json_atomic(self.control_dir / COMPLETE_FILE, {"step": step, "attempt_id": self.attempt_id})

@@ -3,8 +3,10 @@ the input of `slurmtools report`'s plots, which need the whole history the Prome
 not keep.
 
     <control dir>/steps/<attempt id>.rank<N>.jsonl
+    <control dir>/steps/<attempt id>.node-<host>.by<N>.jsonl     (gathered per node: node_steps.py)
 
-One file per rank and attempt, so no two processes ever append to the same file. Lines are
+One file per rank (or per node's taker) and attempt, so no two processes ever append to the same
+file. Lines are
 buffered and written at most every flush_interval_s (and on flush()), so a step costs no file
 system round trip; a rank killed between flushes loses at most that many seconds of lines,
 which the report shows as a gap. A line that is not a well-formed record is skipped on reading.
@@ -15,11 +17,12 @@ import json
 import math
 import operator
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from slurmtools.fsutil import read_json_lines
+from slurmtools.node_steps import NODE_STEP_KIND, NodeSteps
 
 STEPS_DIR = "steps"
 DEFAULT_FLUSH_INTERVAL_S = 5.0
@@ -40,6 +43,8 @@ class StepRecord:
     tokens: Optional[int] = None
     collective_s: Optional[float] = None
     data_wait_s: Optional[float] = None
+    ranks: int = 1                      # gathered per node: the node's ranks in it (rank: its lowest,
+    slowest_rank: Optional[int] = None  # loss: that rank's; step_s: slowest_rank's; tokens: their sum)
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,31 @@ def _step(record: Dict[str, Any]) -> Optional[StepRecord]:
                       float(record["step_s"]), **measured)
 
 
+def _node_step(record: Dict[str, Any]) -> Optional[StepRecord]:
+    """A node's record of one step (node_steps.aggregate), or None when malformed."""
+    ranks: Any = record.get("ranks")
+    slowest: Any = record.get("slowest_rank")
+    one = _step(record)
+    if one is None or not (isinstance(ranks, int) and 1 <= ranks <= MAX_INDEX
+                           and isinstance(slowest, int) and _within(slowest, 0, MAX_INDEX)):
+        return None
+    return replace(one, ranks=ranks, slowest_rank=slowest)
+
+
+def merge(first: StepRecord, second: StepRecord) -> StepRecord:
+    """Two partial records of one node's step (its ranks' lines taken at two moments) as one."""
+    low = first if first.rank <= second.rank else second
+    slow = first if first.step_s >= second.step_s else second
+
+    def most(name: str) -> Optional[float]:
+        values = [value for value in (getattr(first, name), getattr(second, name)) if value is not None]
+        return max(values) if values else None
+    tokens = None if first.tokens is None and second.tokens is None else (first.tokens or 0) + (second.tokens or 0)
+    return replace(low, time_s=max(first.time_s, second.time_s), step_s=slow.step_s, tokens=tokens,
+                   collective_s=most("collective_s"), data_wait_s=most("data_wait_s"),
+                   ranks=first.ranks + second.ranks, slowest_rank=slow.slowest_rank)
+
+
 def _checkpoint(record: Dict[str, Any]) -> Optional[CheckpointRecord]:
     step: Any = record.get("step")
     time_s: Any = record.get("time_s")
@@ -134,12 +164,17 @@ class StepLog:
 
     def __init__(self, control_dir: Path, attempt_id: str, rank: int, host: str, *,
                  flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, node_dir: Optional[Path] = None,
+                 gathers: bool = False) -> None:
+        """node_dir: this node's directory in node memory (node_beat.node_dir), where step lines go
+        to be gathered per node; gathers: this is the node's local rank 0."""
         self.path = control_dir / STEPS_DIR / f"{attempt_id}.rank{rank}.jsonl"
         self.attempt_id, self.rank, self.host = attempt_id, rank, host
+        self.node = (NodeSteps(node_dir, control_dir / STEPS_DIR, attempt_id, rank, host, gathers)
+                     if node_dir is not None else None)
         self.flush_interval_s = flush_interval_s
         self.clock = clock
-        self._pending: List[str] = []
+        self._pending: List[Tuple[str, str]] = []       # (kind, line)
         self._flushed_t = clock()
 
     def step(self, step: int, step_s: float, **measured: Optional[float]) -> None:
@@ -155,16 +190,23 @@ class StepLog:
         self.flush()       # rare and what the timeline is about: written at once
 
     def _add(self, record: Dict[str, Any]) -> None:
-        self._pending.append(json.dumps(record, sort_keys=True, allow_nan=False))
+        self._pending.append((record["kind"], json.dumps(record, sort_keys=True, allow_nan=False)))
         if self.clock() - self._flushed_t >= self.flush_interval_s:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self, last: bool = False) -> None:
+        """Write the buffered lines; gathered per node, step lines go to node memory and the node's
+        are taken (local rank 0 at every flush, every rank at its last: training done or stopped)."""
         self._flushed_t = self.clock()
-        if not self._pending:
+        pending, self._pending = self._pending, []
+        if self.node is not None:
+            self.node.put([line for kind, line in pending if kind == "step"])
+            pending = [(kind, line) for kind, line in pending if kind != "step"]
+            if self.node.gathers or last:
+                self.node.take()
+        if not pending:
             return
-        text = "".join(line + "\n" for line in self._pending)
-        self._pending = []
+        text = "".join(line + "\n" for _, line in pending)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as handle:
             handle.write(text)
@@ -182,16 +224,23 @@ def read(control_dir: Path) -> StepHistory:
     checkpoints: List[CheckpointRecord] = []
     directory = control_dir / STEPS_DIR
     files = sorted(directory.glob("*.jsonl")) if directory.is_dir() else []
+    nodes: Dict[Tuple[str, str, int], StepRecord] = {}
     for path in files:
         for record in read_json_lines(path, MAX_STEPLOG_BYTES) or []:    # no FIFO, link or huge file
             if record.get("kind") == "step":
                 step = _step(record)
                 if step is not None:
                     steps.append(step)
+            elif record.get("kind") == NODE_STEP_KIND:
+                node = _node_step(record)
+                if node is not None:
+                    key = (node.attempt_id, node.host, node.step)
+                    nodes[key] = merge(nodes[key], node) if key in nodes else node
             elif record.get("kind") == "checkpoint":
                 checkpoint = _checkpoint(record)
                 if checkpoint is not None:
                     checkpoints.append(checkpoint)
+    steps += nodes.values()
     steps.sort(key=lambda s: (s.time_s, s.rank))
     checkpoints.sort(key=lambda c: c.time_s)
     return StepHistory(steps, checkpoints)
