@@ -18,8 +18,10 @@ No torch and no cluster: the real code paths with simulated ranks.
   file system adds a round trip per file), and the peak memory of the pass (tracemalloc).
 Printed per size: the pass, the supervisor's share of one core (a pass, then its sleep:
 observe.pace_s), the worst time to detect a dead node (node_timeout_s + 2 passes + a sleep), the
-control dir's metadata operations and bytes per second; then `goal` lines for 8,000 ranks gathered
-per node (supervisor <= 10% of one core; detection <= node_timeout_s + 2 s).
+control dir's metadata operations and bytes per second; the step log's bytes a second and a day
+(the real StepLog, each rank's file or gathered per node: node_steps.py); the time to name a rank
+whose process stopped (watchdog.silent_rank, timed on every rank's beat); then `goal` lines for
+8,000 ranks gathered per node (supervisor <= 10% of one core; detection <= node_timeout_s + 2 s).
 - Attribution of a hang by the flight recorders: each rank reduces its own dump (fr_dump.py; the
   dump built in torch's format with --fr-entries entries: a real torch 2.13 gloo dump of 2,000
   entries is 228 KB and its parse took 84 ms here), local rank 0 gathers the node's records
@@ -54,6 +56,7 @@ from slurmtools.requeue import flightrec, straggler, watchdog  # noqa: E402
 from slurmtools.requeue.observe import pace_s  # noqa: E402
 from slurmtools.requeue.supervisor import SupervisorConfig  # noqa: E402
 from slurmtools.runtime import HEARTBEAT_DIR, HEARTBEAT_INTERVAL_S, TrainingControl  # noqa: E402
+from slurmtools.steplog import StepLog  # noqa: E402
 
 NODE_TIMEOUT_S = 10.0            # the spec's floor for node_timeout_s (4x the median step, at least 10 s)
 
@@ -255,6 +258,47 @@ def raw_dumps(base: Path, count: int, fr_entries: int) -> Dict[str, float]:
         shutil.rmtree(recorder, ignore_errors=True)
 
 
+def step_log_bytes(base: Path, ranks_per_node: int, steps: int = 20) -> Dict[str, float]:
+    """Bytes the step log puts on the control dir per node and step: each rank's lines (the
+    tiny trainer's numbers) in its own file, or gathered per node (node_steps.py), by the real StepLog."""
+    out = {}
+    for mode in ("per rank", "gathered per node"):
+        work = Path(tempfile.mkdtemp(prefix="steps-", dir=base))
+        node = work / "shm" / "node00001" if mode != "per rank" else None
+        if node is not None:
+            node.mkdir(parents=True)
+        logs = [StepLog(work / "control", "1234567.0", 8000 + rank, "node00001", node_dir=node, gathers=rank == 0)
+                for rank in range(ranks_per_node)]
+        for step in range(1000, 1000 + steps):
+            for log in logs:
+                log.step(step, 0.512345, loss=2.345678, tokens=4096, collective_s=0.123456, data_wait_s=0.001234)
+        for log in [*logs[1:], logs[0]]:
+            log.flush()
+        out[mode] = sum(path.stat().st_size for path in (work / "control").rglob("*.jsonl")) / steps
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def silent_rank(ranks: int, ranks_per_node: int, period_s: float) -> Dict[str, float]:
+    """A rank whose process stopped (no steps, no keep-alive, no flight record) among `ranks` that
+    wait for it: the real watchdog.silent_rank on every rank's beat, timed; and the worst time from
+    its stop to the verdict: the stall (hang_timeout_s), then a pass asks for the records, the
+    others' arrive within three heartbeat intervals, the wait ends DUMP_WAIT_S after the last one
+    seen, and the pass after that names it (a pass and its sleep, period_s, at each step)."""
+    now = time.time()
+    stopped = ranks // 2 + 3
+    beats = [watchdog.Beat(rank, f"node{rank // ranks_per_node:05d}", 500, now - 40.0,
+                           alive_s=now - (40.0 if rank == stopped else 0.5)) for rank in range(ranks)]
+    stall = watchdog.judge(beats, now, 30.0, ranks)
+    assert stall is not None and stall.rank is None
+    t0 = time.perf_counter()
+    named = watchdog.silent_rank(stall, beats, now)
+    named_s = time.perf_counter() - t0
+    assert named.rank == stopped, named
+    return {"named_s": named_s, "after_timeout_s": period_s + 3 * HEARTBEAT_INTERVAL_S + period_s
+            + flightrec.DUMP_WAIT_S + period_s}
+
+
 def ops(load: Dict[str, float]) -> float:
     return load["create"] + load["rename"] + load["chmod"] + load["stat"]
 
@@ -323,6 +367,19 @@ def heartbeats(args: argparse.Namespace, base: Path, poll_s: float) -> None:
                   f"{meta + files / (row['pass_s'] + pace_s(poll_s, row['pass_s'])):.0f} metadata operations/s "
                   f"(writes and stats, the supervisor's opens), "
                   f"{written / 1e6:.1f} MB/s written")
+    per_step = step_log_bytes(base, args.ranks_per_node)
+    for ranks in [int(x) for x in args.ranks.split(",")]:
+        nodes = -(-ranks // args.ranks_per_node)
+        print(f"step log, {ranks} ranks at a 1-s step: per rank {per_step['per rank'] * nodes / 1e6:.2f} MB/s "
+              f"({per_step['per rank'] * nodes * 86400 / 1e9:.0f} GB a day), gathered per node "
+              f"{per_step['gathered per node'] * nodes / 1e6:.2f} MB/s "
+              f"({per_step['gathered per node'] * nodes * 86400 / 1e9:.0f} GB a day)")
+    for ranks, row in results["gathered per node"].items():
+        silent = silent_rank(ranks, args.ranks_per_node, row["pass_s"] + pace_s(poll_s, row["pass_s"]))
+        print(f"a silent rank (its process stopped), {ranks} ranks gathered per node: named in "
+              f"{silent['named_s'] * 1000:.0f} ms by its silence; at worst hang_timeout_s + "
+              f"{silent['after_timeout_s']:.1f} s after it stopped (a dead node: node_timeout_s + "
+              f"{detection_s(row['pass_s'], poll_s):.1f} s)")
     gathered = results["gathered per node"].get(8000)
     if gathered is not None:
         share, detect = busy_share(gathered["pass_s"], poll_s), detection_s(gathered["pass_s"], poll_s)
