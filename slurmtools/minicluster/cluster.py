@@ -102,6 +102,10 @@ def write_configs(layout: MiniClusterLayout) -> None:
     spool.make_spool(layout.blame_spool)
     layout.blames_program.write_text(node_files.blames_program_text(layout))
     layout.blames_program.chmod(0o755)
+    layout.task_prolog.write_text(node_files.task_prolog_text(layout))
+    layout.task_prolog.chmod(0o755)
+    for node in layout.node_names:
+        node_files.wipe_node_memory(layout, node)
     if not layout.health_config.exists():
         layout.health_config.write_text(node_files.render_health_config(layout))
         layout.health_config.chmod(0o644)
@@ -240,7 +244,8 @@ def down(layout: MiniClusterLayout, *, purge: bool = False) -> None:
     record["etc_slurm"] = None
     if layout.root.exists():
         save_record(layout, record)
-    if record.get("job_user"):      # the nodes' memory goes with them: the job user's node_beat records
+    shutil.rmtree(node_files.node_memory_root(layout), ignore_errors=True)     # the nodes' memory goes with them
+    if record.get("job_user"):      # and what the job user's runs outside a task kept in /dev/shm
         shutil.rmtree(node_beat.user_root(Path(node_beat.DEFAULT_NODE_LOCAL_DIR), jobuser.job_user(layout).uid),
                       ignore_errors=True)
     if purge:
@@ -285,7 +290,9 @@ def kill_namespace(layout: MiniClusterLayout, node: str) -> List[int]:
 
 def kill_node(layout: MiniClusterLayout, node: str) -> List[int]:
     require_root()
-    return kill_namespace(layout, node)
+    killed = kill_namespace(layout, node)
+    node_files.wipe_node_memory(layout, node)
+    return killed
 
 
 def partition_node(layout: MiniClusterLayout, node: str) -> None:

@@ -289,6 +289,7 @@ class MiniClusterLayout:
             *self._release_lines(),
             f"Prolog={self.prolog_dir}/*",
             f"Epilog={self.epilog_dir}/*",
+            f"TaskProlog={self.task_prolog}",
             "PrologFlags=Alloc",
             "# `scontrol reboot` restarts the node's slurmd in a new time namespace (minicluster/reboot.py);",
             "# a node not back within ResumeTimeout is marked DOWN (reboot timed out)",
@@ -376,6 +377,11 @@ class MiniClusterLayout:
     def metrics_textfiles(self) -> Path:
         """node_exporter's textfile dirs, one per node below it: the relay writes there, as root."""
         return self.root / "textfiles"
+
+    @property
+    def task_prolog(self) -> Path:
+        """Every task's TaskProlog: the node's own memory directory (node_files.task_prolog_text)."""
+        return self.etc_dir / "task-prolog"
 
     @property
     def blames_program(self) -> Path:

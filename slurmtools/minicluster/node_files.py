@@ -1,11 +1,39 @@
 """Files the mini-cluster's nodes read besides Slurm's own: the health config the prolog, epilog
-and blame handling use, the HealthCheckProgram that handles blames, and the nodes' /etc/hosts
-(pure text, unit-tested)."""
+and blame handling use, the HealthCheckProgram that handles blames, the TaskProlog that gives each
+node its own memory directory (and its wiping), and the nodes' /etc/hosts (text, unit-tested)."""
 from __future__ import annotations
 
+import shutil
 import sys
+from pathlib import Path
 
 from slurmtools.minicluster.layout import MiniClusterLayout
+from slurmtools.node_beat import NODE_LOCAL_DIR_ENV
+
+
+def node_memory_root(layout: MiniClusterLayout) -> Path:
+    """Below it, each node's own memory directory (`<root>/<node>`): the nodes share this machine's
+    /dev/shm, where a real node has its own, which goes with the node when it dies (kill_node
+    empties it), so no test can pass by reading a dead node's memory."""
+    return Path("/dev/shm") / f"slurmtools-minicluster-{layout.name}"
+
+
+def wipe_node_memory(layout: MiniClusterLayout, node: str) -> None:
+    """The node's own memory directory, empty: what a dead or rebooted node's RAM held is gone.
+    World-writable with the sticky bit, as /dev/shm is."""
+    path = node_memory_root(layout) / node
+    shutil.rmtree(path, ignore_errors=True)
+    path.parent.mkdir(mode=0o755, exist_ok=True)
+    path.mkdir()
+    path.chmod(0o1777)
+
+
+def task_prolog_text(layout: MiniClusterLayout) -> str:
+    """The TaskProlog (Slurm runs it as the job's user before each task; each `export` line it
+    prints is set in the task's environment): the node's own memory directory, where jobs keep what
+    lives in a node's memory (node_beat.py). A real cluster needs none of it: /dev/shm is the node's."""
+    return ("#!/bin/sh\n# slurmtools mini-cluster: each node's own memory directory, as /dev/shm is on a real node\n"
+            f'echo "export {NODE_LOCAL_DIR_ENV}={node_memory_root(layout)}/$(hostname)"\n')
 
 
 def render_health_config(layout: MiniClusterLayout) -> str:

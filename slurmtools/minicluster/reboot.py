@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import List
 
-from slurmtools.minicluster import daemons
+from slurmtools.minicluster import daemons, node_files
 from slurmtools.minicluster.layout import MiniClusterLayout
 from slurmtools.minicluster.record import layout_from_record
 
@@ -93,6 +93,7 @@ def restart(layout: MiniClusterLayout, node: str) -> int:
         if daemons.pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
     pidfile.unlink(missing_ok=True)
+    node_files.wipe_node_memory(layout, node)          # a reboot empties the node's RAM
     subprocess.run(restart_argv(layout, node, host_uptime_s()), check=True, env=daemons.daemon_env(layout),
                    stdin=subprocess.DEVNULL, timeout=60)
     print(f"{time.strftime('%F %T')} {node}: slurmd restarted (pid {daemons.read_pidfile(pidfile)})", flush=True)

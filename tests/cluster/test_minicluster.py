@@ -9,7 +9,7 @@ import pytest
 
 from slurmtools import slurm
 from slurmtools.minicluster import cluster as mc
-from slurmtools.minicluster import daemons
+from slurmtools.minicluster import daemons, node_files
 from tests.cluster import asuser, training
 from tests.conftest import wait_for
 
@@ -85,16 +85,23 @@ def test_killed_node_goes_down_and_requeue_job_reruns_elsewhere(cluster, user_tm
     script = f"""#!/bin/bash
 #SBATCH -N2 -w node[1-2] --requeue --open-mode=append -o {out}
 echo "start restart=${{SLURM_RESTART_COUNT:-0}} nodes=$SLURM_JOB_NODELIST"
-srun sleep 300
+srun bash -c 'touch "$SLURMTOOLS_NODE_LOCAL_DIR/in-memory-$SLURM_JOB_ID"; echo "memory $(hostname) $SLURMTOOLS_NODE_LOCAL_DIR"; sleep 300'
 """
     # -w pins the first run to node[1-2]; the rerun must avoid the dead node2. Both must be idle first:
     # the previous test's job may still be completing on one of them (its epilog) when this one starts.
     wait_for(lambda: all(n.state == "idle" and not n.flags for n in slurm.nodes("node[1-2]")), 60, "node[1-2] idle")
     job = training.submit_script(script)
-    wait_for(lambda: slurm.job_state(job).state == "RUNNING" and out.exists() and "start" in out.read_text(),
+    wait_for(lambda: slurm.job_state(job).state == "RUNNING" and out.exists() and out.read_text().count("memory") == 2,
              30, "job to run")
+    # each node its own memory directory (the cluster's TaskProlog), as /dev/shm is on a real node
+    memory = node_files.node_memory_root(cluster)
+    assert sorted(line for line in out.read_text().splitlines() if line.startswith("memory")) == [
+        f"memory node1 {memory}/node1", f"memory node2 {memory}/node2"]
+    assert (memory / "node2" / f"in-memory-{job}").exists()
     time.sleep(1)
     assert mc.kill_node(cluster, "node2")
+    assert list((memory / "node2").iterdir()) == []                   # its RAM went with it
+    assert (memory / "node1" / f"in-memory-{job}").exists()
     try:
         wait_for(lambda: any(n.name == "node2" and n.state == "down" for n in slurm.nodes()), 120, "node2 DOWN")
         # -w node[1-2] can no longer be satisfied: drop the pin so Slurm places the rerun.

@@ -133,3 +133,11 @@ def test_job_user_ids_exhausted_is_one_line_error() -> None:
     every = set(range(jobuser.JOB_UID_BASE, jobuser.JOB_UID_BASE + jobuser.JOB_UID_COUNT))
     with pytest.raises(MiniClusterError, match="no free uid/gid in 64100..64499"):
         jobuser._free_id(every, set())
+
+
+def test_each_node_gets_its_own_memory_directory_through_the_task_prolog():
+    lay = layout(nodes=2)
+    assert f"TaskProlog={lay.etc_dir}/task-prolog" in lay.render_slurm_conf().splitlines()
+    assert node_files.node_memory_root(lay) == Path(f"/dev/shm/slurmtools-minicluster-{lay.name}")
+    assert node_files.task_prolog_text(lay).splitlines()[-1] == (
+        f'echo "export SLURMTOOLS_NODE_LOCAL_DIR=/dev/shm/slurmtools-minicluster-{lay.name}/$(hostname)"')
