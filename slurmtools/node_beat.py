@@ -61,7 +61,7 @@ def node_file_name(host: str) -> str:
     return f"{NODE_FILE_PREFIX}{_UNSAFE.sub('_', host)[:200]}.json"
 
 
-def _own_private_dir(path: Path) -> bool:
+def own_private_dir(path: Path) -> bool:
     """Create path (0700) if missing; True only for a real directory of ours nobody else can write."""
     try:
         path.mkdir(mode=0o700, exist_ok=True)
@@ -84,7 +84,7 @@ def node_dir(root: Path, control_dir: Path, attempt_id: str, host: str) -> Optio
     job = hashlib.sha256(str(control_dir.absolute()).encode()).hexdigest()[:16]
     path = base / f"{_UNSAFE.sub('_', attempt_id)[:100]}-{job}" / _UNSAFE.sub("_", host)[:200]
     for part in (base, path.parent, path):
-        if not _own_private_dir(part):
+        if not own_private_dir(part):
             return None
     return path
 

@@ -1,0 +1,137 @@
+"""In-memory snapshots replicated to a peer node: where they live, who keeps whose, and which
+snapshot a restart can restore from (pure decisions; the copying is snapshot_io's).
+
+A snapshot is one rank's state (its shard of the model and optimizer, and the trainer's state)
+at a step, in node memory, sealed by the checkpoints' manifest rule (checkpoint.py: staging
+directory, every file's size and digest, MANIFEST.json last, rename), the two newest kept:
+
+    <node memory>/slurmtools-<uid>/snapshots/<job key>/rank<R>/step_<S>/            its own
+    <node memory>/slurmtools-<uid>/snapshots/<job key>/replica-of-rank<P>/step_<S>/ its peer's
+
+<node memory> is node_beat's ($SLURMTOOLS_NODE_LOCAL_DIR, default /dev/shm); <job key> names the
+job, not the attempt, so a restart in the allocation finds them.
+
+Pairing (`peer_of`): rank R's replica is kept by the rank at R's position on the next node of
+the ring of the job's nodes (nodes in the order of their lowest rank; the position modulo that
+node's rank count). The failure domain is the node: one node lost leaves each of its ranks' state
+on a living node; two neighbouring nodes lost together lose the ranks of the first of them (the
+restart then uses the persistent checkpoint).
+
+Restoring (`plan_restore`): the newest step at which every rank of the old world has a verified
+copy on a node of the new allocation (its own where that node lives on, else its replica), newer
+than the persistent checkpoint; each new rank R takes rank R's copy (a node's own first: a read
+from local memory, not a pull). A changed world size or no common step: the persistent checkpoint,
+and why.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+SNAPSHOTS_SUBDIR = "snapshots"
+KEEP = 2
+_COPY_DIR = re.compile(r"^(rank|replica-of-rank)(\d{1,7})$")
+
+
+def job_key(job_id: str, control_dir: Path) -> str:
+    """The job's snapshots' directory name: the job, and its control dir (two runs of one user in
+    one job, a rerun elsewhere, never share one)."""
+    digest = hashlib.sha256(str(control_dir.absolute()).encode()).hexdigest()[:16]
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', job_id)[:60]}-{digest}"
+
+
+def own_dir(job_root: Path, rank: int) -> Path:
+    return job_root / f"rank{rank}"
+
+
+def replica_dir(job_root: Path, of_rank: int) -> Path:
+    return job_root / f"replica-of-rank{of_rank}"
+
+
+def parse_copy_dir(name: str) -> Optional[Tuple[bool, int]]:
+    """(own, rank) for `rank<R>` or `replica-of-rank<R>`; None for anything else."""
+    match = _COPY_DIR.match(name)
+    return (match.group(1) == "rank", int(match.group(2))) if match else None
+
+
+def nodes_in_order(hosts: Mapping[int, str]) -> List[str]:
+    """The job's nodes in the order of their lowest rank."""
+    first: Dict[str, int] = {}
+    for rank in sorted(hosts):
+        first.setdefault(hosts[rank], rank)
+    return sorted(first, key=first.__getitem__)
+
+
+def peer_of(rank: int, hosts: Mapping[int, str]) -> Optional[int]:
+    """The rank that keeps rank's replica: at its position on the next node of the ring; None when
+    the job has one node (no other failure domain to replicate to)."""
+    nodes = nodes_in_order(hosts)
+    if len(nodes) < 2 or rank not in hosts:
+        return None
+    ranks_of = {node: sorted(r for r in hosts if hosts[r] == node) for node in nodes}
+    node = hosts[rank]
+    position = ranks_of[node].index(rank)
+    following = ranks_of[nodes[(nodes.index(node) + 1) % len(nodes)]]
+    return following[position % len(following)]
+
+
+def replicas_kept_by(rank: int, hosts: Mapping[int, str]) -> List[int]:
+    """The ranks whose replicas this rank keeps (one each for equal nodes; more where nodes differ)."""
+    return sorted(other for other in hosts if other != rank and peer_of(other, hosts) == rank)
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One verified snapshot of one rank's state, on a host."""
+    of_rank: int
+    step: int
+    host: str
+    own: bool           # the rank's own (else a replica its peer kept)
+
+
+@dataclass(frozen=True)
+class Restore:
+    step: Optional[int]                  # None: from the persistent checkpoint
+    sources: Dict[int, Copy]             # rank -> the copy it restores from
+    why: str
+
+    def pulls(self, hosts: Mapping[int, str]) -> Dict[int, Copy]:
+        """The ranks whose copy is on another node than theirs (a spare's, say): rank -> copy."""
+        return {rank: copy for rank, copy in self.sources.items() if copy.host != hosts.get(rank)}
+
+
+def plan_restore(copies: Sequence[Copy], old_world: int, hosts: Mapping[int, str],
+                 checkpoint_step: Optional[int]) -> Restore:
+    """Which snapshot each rank of the new allocation (hosts: rank -> host) restores from, or
+    the persistent checkpoint (see the module's doc)."""
+    if old_world <= 0:
+        return Restore(None, {}, "no snapshot was taken")
+    if len(hosts) != old_world:
+        return Restore(None, {}, f"the world changed ({old_world} -> {len(hosts)} ranks): snapshots are per rank")
+    living = set(hosts.values())
+    by_step: Dict[int, Dict[int, List[Copy]]] = {}
+    for copy in copies:
+        if copy.host in living and 0 <= copy.of_rank < old_world:
+            by_step.setdefault(copy.step, {}).setdefault(copy.of_rank, []).append(copy)
+    missing_at_newest = ""
+    for step in sorted(by_step, reverse=True):
+        if checkpoint_step is not None and step <= checkpoint_step:
+            break
+        ranks = by_step[step]
+        lost = [rank for rank in range(old_world) if rank not in ranks]
+        if lost:
+            missing_at_newest = missing_at_newest or f"step {step}: no copy of rank {lost[0]}" + (
+                f" and {len(lost) - 1} more" if len(lost) > 1 else "") + " on a living node"
+            continue
+
+        def best(rank: int) -> Copy:
+            return min(ranks[rank], key=lambda c: (c.host != hosts[rank], not c.own, c.host))
+        return Restore(step, {rank: best(rank) for rank in range(old_world)}, f"snapshot of step {step}")
+    if not by_step:
+        return Restore(None, {}, "no verified snapshot on the living nodes")
+    if missing_at_newest:
+        return Restore(None, {}, missing_at_newest)
+    return Restore(None, {}, f"the persistent checkpoint (step {checkpoint_step}) is as new as every snapshot")

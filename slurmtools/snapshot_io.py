@@ -1,0 +1,120 @@
+"""A node's snapshot store in node memory (the layout and rules are snapshot.py's): a rank saves
+its own state and the replicas its peers send it, each sealed as a checkpoint is (a
+CheckpointManager per copy directory: staging, manifest last, rename, the two newest kept); the
+node's inventory of verified copies feeds snapshot.plan_restore; a copy is read back whole.
+
+Only this user's private directory is used (node_beat.own_private_dir: ours, nobody else can
+write it): a snapshot another user could plant is never restored.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+from slurmtools import digests
+from slurmtools.checkpoint import CheckpointManager, verify_dir
+from slurmtools.errors import CheckpointError
+from slurmtools.node_beat import own_private_dir, user_root
+from slurmtools.snapshot import KEEP, SNAPSHOTS_SUBDIR, Copy, own_dir, parse_copy_dir, replica_dir
+
+
+
+class SnapshotStore:
+    """The snapshots of one job on this node (every rank of the node uses the same directory)."""
+
+    def __init__(self, node_memory: Path, job_key: str, host: str) -> None:
+        self.root = user_root(node_memory, os.geteuid()) / SNAPSHOTS_SUBDIR / job_key
+        self.host = host
+
+    def usable(self) -> bool:
+        """Whether the job's directory is (or could be made) ours alone."""
+        parts = [self.root.parent.parent, self.root.parent, self.root]
+        return all(own_private_dir(part) for part in parts)
+
+    def _manager(self, directory: Path) -> CheckpointManager:
+        if not self.usable():
+            raise CheckpointError(f"{self.root}: not a directory of this user's own (missing, or others can write it)")
+        return CheckpointManager(directory, keep=KEEP)
+
+    def save_own(self, rank: int, step: int, files: Mapping[str, bytes], meta: Optional[Mapping[str, Any]] = None) -> Path:
+        """This rank's state at step, sealed; the older ones past the two newest go."""
+        return self._save(own_dir(self.root, rank), step, files, meta)
+
+    def save_replica(self, of_rank: int, step: int, files: Mapping[str, bytes],
+                     meta: Optional[Mapping[str, Any]] = None) -> Path:
+        """A peer's state at step, as it sent it, sealed here."""
+        return self._save(replica_dir(self.root, of_rank), step, files, meta)
+
+    def _save(self, directory: Path, step: int, files: Mapping[str, bytes], meta: Optional[Mapping[str, Any]]) -> Path:
+        manager = self._manager(directory)
+        if manager.final_dir(step).exists():          # a step saved again (a restarted attempt): the new one
+            manager.quarantine(manager.final_dir(step), "replaced by a newer save of the same step")
+        staging = manager.begin(step)
+        for name, data in files.items():
+            if not name or "/" in name or name.startswith("."):
+                raise CheckpointError(f"snapshot file name {name!r}: one plain name per file")
+            (staging / name).write_bytes(data)
+        checkpoint = manager.commit(step, meta)
+        for stale in directory.glob("step_*.bad-*"):      # memory is scarce: nothing kept for inspection
+            shutil.rmtree(stale, ignore_errors=True)
+        return checkpoint.path
+
+    def inventory(self, checksums: bool = True) -> List[Copy]:
+        """Every verified copy on this node (own and replicas), newest first per rank."""
+        copies: List[Copy] = []
+        try:
+            names = sorted(entry.name for entry in os.scandir(self.root) if entry.is_dir(follow_symlinks=False))
+        except OSError:
+            return []
+        for name in names:
+            parsed = parse_copy_dir(name)
+            if parsed is None:
+                continue
+            own, rank = parsed
+            for checkpoint in CheckpointManager(self.root / name, keep=KEEP).complete(checksums=checksums):
+                copies.append(Copy(rank, checkpoint.step, self.host, own))
+        return copies
+
+    def read(self, copy: Copy) -> Dict[str, bytes]:
+        """The files of a copy on this node, verified against its manifest as they are read."""
+        directory = (own_dir if copy.own else replica_dir)(self.root, copy.of_rank) / f"step_{copy.step}"
+        ok, why, manifest = verify_dir(directory, checksums=False, step=copy.step)
+        if not ok:
+            raise CheckpointError(f"snapshot {directory}: {why}")
+        out: Dict[str, bytes] = {}
+        for name, info in manifest["files"].items():
+            data = _read_regular(directory / name, info["size"])
+            recorded = digests.entry_digest(info)
+            if data is None or recorded is None:
+                raise CheckpointError(f"snapshot {directory}: cannot read {name}")
+            digest = digests.new(recorded[0])
+            digest.update(data)
+            if digest.hexdigest() != recorded[1]:
+                raise CheckpointError(f"snapshot {directory}: checksum mismatch in {name}")
+            out[name] = data
+        return out
+
+
+def _read_regular(path: Path, size: int) -> Optional[bytes]:
+    """A regular file of exactly size bytes (no link, FIFO or device), read whole; None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        info = os.fstat(fd)
+        regular = stat.S_ISREG(info.st_mode) and info.st_size == size
+    except OSError:
+        regular = False
+    if not regular:
+        os.close(fd)
+        return None
+    try:
+        with os.fdopen(fd, "rb", buffering=0) as handle:      # one buffer of the file's size
+            data = handle.readall()
+    except OSError:
+        return None
+    return data if len(data) == size else None

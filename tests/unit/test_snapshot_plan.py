@@ -1,0 +1,96 @@
+"""Snapshots' pairing and restore plans (slurmtools/snapshot.py): who keeps whose replica, and
+which copy each rank of a restarted step restores from, or why the persistent checkpoint."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurmtools import snapshot
+from slurmtools.snapshot import Copy, peer_of, plan_restore
+
+TWO_BY_TWO = {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
+FOUR_NODES = {rank: f"n{rank // 2 + 1}" for rank in range(8)}
+
+
+def test_each_rank_is_paired_with_its_position_on_the_next_node():
+    assert [peer_of(rank, FOUR_NODES) for rank in range(8)] == [2, 3, 4, 5, 6, 7, 0, 1]
+    assert [peer_of(rank, TWO_BY_TWO) for rank in range(4)] == [2, 3, 0, 1]
+    assert all(FOUR_NODES[peer_of(rank, FOUR_NODES)] != FOUR_NODES[rank] for rank in range(8))
+
+
+def test_one_node_has_no_peer_and_uneven_nodes_wrap_the_position():
+    assert peer_of(0, {0: "n1", 1: "n1"}) is None
+    uneven = {0: "n1", 1: "n1", 2: "n1", 3: "n2"}
+    assert [peer_of(rank, uneven) for rank in range(4)] == [3, 3, 3, 0]
+    assert snapshot.replicas_kept_by(3, uneven) == [0, 1, 2]
+
+
+def test_nodes_are_ordered_by_their_lowest_rank_not_their_names():
+    hosts = {0: "node10", 1: "node9", 2: "node10", 3: "node9"}
+    assert snapshot.nodes_in_order(hosts) == ["node10", "node9"]
+    assert peer_of(0, hosts) == 1 and peer_of(3, hosts) == 2
+
+
+def _copies(step, hosts, *, own=True, replicas=True, lost=()):
+    out = []
+    for rank, host in hosts.items():
+        if own and host not in lost:
+            out.append(Copy(rank, step, host, True))
+        peer = peer_of(rank, hosts)
+        if replicas and peer is not None and hosts[peer] not in lost:
+            out.append(Copy(rank, step, hosts[peer], False))
+    return out
+
+
+def test_all_nodes_alive_every_rank_reads_its_own_copy():
+    plan = plan_restore(_copies(20, FOUR_NODES) + _copies(10, FOUR_NODES), 8, FOUR_NODES, checkpoint_step=0)
+    assert plan.step == 20 and plan.why == "snapshot of step 20"
+    assert all(copy.own and copy.host == FOUR_NODES[rank] for rank, copy in plan.sources.items())
+    assert plan.pulls(FOUR_NODES) == {}
+
+
+def test_a_spare_replacing_a_lost_node_pulls_its_ranks_from_their_replicas():
+    before = FOUR_NODES
+    copies = _copies(20, before)
+    after = {**before, 4: "spare", 5: "spare"}                  # n3 died: its copies are gone with it
+    living = [c for c in copies if c.host != "n3"]
+    plan = plan_restore(living, 8, after, checkpoint_step=10)
+    assert plan.step == 20
+    assert plan.pulls(after) == {4: Copy(4, 20, "n4", False), 5: Copy(5, 20, "n4", False)}
+    assert all(plan.sources[rank].own for rank in (0, 1, 2, 3, 6, 7))
+
+
+def test_both_members_of_a_pair_lost_falls_back_to_the_checkpoint():
+    copies = [c for c in _copies(20, FOUR_NODES) if c.host not in ("n2", "n3")]
+    after = {**FOUR_NODES, 2: "s1", 3: "s1", 4: "s2", 5: "s2"}
+    plan = plan_restore(copies, 8, after, checkpoint_step=10)
+    assert (plan.step, plan.sources) == (None, {})
+    assert plan.why == "step 20: no copy of rank 2 and 1 more on a living node"
+
+
+def test_an_incomplete_newest_snapshot_falls_back_to_the_older_one():
+    newest = [c for c in _copies(30, FOUR_NODES) if c.of_rank != 5]      # rank 5's never sealed, nor its replica
+    plan = plan_restore(newest + _copies(20, FOUR_NODES), 8, FOUR_NODES, checkpoint_step=10)
+    assert plan.step == 20
+
+
+def test_a_checkpoint_as_new_as_the_snapshots_wins_and_a_changed_world_uses_it():
+    plan = plan_restore(_copies(20, FOUR_NODES), 8, FOUR_NODES, checkpoint_step=20)
+    assert plan.step is None and plan.why == "the persistent checkpoint (step 20) is as new as every snapshot"
+    fewer = {rank: host for rank, host in FOUR_NODES.items() if rank < 6}
+    plan = plan_restore(_copies(20, FOUR_NODES), 8, fewer, checkpoint_step=10)
+    assert plan.step is None and plan.why == "the world changed (8 -> 6 ranks): snapshots are per rank"
+    assert plan_restore([], 8, FOUR_NODES, None).why == "no verified snapshot on the living nodes"
+
+
+@pytest.mark.parametrize("name, parsed", [("rank3", (True, 3)), ("replica-of-rank12", (False, 12)),
+                                          ("rank", None), ("rank3.tmp", None), ("replica-of-3", None)])
+def test_copy_directory_names(name, parsed):
+    assert snapshot.parse_copy_dir(name) == parsed
+
+
+def test_the_job_key_names_the_job_and_its_control_dir():
+    one, other = snapshot.job_key("123", Path("/a/ctl")), snapshot.job_key("123", Path("/b/ctl"))
+    assert one.startswith("123-") and one != other and len(one) == len("123-") + 16
+    assert snapshot.job_key("1/../x", Path("/a")).startswith("1_.._x-")
