@@ -90,6 +90,7 @@ class Copy:
     step: int
     host: str
     own: bool           # the rank's own (else a replica its peer kept)
+    world: int = 0      # the world size it was taken in (its manifest's)
 
 
 @dataclass(frozen=True)
@@ -103,25 +104,24 @@ class Restore:
         return {rank: copy for rank, copy in self.sources.items() if copy.host != hosts.get(rank)}
 
 
-def plan_restore(copies: Sequence[Copy], old_world: int, hosts: Mapping[int, str],
-                 checkpoint_step: Optional[int]) -> Restore:
+def plan_restore(copies: Sequence[Copy], hosts: Mapping[int, str], checkpoint_step: Optional[int]) -> Restore:
     """Which snapshot each rank of the new allocation (hosts: rank -> host) restores from, or
     the persistent checkpoint (see the module's doc)."""
-    if old_world <= 0:
-        return Restore(None, {}, "no snapshot was taken")
-    if len(hosts) != old_world:
-        return Restore(None, {}, f"the world changed ({old_world} -> {len(hosts)} ranks): snapshots are per rank")
+    world = len(hosts)
     living = set(hosts.values())
     by_step: Dict[int, Dict[int, List[Copy]]] = {}
+    other_worlds = set()
     for copy in copies:
-        if copy.host in living and 0 <= copy.of_rank < old_world:
+        if copy.world != world:
+            other_worlds.add(copy.world)
+        elif copy.host in living and 0 <= copy.of_rank < world:
             by_step.setdefault(copy.step, {}).setdefault(copy.of_rank, []).append(copy)
     missing_at_newest = ""
     for step in sorted(by_step, reverse=True):
         if checkpoint_step is not None and step <= checkpoint_step:
             break
         ranks = by_step[step]
-        lost = [rank for rank in range(old_world) if rank not in ranks]
+        lost = [rank for rank in range(world) if rank not in ranks]
         if lost:
             missing_at_newest = missing_at_newest or f"step {step}: no copy of rank {lost[0]}" + (
                 f" and {len(lost) - 1} more" if len(lost) > 1 else "") + " on a living node"
@@ -129,9 +129,11 @@ def plan_restore(copies: Sequence[Copy], old_world: int, hosts: Mapping[int, str
 
         def best(rank: int) -> Copy:
             return min(ranks[rank], key=lambda c: (c.host != hosts[rank], not c.own, c.host))
-        return Restore(step, {rank: best(rank) for rank in range(old_world)}, f"snapshot of step {step}")
-    if not by_step:
-        return Restore(None, {}, "no verified snapshot on the living nodes")
+        return Restore(step, {rank: best(rank) for rank in range(world)}, f"snapshot of step {step}")
     if missing_at_newest:
         return Restore(None, {}, missing_at_newest)
-    return Restore(None, {}, f"the persistent checkpoint (step {checkpoint_step}) is as new as every snapshot")
+    if by_step:
+        return Restore(None, {}, f"the persistent checkpoint (step {checkpoint_step}) is as new as every snapshot")
+    if other_worlds:
+        return Restore(None, {}, f"the world changed ({max(other_worlds)} -> {world} ranks): snapshots are per rank")
+    return Restore(None, {}, "no verified snapshot on the living nodes")

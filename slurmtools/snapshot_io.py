@@ -75,7 +75,8 @@ class SnapshotStore:
                 continue
             own, rank = parsed
             for checkpoint in CheckpointManager(self.root / name, keep=KEEP).complete(checksums=checksums):
-                copies.append(Copy(rank, checkpoint.step, self.host, own))
+                world = checkpoint.manifest.get("world")
+                copies.append(Copy(rank, checkpoint.step, self.host, own, world if isinstance(world, int) else 0))
         return copies
 
     def read(self, copy: Copy) -> Dict[str, bytes]:

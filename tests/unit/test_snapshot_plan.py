@@ -36,15 +36,15 @@ def _copies(step, hosts, *, own=True, replicas=True, lost=()):
     out = []
     for rank, host in hosts.items():
         if own and host not in lost:
-            out.append(Copy(rank, step, host, True))
+            out.append(Copy(rank, step, host, True, len(hosts)))
         peer = peer_of(rank, hosts)
         if replicas and peer is not None and hosts[peer] not in lost:
-            out.append(Copy(rank, step, hosts[peer], False))
+            out.append(Copy(rank, step, hosts[peer], False, len(hosts)))
     return out
 
 
 def test_all_nodes_alive_every_rank_reads_its_own_copy():
-    plan = plan_restore(_copies(20, FOUR_NODES) + _copies(10, FOUR_NODES), 8, FOUR_NODES, checkpoint_step=0)
+    plan = plan_restore(_copies(20, FOUR_NODES) + _copies(10, FOUR_NODES), FOUR_NODES, checkpoint_step=0)
     assert plan.step == 20 and plan.why == "snapshot of step 20"
     assert all(copy.own and copy.host == FOUR_NODES[rank] for rank, copy in plan.sources.items())
     assert plan.pulls(FOUR_NODES) == {}
@@ -55,33 +55,33 @@ def test_a_spare_replacing_a_lost_node_pulls_its_ranks_from_their_replicas():
     copies = _copies(20, before)
     after = {**before, 4: "spare", 5: "spare"}                  # n3 died: its copies are gone with it
     living = [c for c in copies if c.host != "n3"]
-    plan = plan_restore(living, 8, after, checkpoint_step=10)
+    plan = plan_restore(living, after, checkpoint_step=10)
     assert plan.step == 20
-    assert plan.pulls(after) == {4: Copy(4, 20, "n4", False), 5: Copy(5, 20, "n4", False)}
+    assert plan.pulls(after) == {4: Copy(4, 20, "n4", False, 8), 5: Copy(5, 20, "n4", False, 8)}
     assert all(plan.sources[rank].own for rank in (0, 1, 2, 3, 6, 7))
 
 
 def test_both_members_of_a_pair_lost_falls_back_to_the_checkpoint():
     copies = [c for c in _copies(20, FOUR_NODES) if c.host not in ("n2", "n3")]
     after = {**FOUR_NODES, 2: "s1", 3: "s1", 4: "s2", 5: "s2"}
-    plan = plan_restore(copies, 8, after, checkpoint_step=10)
+    plan = plan_restore(copies, after, checkpoint_step=10)
     assert (plan.step, plan.sources) == (None, {})
     assert plan.why == "step 20: no copy of rank 2 and 1 more on a living node"
 
 
 def test_an_incomplete_newest_snapshot_falls_back_to_the_older_one():
     newest = [c for c in _copies(30, FOUR_NODES) if c.of_rank != 5]      # rank 5's never sealed, nor its replica
-    plan = plan_restore(newest + _copies(20, FOUR_NODES), 8, FOUR_NODES, checkpoint_step=10)
+    plan = plan_restore(newest + _copies(20, FOUR_NODES), FOUR_NODES, checkpoint_step=10)
     assert plan.step == 20
 
 
 def test_a_checkpoint_as_new_as_the_snapshots_wins_and_a_changed_world_uses_it():
-    plan = plan_restore(_copies(20, FOUR_NODES), 8, FOUR_NODES, checkpoint_step=20)
+    plan = plan_restore(_copies(20, FOUR_NODES), FOUR_NODES, checkpoint_step=20)
     assert plan.step is None and plan.why == "the persistent checkpoint (step 20) is as new as every snapshot"
     fewer = {rank: host for rank, host in FOUR_NODES.items() if rank < 6}
-    plan = plan_restore(_copies(20, FOUR_NODES), 8, fewer, checkpoint_step=10)
+    plan = plan_restore(_copies(20, FOUR_NODES), fewer, checkpoint_step=10)
     assert plan.step is None and plan.why == "the world changed (8 -> 6 ranks): snapshots are per rank"
-    assert plan_restore([], 8, FOUR_NODES, None).why == "no verified snapshot on the living nodes"
+    assert plan_restore([], FOUR_NODES, None).why == "no verified snapshot on the living nodes"
 
 
 @pytest.mark.parametrize("name, parsed", [("rank3", (True, 3)), ("replica-of-rank12", (False, 12)),

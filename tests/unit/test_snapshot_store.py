@@ -22,9 +22,9 @@ def store(tmp_path):
 def test_own_copies_and_replicas_are_sealed_and_two_are_kept(store):
     for step in (10, 20, 30):
         store.save_own(0, step, {"state.pt": b"own %d" % step}, meta={"world": 4})
-    store.save_replica(2, 30, {"state.pt": b"peer"})
+    store.save_replica(2, 30, {"state.pt": b"peer"}, meta={"world": 4})
     assert sorted(store.inventory(), key=lambda c: (not c.own, c.of_rank, -c.step)) == [
-        Copy(0, 30, "node1", True), Copy(0, 20, "node1", True), Copy(2, 30, "node1", False)]
+        Copy(0, 30, "node1", True, 4), Copy(0, 20, "node1", True, 4), Copy(2, 30, "node1", False, 4)]
     assert store.read(Copy(0, 20, "node1", True)) == {"state.pt": b"own 20"}
     assert store.read(Copy(2, 30, "node1", False)) == {"state.pt": b"peer"}
     assert oct(os.stat(store.root).st_mode & 0o777) == "0o700"

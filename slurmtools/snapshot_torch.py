@@ -1,0 +1,175 @@
+"""In-memory snapshots of a torch trainer's state, replicated to a peer node (snapshot.py says
+where, who keeps whose, and which to restore). The training thread copies the rank's state to
+host memory at a step boundary (the only stall); a background thread serializes it into the
+node's store (snapshot_io.SnapshotStore) and sends it to its peer over a gloo group of its own,
+receiving the replicas this rank keeps. A restart restores every rank from the newest step all
+ranks have a verified copy of on the living nodes, a lost node's ranks pulled from their replicas,
+or says why the persistent checkpoint is used instead.
+
+The state is torch.save'd and loaded with weights_only (tensors and plain containers, nothing a
+pickle could run): the trainer passes its shard's tensors (DTensors as their local shards) and
+plain numbers. Transfers go over a gloo group made for them (`side_group`), so they never mix with
+the training's collectives (an NCCL group in production) and run from a background thread.
+"""
+from __future__ import annotations
+
+import io
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from slurmtools import digests
+from slurmtools.errors import CheckpointError
+from slurmtools.snapshot import Copy, peer_of, plan_restore, replicas_kept_by
+from slurmtools.snapshot_io import SnapshotStore
+
+STATE_FILE = "state.pt"
+_DIGEST_BYTES = 16          # xxh3-128, raw, ahead of each pulled payload
+
+
+def side_group() -> Any:
+    """A gloo group of every rank, for snapshots only (collective: every rank calls it, in order)."""
+    return dist.new_group(backend="gloo")
+
+
+def to_host(state: Any) -> Any:
+    """A copy of state with every tensor in host memory, detached (the next optimizer step must not
+    change the snapshot); a DTensor as its local shard."""
+    if isinstance(state, torch.Tensor):
+        local = state.to_local() if hasattr(state, "to_local") else state
+        return local.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {key: to_host(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(to_host(value) for value in state)
+    return state
+
+
+def serialize(state: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def deserialize(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def _as_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+
+def _wait(requests: Sequence[Any]) -> None:
+    for request in requests:
+        request.wait()
+
+
+def exchange(data: bytes, peer: Optional[int], sources: Sequence[int], group: Any) -> Dict[int, bytes]:
+    """Send data to peer and receive each source's (their sizes first), all at once."""
+    sizes = {source: torch.zeros(1, dtype=torch.int64) for source in sources}
+    sends = [dist.isend(torch.tensor([len(data)], dtype=torch.int64), peer, group=group)] if peer is not None else []
+    _wait(sends + [dist.irecv(sizes[source], source, group=group) for source in sources])
+    buffers = {source: torch.empty(int(sizes[source].item()), dtype=torch.uint8) for source in sources}
+    sends = [dist.isend(_as_tensor(data), peer, group=group)] if peer is not None else []
+    _wait(sends + [dist.irecv(buffers[source], source, group=group) for source in sources])
+    return {source: buffers[source].numpy().tobytes() for source in sources}
+
+
+class Snapshotter:
+    """One rank's snapshots: take() at a step boundary every rank reaches at the same step."""
+
+    def __init__(self, store: SnapshotStore, rank: int, hosts: Mapping[int, str], every_steps: int, group: Any) -> None:
+        self.store, self.rank, self.world, self.every_steps, self.group = store, rank, len(hosts), every_steps, group
+        self.peer = peer_of(rank, hosts)
+        self.sources = replicas_kept_by(rank, hosts)
+        self.stall_s = 0.0                           # what the training thread waited, in all
+        self.failures: List[Tuple[int, str]] = []    # (step, why): a snapshot that did not complete
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
+        self._pending: Optional[Tuple[int, "Future[None]"]] = None
+
+    def due(self, step: int) -> bool:
+        return self.every_steps > 0 and step > 0 and step % self.every_steps == 0
+
+    def take(self, step: int, state: Any) -> None:
+        """Copy state to host memory now; seal and replicate it in the background. A snapshot
+        still replicating is waited for first: the next never overtakes it on the wire."""
+        started = time.monotonic()
+        self.wait()
+        host_state = to_host(state)
+        self.stall_s += time.monotonic() - started
+        self._pending = (step, self._pool.submit(self._write_and_replicate, step, host_state))
+
+    def wait(self) -> None:
+        if self._pending is None:
+            return
+        step, future = self._pending
+        self._pending = None
+        try:
+            future.result()
+        except Exception as exc:      # a snapshot is a shortcut: the persistent checkpoint still stands
+            self.failures.append((step, f"{type(exc).__name__}: {exc}"))
+
+    def close(self) -> None:
+        self.wait()
+        self._pool.shutdown(wait=True)
+
+    def _write_and_replicate(self, step: int, state: Any) -> None:
+        data = serialize(state)
+        meta = {"world": self.world, "rank": self.rank}
+        self.store.save_own(self.rank, step, {STATE_FILE: data}, meta)
+        for source, payload in exchange(data, self.peer, self.sources, self.group).items():
+            self.store.save_replica(source, step, {STATE_FILE: payload}, {"world": self.world, "rank": source})
+
+
+def _digest(data: bytes) -> bytes:
+    digest = digests.new()
+    digest.update(data)
+    return bytes(digest.digest())
+
+
+def restore(store: SnapshotStore, rank: int, hosts: Mapping[int, str], checkpoint_step: Optional[int],
+            group: Any) -> Tuple[Optional[int], Any, str]:
+    """(step, this rank's state, why) from the snapshots, or (None, None, why): restore from the
+    persistent checkpoint. Collective: every rank of the new step calls it at its start."""
+    gathered: List[Any] = [None] * len(hosts)
+    dist.all_gather_object(gathered, [asdict(copy) for copy in store.inventory()], group=group)
+    copies = sorted({Copy(**fields) for part in gathered for fields in part},
+                    key=lambda c: (c.step, c.of_rank, c.host, c.own))
+    plan = plan_restore(copies, hosts, checkpoint_step)
+    if plan.step is None:
+        return None, None, plan.why
+    pulls = plan.pulls(hosts)
+    data, problem = b"", ""
+    if rank not in pulls:
+        try:
+            data = store.read(plan.sources[rank])[STATE_FILE]
+        except (CheckpointError, KeyError) as exc:
+            problem = f"rank {rank}: {exc}"
+    for target in sorted(pulls):
+        copy = pulls[target]
+        server = min(other for other, host in hosts.items() if host == copy.host)
+        if rank == server:
+            try:
+                files = store.read(copy)[STATE_FILE]
+                payload = _digest(files) + files
+            except (CheckpointError, KeyError):
+                payload = b""
+            exchange(payload, target, [], group)
+        elif rank == target:
+            received = exchange(b"", None, [server], group)[server]
+            data = received[_DIGEST_BYTES:]
+            if len(received) <= _DIGEST_BYTES:
+                problem = f"rank {rank}: {copy.host} could not read its replica of step {copy.step}"
+            elif _digest(data) != received[:_DIGEST_BYTES]:
+                problem = f"rank {rank}: the replica of step {copy.step} pulled from {copy.host} does not match its digest"
+    problems: List[Any] = [None] * len(hosts)
+    dist.all_gather_object(problems, problem, group=group)
+    first = next((one for one in problems if one), "")
+    if first:
+        return None, None, f"snapshot of step {plan.step} refused: {first}"
+    pulled = f", ranks {','.join(map(str, sorted(pulls)))} pulled from their replicas" if pulls else ""
+    return plan.step, deserialize(data), f"{plan.why}{pulled}"

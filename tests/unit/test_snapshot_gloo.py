@@ -1,0 +1,100 @@
+"""In-memory snapshots for real: four gloo ranks standing for two nodes of two ranks (each "node" a
+memory directory of its own), snapshots every 5 steps in the background, replicated to the peer
+node; then node n2's memory is wiped (the node is lost) and a restart on n1 and a spare n3
+restores every rank's exact state of step 10, ranks 2 and 3 pulled from their replicas on n1.
+A corrupted replica and both nodes' loss fall back, saying why."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_flight_recorder import _free_port
+
+RANK_SCRIPT = r"""
+import datetime, json, os, sys, torch, torch.distributed as dist
+from slurmtools.snapshot_io import SnapshotStore
+from slurmtools import snapshot_torch
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+rank, hosts = dist.get_rank(), {int(k): v for k, v in json.loads(os.environ["HOSTS"]).items()}
+store = SnapshotStore(os.path.join(os.environ["MEMORY"], hosts[rank]), "77-job", hosts[rank])
+group = snapshot_torch.side_group()
+if sys.argv[1] == "train":
+    weights = torch.zeros(1000) + rank
+    snaps = snapshot_torch.Snapshotter(store, rank, hosts, 5, group)
+    for step in range(1, 13):
+        weights += step                     # the training: each step changes the state in place
+        if snaps.due(step):
+            snaps.take(step, {"weights": weights, "step": step})
+    snaps.close()
+    print(json.dumps({"rank": rank, "failures": snaps.failures}))
+else:
+    step, state, why = snapshot_torch.restore(store, rank, hosts, int(sys.argv[2]), group)
+    expected = (torch.zeros(1000) + rank + sum(range(1, 11))).tolist()
+    print(json.dumps({"rank": rank, "step": step, "why": why,
+                      "exact": state is not None and state["weights"].tolist() == expected and state["step"] == 10}))
+dist.destroy_process_group()
+"""
+
+
+def _run(tmp_path: Path, hosts: dict, *args: str) -> list:
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(len(hosts)),
+               HOSTS=json.dumps(hosts), MEMORY=str(tmp_path / "memory"))
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, *args], env=dict(env, RANK=str(rank)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in hosts]
+    outs = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * len(hosts), [err[-2000:] for _, err in outs]
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+
+
+@pytest.fixture
+def trained(tmp_path):
+    pytest.importorskip("torch")
+    for node in ("n1", "n2", "n3"):
+        (tmp_path / "memory" / node).mkdir(parents=True)
+    results = _run(tmp_path, {0: "n1", 1: "n1", 2: "n2", 3: "n2"}, "train")
+    assert [r["failures"] for r in results] == [[]] * 4
+    return tmp_path
+
+
+def _copies(tmp_path, node):
+    root = next((tmp_path / "memory" / node).glob("slurmtools-*/snapshots/77-job"))
+    return sorted(f"{d.name}/{s.name}" for d in root.iterdir() for s in d.iterdir())
+
+
+def test_a_lost_node_is_restored_on_a_spare_from_its_replicas(trained):
+    assert _copies(trained, "n1") == ["rank0/step_10", "rank0/step_5", "rank1/step_10", "rank1/step_5",
+                                      "replica-of-rank2/step_10", "replica-of-rank2/step_5",
+                                      "replica-of-rank3/step_10", "replica-of-rank3/step_5"]
+    shutil.rmtree(trained / "memory" / "n2")              # the node and its memory are gone
+    results = _run(trained, {0: "n1", 1: "n1", 2: "n3", 3: "n3"}, "restore", "4")
+    assert [(r["step"], r["exact"]) for r in results] == [(10, True)] * 4
+    assert results[0]["why"] == "snapshot of step 10, ranks 2,3 pulled from their replicas"
+
+
+def test_a_corrupted_replica_falls_back_to_the_older_snapshot_or_the_checkpoint(trained):
+    shutil.rmtree(trained / "memory" / "n2")
+    root = next((trained / "memory" / "n1").glob("slurmtools-*/snapshots/77-job"))
+    state = root / "replica-of-rank3" / "step_10" / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    results = _run(trained, {0: "n1", 1: "n1", 2: "n3", 3: "n3"}, "restore", "4")
+    assert [r["step"] for r in results] == [5] * 4              # step 10 lacks rank 3: step 5 is whole
+    assert results[0]["why"] == "snapshot of step 5, ranks 2,3 pulled from their replicas"
+    results = _run(trained, {0: "n1", 1: "n1", 2: "n3", 3: "n3"}, "restore", "5")
+    assert [(r["step"], r["why"]) for r in results] == [
+        (None, "step 10: no copy of rank 3 on a living node")] * 4
+
+
+def test_both_nodes_of_a_pair_lost_uses_the_checkpoint(trained):
+    for node in ("n1", "n2"):
+        shutil.rmtree(trained / "memory" / node)
+        (trained / "memory" / node).mkdir()
+    results = _run(trained, {0: "n1", 1: "n1", 2: "n3", 3: "n3"}, "restore", "4")
+    assert [(r["step"], r["why"]) for r in results] == [(None, "no verified snapshot on the living nodes")] * 4
