@@ -17,12 +17,12 @@ import pytest
 from tests.unit.test_flight_recorder import _free_port
 
 RANK_SCRIPT = r"""
-import datetime, json, os, sys, torch, torch.distributed as dist
+import datetime, json, os, pathlib, sys, torch, torch.distributed as dist
 from slurmtools.snapshot_io import SnapshotStore
 from slurmtools import snapshot_torch
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank, hosts = dist.get_rank(), {int(k): v for k, v in json.loads(os.environ["HOSTS"]).items()}
-store = SnapshotStore(os.path.join(os.environ["MEMORY"], hosts[rank]), "77-job", hosts[rank])
+store = SnapshotStore(pathlib.Path(os.environ["MEMORY"]) / hosts[rank], "77-job", hosts[rank])
 group = snapshot_torch.side_group()
 if sys.argv[1] == "train":
     weights = torch.zeros(1000) + rank
@@ -52,13 +52,22 @@ def _run(tmp_path: Path, hosts: dict, *args: str) -> list:
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
 
 
-@pytest.fixture
-def trained(tmp_path):
+@pytest.fixture(scope="module")
+def trained_once(tmp_path_factory):
+    """One training run's node memories (four torch processes start in ~5 s here: once a module)."""
     pytest.importorskip("torch")
+    base = tmp_path_factory.mktemp("snapshots")
     for node in ("n1", "n2", "n3"):
-        (tmp_path / "memory" / node).mkdir(parents=True)
-    results = _run(tmp_path, {0: "n1", 1: "n1", 2: "n2", 3: "n2"}, "train")
+        (base / "memory" / node).mkdir(parents=True)
+    results = _run(base, {0: "n1", 1: "n1", 2: "n2", 3: "n2"}, "train")
     assert [r["failures"] for r in results] == [[]] * 4
+    return base
+
+
+@pytest.fixture
+def trained(trained_once, tmp_path):
+    """A copy of the trained nodes' memories, this test's own to wipe and corrupt."""
+    shutil.copytree(trained_once / "memory", tmp_path / "memory", symlinks=True)
     return tmp_path
 
 
