@@ -6,8 +6,8 @@ The text form is here too; the HTML page with the plots is report_html.py."""
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
-from dataclasses import dataclass
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -54,6 +54,7 @@ class JobReport:
     tokens_per_s: Dict[str, Series]          # attempt id -> the job's tokens/s per step (all ranks)
     step_s_by_node: Dict[str, Series]        # node -> its slowest rank's step time per step (all attempts)
     start_s: float
+    slowest_rank_by_node: Dict[str, int] = field(default_factory=dict)   # node -> its rank most often slowest
 
 
 def _series_by_attempt(steps: Sequence[StepRecord]) -> Tuple[Dict[str, Series], Dict[str, Series]]:
@@ -70,17 +71,21 @@ def _series_by_attempt(steps: Sequence[StepRecord]) -> Tuple[Dict[str, Series], 
     return {key: sorted(value) for key, value in loss.items()}, dict(rate)
 
 
-def _step_time_by_node(steps: Sequence[StepRecord]) -> Dict[str, Series]:
-    """Per node, per step, its slowest rank (several attempts may repeat a step: the later wins)."""
-    per: Dict[str, Dict[int, float]] = defaultdict(dict)
+def _step_time_by_node(steps: Sequence[StepRecord]) -> Tuple[Dict[str, Series], Dict[str, int]]:
+    """Per node, per step, its slowest rank's time (several attempts may repeat a step: the later
+    wins); and per node the rank that was its slowest most often (a node's records name theirs)."""
+    per: Dict[str, Dict[int, Tuple[float, int]]] = defaultdict(dict)
     latest: Dict[Tuple[str, int], str] = {}
     for record in steps:                        # time order
         key = (record.host, record.step)
         if latest.get(key) not in (None, record.attempt_id):
             per[record.host].pop(record.step, None)
         latest[key] = record.attempt_id
-        per[record.host][record.step] = max(per[record.host].get(record.step, 0.0), record.step_s)
-    return {host: sorted(values.items()) for host, values in sorted(per.items())}
+        rank = record.slowest_rank if record.slowest_rank is not None else record.rank
+        per[record.host][record.step] = max(per[record.host].get(record.step, (-1.0, 0)), (record.step_s, -rank))
+    times = {host: sorted((step, value[0]) for step, value in values.items()) for host, values in sorted(per.items())}
+    slowest = {host: Counter(-value[1] for value in values.values()).most_common() for host, values in per.items()}
+    return times, {host: min(rank for rank, count in ranks if count == ranks[0][1]) for host, ranks in slowest.items()}
 
 
 def _marks(events: Sequence[Event], history: StepHistory) -> List[Mark]:
@@ -134,8 +139,9 @@ def build(job: str, events: Sequence[Event], history: StepHistory) -> JobReport:
     result = ledger.goodput(list(events), job_step_time_s(history))
     loss, rate = _series_by_attempt(history.steps)
     starts = [a.start_s for a in attempts] + [s.time_s - s.step_s for s in history.steps[:1]]
+    by_node, slowest = _step_time_by_node(history.steps)
     return JobReport(job, attempts, result, breakdown(result, attempts, history), _marks(events, history), loss,
-                     rate, _step_time_by_node(history.steps), min(starts, default=0.0))
+                     rate, by_node, min(starts, default=0.0), slowest)
 
 
 def load(target: Path) -> Optional[JobReport]:
@@ -166,7 +172,8 @@ def format_text(report: JobReport) -> str:
                                            f"{name} {value:.1f} s" for name, value in parts)]
     if report.step_s_by_node:
         lines.append("median step time by node: " + ", ".join(
-            f"{node} {statistics.median(v for _, v in series):.3f} s"
+            f"{node} {statistics.median(v for _, v in series):.3f} s" + (
+                f" (slowest rank {report.slowest_rank_by_node[node]})" if node in report.slowest_rank_by_node else "")
             for node, series in report.step_s_by_node.items()))
     if report.marks:
         lines += ["", "events:"] + [f"  +{m.time_s - report.start_s:.1f} s  {m.label}" for m in report.marks]

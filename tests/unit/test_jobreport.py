@@ -115,7 +115,7 @@ def test_the_text_form_lists_attempts_breakdown_and_events():
     text = jobreport.format_text(jobreport.build("9", events, history))
     assert "  9.0            +0.0 s .. +9.0 s     steps 0..6  crash on n2 -> restart" in text.splitlines()
     assert "  9.0.1          +12.0 s .. +30.0 s    steps 4..20  completed -> complete" in text.splitlines()
-    assert "median step time by node: n1 1.000 s, n2 1.000 s" in text
+    assert "median step time by node: n1 1.000 s (slowest rank 0), n2 1.000 s (slowest rank 2)" in text
     assert "  +9.0 s  crash on n2 -> restart" in text.splitlines()
 
 

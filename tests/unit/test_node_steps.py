@@ -84,6 +84,8 @@ def test_the_report_reads_a_gathered_log_as_it_reads_per_rank_files(tmp_path):
     one, other = (jobreport.build("9", [], steplog.read(tmp_path / name / "control")) for name in ("g", "r"))
     assert one.step_s_by_node == other.step_s_by_node == {"node1": [(1, 0.7), (2, 0.7), (3, 1.1), (4, 0.7), (5, 0.7)]}
     assert one.loss == other.loss == {"9.0": [(step, 5.0 / step) for step in range(1, 6)]}
+    assert one.slowest_rank_by_node == other.slowest_rank_by_node == {"node1": 2}
+    assert "median step time by node: node1 0.700 s (slowest rank 2)" in jobreport.format_text(one)
     assert jobreport.job_step_time_s(steplog.read(tmp_path / "g" / "control")) == 0.7
     assert [round(rate, 3) for _, rate in one.tokens_per_s["9.0"]] == [42.857, 42.857, 27.273, 42.857, 42.857]
 

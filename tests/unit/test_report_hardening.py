@@ -124,7 +124,7 @@ def test_restart_latency_runs_from_the_last_step_to_the_next_first_step_and_step
     assert report.goodput.step_time_s == 1.0 and report.goodput.step_time_source == "step log"
     text = jobreport.format_text(report)
     assert "step time (median, slowest rank's step): 1.000 s" in text
-    assert "median step time by node: n1 1.000 s" in text
+    assert "median step time by node: n1 1.000 s (slowest rank 0)" in text
     assert "restart latency (last step -> next first step): 10.0 s" in text
     assert report.breakdown.restarts_s == 10.0
     assert ledger.goodput(_chain()[0]).step_time_source == "heartbeats"
