@@ -83,6 +83,17 @@ def replicas_kept_by(rank: int, hosts: Mapping[int, str]) -> List[int]:
     return sorted(other for other in hosts if other != rank and peer_of(other, hosts) == rank)
 
 
+def over_limit(own_bytes: int, replica_bytes: Sequence[int], limit_bytes: Optional[int]) -> Optional[str]:
+    """Why this rank's snapshot and the replicas it keeps do not fit its share of node memory
+    (KEEP of each are kept), or None."""
+    needed = KEEP * (own_bytes + sum(replica_bytes))
+    if limit_bytes is None or needed <= limit_bytes:
+        return None
+    return (f"{KEEP} snapshots of {own_bytes / 1e9:.3g} GB and {len(replica_bytes)} replica(s) of "
+            f"{sum(replica_bytes) / 1e9:.3g} GB need {needed / 1e9:.3g} GB of node memory, over this rank's "
+            f"{limit_bytes / 1e9:.3g} GB")
+
+
 @dataclass(frozen=True)
 class Copy:
     """One verified snapshot of one rank's state, on a host."""

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from slurmtools import digests
 from slurmtools.errors import CheckpointError
-from slurmtools.snapshot import Copy, peer_of, plan_restore, replicas_kept_by
+from slurmtools.snapshot import Copy, over_limit, peer_of, plan_restore, replicas_kept_by
 from slurmtools.snapshot_io import SnapshotStore
 
 STATE_FILE = "state.pt"
@@ -82,8 +82,11 @@ def exchange(data: bytes, peer: Optional[int], sources: Sequence[int], group: An
 class Snapshotter:
     """One rank's snapshots: take() at a step boundary every rank reaches at the same step."""
 
-    def __init__(self, store: SnapshotStore, rank: int, hosts: Mapping[int, str], every_steps: int, group: Any) -> None:
+    def __init__(self, store: SnapshotStore, rank: int, hosts: Mapping[int, str], every_steps: int, group: Any,
+                 limit_bytes: Optional[int] = None) -> None:
+        """limit_bytes: this rank's share of node memory for its snapshots and the replicas it keeps."""
         self.store, self.rank, self.world, self.every_steps, self.group = store, rank, len(hosts), every_steps, group
+        self.limit_bytes = limit_bytes
         self.peer = peer_of(rank, hosts)
         self.sources = replicas_kept_by(rank, hosts)
         self.stall_s = 0.0                           # what the training thread waited, in all
@@ -118,10 +121,14 @@ class Snapshotter:
         self._pool.shutdown(wait=True)
 
     def _write_and_replicate(self, step: int, state: Any) -> None:
+        """Every rank exchanges (its peer waits for it); what does not fit the limit is not kept."""
         data = serialize(state)
-        meta = {"world": self.world, "rank": self.rank}
-        self.store.save_own(self.rank, step, {STATE_FILE: data}, meta)
-        for source, payload in exchange(data, self.peer, self.sources, self.group).items():
+        received = exchange(data, self.peer, self.sources, self.group)
+        too_large = over_limit(len(data), [len(payload) for payload in received.values()], self.limit_bytes)
+        if too_large:
+            raise CheckpointError(too_large)
+        self.store.save_own(self.rank, step, {STATE_FILE: data}, {"world": self.world, "rank": self.rank})
+        for source, payload in received.items():
             self.store.save_replica(source, step, {STATE_FILE: payload}, {"world": self.world, "rank": source})
 
 

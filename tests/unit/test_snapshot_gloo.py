@@ -26,7 +26,8 @@ store = SnapshotStore(pathlib.Path(os.environ["MEMORY"]) / hosts[rank], "77-job"
 group = snapshot_torch.side_group()
 if sys.argv[1] == "train":
     weights = torch.zeros(1000) + rank
-    snaps = snapshot_torch.Snapshotter(store, rank, hosts, 5, group)
+    limit = int(os.environ["LIMIT"]) if os.environ.get("LIMIT") else None
+    snaps = snapshot_torch.Snapshotter(store, rank, hosts, 5, group, limit_bytes=limit)
     for step in range(1, 13):
         weights += step                     # the training: each step changes the state in place
         if snaps.due(step):
@@ -42,9 +43,9 @@ dist.destroy_process_group()
 """
 
 
-def _run(tmp_path: Path, hosts: dict, *args: str) -> list:
+def _run(tmp_path: Path, hosts: dict, *args: str, limit: str = "") -> list:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(len(hosts)),
-               HOSTS=json.dumps(hosts), MEMORY=str(tmp_path / "memory"))
+               HOSTS=json.dumps(hosts), MEMORY=str(tmp_path / "memory"), LIMIT=limit)
     procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, *args], env=dict(env, RANK=str(rank)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in hosts]
     outs = [proc.communicate(timeout=120) for proc in procs]
@@ -107,3 +108,16 @@ def test_both_nodes_of_a_pair_lost_uses_the_checkpoint(trained):
         (trained / "memory" / node).mkdir()
     results = _run(trained, {0: "n1", 1: "n1", 2: "n3", 3: "n3"}, "restore", "4")
     assert [(r["step"], r["why"]) for r in results] == [(None, "no verified snapshot on the living nodes")] * 4
+
+
+def test_snapshots_over_the_node_memory_limit_are_not_kept_and_training_goes_on(tmp_path):
+    """Each rank's share is 10 KB: its ~4-KB state twice and its peer's twice do not fit; every
+    rank still exchanges (no peer waits forever), keeps nothing and says why, once a snapshot."""
+    for node in ("n1", "n2"):
+        (tmp_path / "memory" / node).mkdir(parents=True)
+    results = _run(tmp_path, {0: "n1", 1: "n1", 2: "n2", 3: "n2"}, "train", limit="10000")
+    for result in results:
+        assert [step for step, _ in result["failures"]] == [5, 10]
+        assert all(why.startswith("CheckpointError: 2 snapshots of ") and why.endswith("over this rank's 1e-05 GB")
+                   for _, why in result["failures"]), result
+    assert not list((tmp_path / "memory").glob("*/slurmtools-*/snapshots/77-job/*/step_*"))

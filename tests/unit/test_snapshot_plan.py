@@ -94,3 +94,10 @@ def test_the_job_key_names_the_job_and_its_control_dir():
     one, other = snapshot.job_key("123", Path("/a/ctl")), snapshot.job_key("123", Path("/b/ctl"))
     assert one.startswith("123-") and one != other and len(one) == len("123-") + 16
     assert snapshot.job_key("1/../x", Path("/a")).startswith("1_.._x-")
+
+
+def test_a_snapshot_and_its_replicas_must_fit_the_ranks_share_of_node_memory():
+    assert snapshot.over_limit(10**9, [10**9], None) is None
+    assert snapshot.over_limit(10**9, [10**9], 4 * 10**9) is None
+    assert snapshot.over_limit(10**9, [10**9, 10**9], 4 * 10**9) == (
+        "2 snapshots of 1 GB and 2 replica(s) of 2 GB need 6 GB of node memory, over this rank's 4 GB")
