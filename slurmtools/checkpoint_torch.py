@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from slurmtools.agreement import barrier
+from slurmtools.agreement import agree, barrier
 from slurmtools import trainer_state as trainer_state_files
 from slurmtools.checkpoint import (Checkpoint, CheckpointManager, mark_seal_failed, seal_failures, seal_own_files,
                                    verify_dir, verify_files, writers_sealed)
@@ -356,3 +356,16 @@ class AsyncCheckpointer:
         self.wait()
         self.stager.close()
         self._sealer.shutdown(wait=True)
+
+
+def report_failed_saves(saver: AsyncCheckpointer, on_save_error: str, rank: int,
+                        log: Callable[[Dict[str, Any]], None], attempt_id: str) -> None:
+    """Rank 0 logs each failed background save (its view decides: it commits); with on_save_error
+    "stop" every rank stops at the same step (agreed) after the first one."""
+    failures = saver.take_failures()
+    failed = failures if rank == 0 else []
+    for step, why in failed:
+        log({"event": "checkpoint_failed", "step": step, "error": why, "attempt_id": attempt_id})
+    if on_save_error == "stop" and agree(bool(failed)):
+        raise CheckpointError("a periodic checkpoint was not saved (on_save_error: stop); see the "
+                              "checkpoint_failed event")

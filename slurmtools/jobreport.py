@@ -102,6 +102,9 @@ def _marks(events: Sequence[Event], history: StepHistory) -> List[Mark]:
             marks.append(Mark(event.time_s, "preflight", f"preflight {event.status}: {named}"))
         elif isinstance(event, ledger.CheckpointRefused):
             marks.append(Mark(event.time_s, "refused", f"checkpoint {Path(event.path).name} refused: {event.why}"))
+        elif isinstance(event, ledger.SnapshotRestore):
+            marks.append(Mark(event.time_s, "snapshot", f"resumed from the in-memory {event.why}" if event.step is not None
+                              else f"snapshots not used: {event.why}"))
     return sorted(marks, key=lambda mark: mark.time_s)
 
 

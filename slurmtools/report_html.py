@@ -20,7 +20,8 @@ PLOTS = ("timeline", "progress", "step-time", "breakdown")
 _OUTCOME_COLOURS = {"completed": "#2e7d32", None: "#1565c0", "preempted": "#f9a825", "straggler": "#ef6c00"}
 _FAILURE_COLOUR = "#c62828"
 _MARK_STYLE = {"checkpoint": ("#455a64", "^"), "failure": (_FAILURE_COLOUR, "X"),
-               "straggler": ("#ef6c00", "v"), "preflight": ("#6a1b9a", "D"), "refused": ("#795548", "s")}
+               "straggler": ("#ef6c00", "v"), "preflight": ("#6a1b9a", "D"), "refused": ("#795548", "s"),
+               "snapshot": ("#00838f", "P")}
 _BREAKDOWN_COLOURS = ["#2e7d32", "#1565c0", "#f9a825", _FAILURE_COLOUR, "#9e9e9e"]
 
 

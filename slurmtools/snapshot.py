@@ -33,6 +33,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 SNAPSHOTS_SUBDIR = "snapshots"
 KEEP = 2
+DEFAULT_MEMORY_GB = 8.0        # a rank's share of node memory for snapshots (the spec's default)
 _COPY_DIR = re.compile(r"^(rank|replica-of-rank)(\d{1,7})$")
 
 

@@ -14,8 +14,8 @@ the training's collectives (an NCCL group in production) and run from a backgrou
 from __future__ import annotations
 
 import io
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -91,8 +91,9 @@ class Snapshotter:
         self.sources = replicas_kept_by(rank, hosts)
         self.stall_s = 0.0                           # what the training thread waited, in all
         self.failures: List[Tuple[int, str]] = []    # (step, why): a snapshot that did not complete
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
-        self._pending: Optional[Tuple[int, "Future[None]"]] = None
+        # a daemon thread per snapshot, not an executor: a rank that crashes while its peer is gone
+        # must not wait at exit for an exchange that never ends (executors are joined at exit)
+        self._pending: Optional[Tuple[int, threading.Thread, List[str]]] = None
 
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and step > 0 and step % self.every_steps == 0
@@ -104,21 +105,29 @@ class Snapshotter:
         self.wait()
         host_state = to_host(state)
         self.stall_s += time.monotonic() - started
-        self._pending = (step, self._pool.submit(self._write_and_replicate, step, host_state))
+        errors: List[str] = []
+        thread = threading.Thread(target=self._run, args=(step, host_state, errors), name="snapshot", daemon=True)
+        thread.start()
+        self._pending = (step, thread, errors)
+
+    def _run(self, step: int, state: Any, errors: List[str]) -> None:
+        try:
+            self._write_and_replicate(step, state)
+        except Exception as exc:      # a snapshot is a shortcut: the persistent checkpoint still stands
+            errors.append(f"{type(exc).__name__}: {exc}")
 
     def wait(self) -> None:
         if self._pending is None:
             return
-        step, future = self._pending
+        step, thread, errors = self._pending
         self._pending = None
-        try:
-            future.result()
-        except Exception as exc:      # a snapshot is a shortcut: the persistent checkpoint still stands
-            self.failures.append((step, f"{type(exc).__name__}: {exc}"))
+        thread.join()
+        self.failures += [(step, why) for why in errors]
 
-    def close(self) -> None:
-        self.wait()
-        self._pool.shutdown(wait=True)
+    def close(self, wait: bool = True) -> None:
+        """The snapshot in flight finished (its peer waits for it); wait=False after a crash."""
+        if wait:
+            self.wait()
 
     def _write_and_replicate(self, step: int, state: Any) -> None:
         """Every rank exchanges (its peer waits for it); what does not fit the limit is not kept."""

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 from slurmtools.errors import SpecError
 from slurmtools.schema import attach_line, build, check_limits, doc, err, load_yaml_with_lines
 from slurmtools.schema import field_docs as _field_docs
+from slurmtools.snapshot import DEFAULT_MEMORY_GB
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MIN_MEM_GB = 0.1
@@ -130,6 +131,14 @@ class DistributedSpec:
                                "sealed, all ranks recompute a fixed reference batch and compare checksums; a "
                                "rank that disagrees is blamed with its node (SLURMTOOLS_SDC_CHECK_EVERY, for "
                                "trainers that use slurmtools.sdc). 0: off.", 100, min=0, max=1000000000)
+    snapshot_every_steps: int = doc("In-memory snapshots: every N steps each rank keeps its state in node memory "
+                                    "and a rank of another node keeps a replica; a restart in the allocation "
+                                    "restores from them, a spare pulls a lost node's state from its replicas "
+                                    "(docs/snapshots.md; SLURMTOOLS_SNAPSHOT_EVERY, for trainers that use "
+                                    "slurmtools.snapshot_fsdp). 0: off.", 0, min=0, max=1000000000)
+    snapshot_memory_gb: float = doc("Each rank's share of node memory for its snapshots and the replicas it keeps "
+                                    "(two of each); one that does not fit is not kept, and the job's output says "
+                                    "so (SLURMTOOLS_SNAPSHOT_MEMORY_GB).", DEFAULT_MEMORY_GB, min=0.001, max=100000.0)
 
     def __post_init__(self) -> None:
         check_limits(self, ())

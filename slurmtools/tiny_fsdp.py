@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
-from slurmtools import checkpoint_torch, sdc_canary
+from slurmtools import checkpoint_torch, sdc_canary, snapshot_fsdp
 from slurmtools.agreement import agree
 from slurmtools.checkpoint import CheckpointManager
 from slurmtools.errors import CheckpointError
@@ -77,6 +77,8 @@ class TrainConfig:
     # TEST ONLY, off unless set: trainer-state names ("rng,loader,scheduler") NOT restored on
     # resume, to show that losing any one of them changes the result
     forget_on_resume: str = ""
+    # in-memory snapshots every N steps (docs/snapshots.md); -1: SLURMTOOLS_SNAPSHOT_EVERY (the spec's), else off
+    snapshot_every: int = -1
 
 
 class Block(nn.Module):
@@ -237,7 +239,16 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
     start = 0
     extra: Optional[Dict[str, Any]] = None
     t0 = time.monotonic()
-    if manager is not None:
+    snaps = snapshot_fsdp.Session.open(cfg.snapshot_every, control.control_dir, control.attempt_id)
+    if snaps is not None:
+        cleanup.push(snaps.exit)
+        with control.phase("verifying"):
+            extra = snaps.restore_into(model, optim, trainer_state, manager)
+    if extra is not None:
+        extra.update(path=f"in-memory {extra.pop('why')}", not_restored=[], refused=[], saved_world_size=world)
+        start = int(extra["step"])
+        global_batch = int(extra.get("global_batch") or global_batch)
+    elif manager is not None:
         forget = tuple(name for name in cfg.forget_on_resume.split(",") if name)
         with control.phase("verifying"):          # each rank hashes its share: no hang, however long
             extra = checkpoint_torch.load_latest(manager, model, optim, trainer_state, skip=forget)
@@ -321,7 +332,7 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
             time.sleep(cfg.step_sleep_s)
         if saver is not None:
             saver.poll()
-            _report_failed_saves(saver, cfg, rank, log, control.attempt_id)
+            checkpoint_torch.report_failed_saves(saver, cfg.on_save_error, rank, log, control.attempt_id)
         requested = agree(control.checkpoint_requested())
         sealing = manager is not None and (requested or step % cfg.checkpoint_every == 0 or step == cfg.steps)
         if sdc_every and (sealing or step % sdc_every == 0):
@@ -335,6 +346,8 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
                     log({"event": "sdc", "step": step, "ranks": found.odd_ranks, "node": found.node,
                          "nodes": list(found.nodes), "detail": found.detail, "attempt_id": control.attempt_id})
                 raise RuntimeError(f"silent data corruption: {found.detail}")
+        if snaps is not None:
+            snaps.after_step(step, model, optim, trainer_state, meta)
         if sealing and manager is not None:
             t0 = time.monotonic()
             if saver is not None and not requested and step != cfg.steps:
@@ -343,7 +356,7 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
                 with control.phase("saving"):                 # a requested or final save is blocking
                     if saver is not None:
                         saver.wait()
-                        _report_failed_saves(saver, cfg, rank, log, control.attempt_id)
+                        checkpoint_torch.report_failed_saves(saver, cfg.on_save_error, rank, log, control.attempt_id)
                     pause = (lambda: time.sleep(cfg.slow_checkpoint_s)) if step == slow_at else None
                     try:
                         checkpoint_torch.save(manager, step, model, optim, meta=meta, before_commit=pause,
@@ -377,19 +390,6 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
         log(final)
     control.mark_complete(step)
     return final
-
-
-def _report_failed_saves(saver: checkpoint_torch.AsyncCheckpointer, cfg: TrainConfig, rank: int,
-                         log: Callable[[Dict[str, Any]], None], attempt_id: str) -> None:
-    """Rank 0 logs each failed background save (its view decides: it commits); with on_save_error
-    "stop" every rank stops at the same step (agreed) after the first one."""
-    failures = saver.take_failures()
-    failed = failures if rank == 0 else []
-    for step, why in failed:
-        log({"event": "checkpoint_failed", "step": step, "error": why, "attempt_id": attempt_id})
-    if cfg.on_save_error == "stop" and agree(bool(failed)):
-        raise CheckpointError("a periodic checkpoint was not saved (on_save_error: stop); see the "
-                              "checkpoint_failed event")
 
 
 def shutdown() -> None:

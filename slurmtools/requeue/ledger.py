@@ -99,9 +99,21 @@ class CheckpointRefused:
     why: str
 
 
-Event = Union[AttemptStart, AttemptEnd, NodeSlowdown, PreflightCheck, CheckpointRefused]
+@dataclass(frozen=True)
+class SnapshotRestore:
+    """How a trainer's step started with in-memory snapshots on (docs/snapshots.md): from the
+    snapshot of `step`, or (step None) from the persistent checkpoint, and why; rank 0 writes it."""
+    KIND: ClassVar[str] = "snapshot_restore"
+    attempt_id: str
+    time_s: float
+    step: Optional[int]
+    why: str
+    restore_s: float = 0.0
+
+
+Event = Union[AttemptStart, AttemptEnd, NodeSlowdown, PreflightCheck, CheckpointRefused, SnapshotRestore]
 _KINDS: Dict[str, Any] = {cls.KIND: cls for cls in (AttemptStart, AttemptEnd, NodeSlowdown, PreflightCheck,
-                                                     CheckpointRefused)}
+                                                     CheckpointRefused, SnapshotRestore)}
 
 
 def append(control_dir: Path, event: Event) -> None:

@@ -216,3 +216,29 @@ def test_g_a_stopped_rank_is_named_by_its_silence_and_its_node_replaced(cluster,
     assert training.trainer_events(evts, "final")[-1]["step"] == 12
     assert slurm.job_state(job).restarts == 0
     assert training.leftover_trainers(job, training.LIGHT) == []
+
+
+def test_h_a_killed_nodes_ranks_resume_on_the_spare_from_their_peer_snapshots(cluster, workdir, reference_run):
+    """In-memory snapshots every step (distributed.snapshot_every_steps 1), no persistent checkpoint
+    before the last step: the second node is killed after step 6 (its memory goes with it: the
+    mini-cluster's node memory); the spare's ranks pull their state from the replicas the first
+    node kept, every rank resumes from the newest snapshot, and the run ends with the uninterrupted
+    run's exact hash."""
+    spec = training.training_spec(workdir, "snapshots", extra=["--step-sleep-s", "0.5", "--checkpoint-every", "100"],
+                                  requeue={"spare_nodes": 1},
+                                  distributed={"snapshot_every_steps": 1, "snapshot_memory_gb": 1})
+    with _second_node_killed(cluster, spec) as (job, nodes, victim, evts):
+        resumed = training.trainer_events(evts, "resumed")
+        assert len(resumed) == 1, resumed
+        step = resumed[0]["step"]
+        assert step >= 5 and resumed[0]["path"] == (
+            f"in-memory snapshot of step {step}, ranks 2,3 pulled from their replicas"), resumed
+        last = max(e["step"] for e in evts if "loss" in e and e.get("attempt_id") == f"{job}.0")
+        # lost: at most the interval, and the snapshot whose replication the kill cut short
+        assert last - step <= 2, (last, step)
+        restores = [(e.step, e.why) for e in ledger.read(control_dir_for(spec.checkpoint_dir, spec.output_dir, str(job)))
+                    if isinstance(e, ledger.SnapshotRestore)]
+        assert restores == [(None, "no verified snapshot on the living nodes"),
+                            (step, f"snapshot of step {step}, ranks 2,3 pulled from their replicas")]
+        assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+        assert training.leftover_trainers(job) == []

@@ -1,0 +1,130 @@
+"""In-memory snapshots for a trainer with a sharded (FSDP2) model, its optimizer and its own
+state (slurmtools.trainer_state): what a snapshot holds (each rank's local shards, via DCP's
+get_state_dict, as checkpoint_torch saves them), how it is put back, and the trainer's session:
+open it at start (every rank), restore from it before the persistent checkpoint, take one every
+N steps. The mechanics are snapshot_torch's; the rules snapshot.py's (docs/snapshots.md).
+
+The ledger says which restore was used and why (rank 0's `snapshot_restore` record).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from slurmtools.agreement import agree
+from slurmtools.checkpoint import CheckpointManager
+from slurmtools.node_beat import DEFAULT_NODE_LOCAL_DIR, NODE_LOCAL_DIR_ENV
+from slurmtools.runtime import SNAPSHOT_EVERY_ENV, SNAPSHOT_MEMORY_GB_ENV
+from slurmtools.snapshot import DEFAULT_MEMORY_GB, job_key
+from slurmtools.snapshot_io import SnapshotStore
+from slurmtools.snapshot_torch import Snapshotter, restore, side_group
+from slurmtools.trainer_state import TrainerState
+
+
+def capture(model: Any, optim: Any, trainer_state: Optional[TrainerState], extra: Mapping[str, Any]) -> Dict[str, Any]:
+    """This rank's state now (DTensors as they are: Snapshotter.take copies their local shards)."""
+    model_state, optim_state = get_state_dict(model, optim)
+    return {"model": model_state, "optim": optim_state,
+            "trainer": trainer_state.snapshot() if trainer_state is not None else None, "extra": dict(extra)}
+
+
+def _fill(live: Any, saved: Any) -> Any:
+    """saved's values in live's structure: each tensor (a DTensor's local shard) copied in place."""
+    if isinstance(live, torch.Tensor):
+        target = live.to_local() if hasattr(live, "to_local") else live
+        if not isinstance(saved, torch.Tensor) or saved.shape != target.shape:
+            raise ValueError(f"snapshot shape {getattr(saved, 'shape', type(saved).__name__)} != {tuple(target.shape)}")
+        target.copy_(saved)
+        return live
+    if isinstance(live, dict):
+        if set(live) != set(saved):
+            raise ValueError(f"snapshot keys differ: {sorted(map(str, set(live) ^ set(saved)))[:3]}")
+        return {key: _fill(value, saved[key]) for key, value in live.items()}
+    if isinstance(live, (list, tuple)) and len(live) == len(saved):
+        return type(live)(_fill(value, other) for value, other in zip(live, saved))
+    return saved
+
+
+def apply(model: Any, optim: Any, trainer_state: Optional[TrainerState], state: Mapping[str, Any]) -> None:
+    """Put a snapshot back: the model's and optimizer's local shards, then the trainer's state."""
+    model_state, optim_state = get_state_dict(model, optim)
+    set_state_dict(model, optim, model_state_dict=_fill(model_state, state["model"]),
+                   optim_state_dict=_fill(optim_state, state["optim"]))
+    if trainer_state is not None and state.get("trainer") is not None:
+        trainer_state.restore(state["trainer"])
+
+
+class Session:
+    """One trainer's snapshots in one step of the job (every rank opens it, in the same order)."""
+
+    def __init__(self, snapshotter: Snapshotter, hosts: Mapping[int, str], control_dir: Optional[Path],
+                 attempt_id: str) -> None:
+        self.snapshotter, self.hosts, self.control_dir, self.attempt_id = snapshotter, dict(hosts), control_dir, attempt_id
+
+    @classmethod
+    def open(cls, every_steps: int, control_dir: Optional[Path], attempt_id: str,
+             environ: Mapping[str, str] = os.environ) -> Optional["Session"]:
+        """None when off (every_steps 0; -1: the spec's, SLURMTOOLS_SNAPSHOT_EVERY, else off) or when
+        any rank's node memory is not its own (said once)."""
+        if every_steps < 0:
+            every_steps = int(environ.get(SNAPSHOT_EVERY_ENV) or 0)
+        if every_steps <= 0:
+            return None
+        memory_gb = float(environ.get(SNAPSHOT_MEMORY_GB_ENV) or DEFAULT_MEMORY_GB)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        host = socket.gethostname()
+        names: List[Any] = [None] * world
+        dist.all_gather_object(names, host)
+        root = Path(environ.get(NODE_LOCAL_DIR_ENV) or DEFAULT_NODE_LOCAL_DIR)
+        key = job_key(environ.get("SLURM_JOB_ID") or "local", control_dir or Path.cwd())
+        store = SnapshotStore(root, key, host)
+        if agree(not store.usable()):
+            if rank == 0:
+                print(f"slurmtools: snapshots off: {NODE_LOCAL_DIR_ENV} {root} is not a directory of this user's own "
+                      f"on every node", file=sys.stderr, flush=True)
+            return None
+        hosts = dict(enumerate(names))
+        snapshotter = Snapshotter(store, rank, hosts, every_steps, side_group(), limit_bytes=int(memory_gb * 1e9))
+        return cls(snapshotter, hosts, control_dir, attempt_id)
+
+    def restore_into(self, model: Any, optim: Any, trainer_state: Optional[TrainerState],
+                     manager: Optional[CheckpointManager]) -> Optional[Dict[str, Any]]:
+        """The snapshot's extras (its step among them) once it is put back, or None: resume from the
+        persistent checkpoint (manager's newest complete one, when newer). Rank 0 records which and
+        why in the ledger."""
+        started = time.monotonic()
+        complete = manager.complete() if manager is not None else []
+        checkpoint_step = complete[0].step if complete else None
+        step, state, why = restore(self.snapshotter.store, dist.get_rank(), self.hosts, checkpoint_step,
+                                   self.snapshotter.group)
+        if state is not None:
+            apply(model, optim, trainer_state, state)
+        if dist.get_rank() == 0 and self.control_dir is not None:
+            from slurmtools.requeue import ledger
+            ledger.append(self.control_dir, ledger.SnapshotRestore(self.attempt_id, time.time(), step, why,
+                                                                   round(time.monotonic() - started, 3)))
+        return dict(state["extra"], step=step, why=why) if state is not None else None
+
+    def after_step(self, step: int, model: Any, optim: Any, trainer_state: Optional[TrainerState],
+                   extra: Mapping[str, Any]) -> None:
+        """A snapshot when one is due (every rank at the same step); failed ones said by rank 0."""
+        if self.snapshotter.due(step):
+            self.snapshotter.take(step, capture(model, optim, trainer_state, dict(extra, step=step)))
+        for failed, why in self.snapshotter.failures:
+            if dist.get_rank() == 0:
+                print(f"slurmtools: snapshot of step {failed} not kept: {why}", file=sys.stderr, flush=True)
+        self.snapshotter.failures.clear()
+
+    def exit(self, exc_type: Any, exc: Any, traceback: Any) -> bool:
+        """For an ExitStack: the snapshot in flight finished, unless training failed (its peer may
+        be gone: nothing waits for it then)."""
+        self.snapshotter.close(wait=exc_type is None)
+        return False
