@@ -128,7 +128,7 @@ def cluster() -> Iterator["object"]:
         else:
             os.environ["SLURM_CONF"] = previous_conf
         from slurmtools.minicluster import daemons, netns
-        alive = {name: pid for name, pid in started.items() if daemons.pid_alive(pid)}
+        alive = {name: pid for name, pid in started.items() if daemons.daemon_alive(name, pid)}
         leftovers = [ns for ns in (layout.netns(n) for n in layout.node_names) if netns.netns_exists(ns)]
         changed = [path for path, ok in (("/etc/hosts", Path("/etc/hosts").read_text() == hosts_before),
                                          (str(mc.ETC_SLURM_CONF), os.path.realpath(mc.ETC_SLURM_CONF) == etc_slurm_before))

@@ -15,6 +15,19 @@ from slurmtools.errors import MiniClusterError
 from slurmtools.minicluster.layout import MiniClusterLayout
 from slurmtools.minicluster.sysrun import run
 
+def daemon_alive(name: str, pid: Optional[int]) -> bool:
+    """The daemon `name` (mariadbd, munged, slurmdbd, slurmctld, slurmd-<node>) still runs as pid:
+    alive and its program is that daemon. pid numbers wrap (pid_max 32768 here): one freed by a
+    stopped daemon is soon another process's (R38: a kernel worker took a stopped slurmd's)."""
+    if not pid_alive(pid):
+        return False
+    try:
+        program = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return False
+    return program == name.split("-")[0][:15]
+
+
 def pid_alive(pid: Optional[int]) -> bool:
     if not pid:
         return False

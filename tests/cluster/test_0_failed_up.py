@@ -39,7 +39,7 @@ def test_failed_up_is_cleaned_by_down():
         assert all(daemons.pid_alive(pid) for pid in started.values())
     finally:
         mc.down(layout, purge=True)
-    assert not [name for name, pid in started.items() if daemons.pid_alive(pid)]
+    assert not [name for name, pid in started.items() if daemons.daemon_alive(name, pid)]
     assert not any(netns.netns_exists(layout.netns(n)) for n in layout.node_names)
     assert not netns.link_exists(layout.bridge)
     assert Path("/etc/hosts").read_text() == hosts_before

@@ -141,3 +141,17 @@ def test_each_node_gets_its_own_memory_directory_through_the_task_prolog():
     assert node_files.node_memory_root(lay) == Path(f"/dev/shm/slurmtools-minicluster-{lay.name}")
     assert node_files.task_prolog_text(lay).splitlines()[-1] == (
         f'echo "export SLURMTOOLS_NODE_LOCAL_DIR=/dev/shm/slurmtools-minicluster-{lay.name}/$(hostname)"')
+
+
+def test_a_daemon_is_alive_only_as_its_own_program_not_as_a_pid_reused_by_another():
+    """pid numbers wrap (pid_max 32768): a stopped slurmd's pid soon belongs to another process."""
+    import subprocess
+    from slurmtools.minicluster import daemons
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        assert daemons.daemon_alive("sleep", sleeper.pid)
+        assert not daemons.daemon_alive("slurmd-node66", sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert not daemons.daemon_alive("sleep", sleeper.pid)
