@@ -71,6 +71,16 @@ def own_private_dir(path: Path) -> bool:
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
 
 
+def memory_root(environ: Mapping[str, str]) -> Path:
+    """The node's memory directory: $SLURMTOOLS_NODE_LOCAL_DIR, default /dev/shm."""
+    return Path(environ.get(NODE_LOCAL_DIR_ENV) or DEFAULT_NODE_LOCAL_DIR)
+
+
+def control_digest(control_dir: Path) -> str:
+    """A short name for a control dir: two jobs (or runs) of one user never share node memory."""
+    return hashlib.sha256(str(control_dir.absolute()).encode()).hexdigest()[:16]
+
+
 def user_root(root: Path, uid: int) -> Path:
     """Where one user's node directories live in node memory."""
     return root / f"slurmtools-{uid}"
@@ -81,7 +91,7 @@ def node_dir(root: Path, control_dir: Path, attempt_id: str, host: str) -> Optio
     where it cannot be ours alone (then heartbeats go to the control dir as per-rank files). Two
     jobs (or two local runs) of one user never share one: the control dir is part of the name."""
     base = user_root(root, os.geteuid())
-    job = hashlib.sha256(str(control_dir.absolute()).encode()).hexdigest()[:16]
+    job = control_digest(control_dir)
     path = base / f"{_UNSAFE.sub('_', attempt_id)[:100]}-{job}" / _UNSAFE.sub("_", host)[:200]
     for part in (base, path.parent, path):
         if not own_private_dir(part):
@@ -165,7 +175,7 @@ class NodeBeats:
         local = local_rank(environ)
         if local is None:
             return None
-        root = Path(environ.get(NODE_LOCAL_DIR_ENV) or DEFAULT_NODE_LOCAL_DIR)
+        root = memory_root(environ)
         directory = node_dir(root, control_dir, attempt_id, host)
         if directory is None:
             if local == 0:     # one line per node in the job's output: an admin's setting to mend

@@ -25,11 +25,12 @@ and why.
 """
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from slurmtools.node_beat import control_digest
 
 SNAPSHOTS_SUBDIR = "snapshots"
 KEEP = 2
@@ -40,8 +41,7 @@ _COPY_DIR = re.compile(r"^(rank|replica-of-rank)(\d{1,7})$")
 def job_key(job_id: str, control_dir: Path) -> str:
     """The job's snapshots' directory name: the job, and its control dir (two runs of one user in
     one job, a rerun elsewhere, never share one)."""
-    digest = hashlib.sha256(str(control_dir.absolute()).encode()).hexdigest()[:16]
-    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', job_id)[:60]}-{digest}"
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', job_id)[:60]}-{control_digest(control_dir)}"
 
 
 def own_dir(job_root: Path, rank: int) -> Path:

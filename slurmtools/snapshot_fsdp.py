@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from slurmtools.agreement import agree
 from slurmtools.checkpoint import CheckpointManager
-from slurmtools.node_beat import DEFAULT_NODE_LOCAL_DIR, NODE_LOCAL_DIR_ENV
+from slurmtools.node_beat import NODE_LOCAL_DIR_ENV, memory_root
 from slurmtools.runtime import SNAPSHOT_EVERY_ENV, SNAPSHOT_MEMORY_GB_ENV
 from slurmtools.snapshot import DEFAULT_MEMORY_GB, job_key
 from slurmtools.snapshot_io import SnapshotStore
@@ -83,7 +83,7 @@ class Session:
         host = socket.gethostname()
         names: List[Any] = [None] * world
         dist.all_gather_object(names, host)
-        root = Path(environ.get(NODE_LOCAL_DIR_ENV) or DEFAULT_NODE_LOCAL_DIR)
+        root = memory_root(environ)
         key = job_key(environ.get("SLURM_JOB_ID") or "local", control_dir or Path.cwd())
         store = SnapshotStore(root, key, host)
         if agree(not store.usable()):
