@@ -2,7 +2,8 @@
 cluster of its own): failures that come together. Each job is 3 nodes x 1 process, compared with
 the uninterrupted run of that shape, and ends with no training process left over.
 
-a two training nodes killed at once, two spares: both replaced in the allocation, no requeue
+a two training nodes killed at once, two spares: both replaced in the allocation, no requeue; with
+  snapshots on, both members of a pair lost: the persistent checkpoint
 b two training nodes killed at once, no spare: one requeue excluding both
 c a node killed during start-up, before any of its ranks beat
 d a second failure during the recovery from a first
@@ -12,14 +13,17 @@ f a node partitioned from the others (its link down), healed after the job ended
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import pytest
 
 from slurmtools import slurm
 from slurmtools.minicluster import cluster as mc
+from slurmtools.requeue import ledger
+from slurmtools.runtime import control_dir_for
 from tests.cluster import training
 from tests.cluster.test_faults import _expand
 from tests.conftest import TEST_CLUSTER_NODES, wait_for
@@ -45,10 +49,12 @@ def reference3(cluster) -> str:
     return str(finals[-1]["state_sha256"])
 
 
-def _spec(workdir: Path, name: str, *, extra: Sequence[str] = (), preflight: bool = training.PREFLIGHT, **requeue: Any):
+def _spec(workdir: Path, name: str, *, extra: Sequence[str] = (), preflight: bool = training.PREFLIGHT,
+          distributed: Optional[Dict[str, Any]] = None, **requeue: Any):
     return training.training_spec(workdir, name, nodes=JOB_NODES, processes_per_node=1, preflight=preflight,
                                   extra=["--step-sleep-s", "0.5", "--no-async-checkpoint", *extra],
-                                  requeue={"hang_timeout_s": 120, "backoff_s": 0, **requeue})
+                                  requeue={"hang_timeout_s": 120, "backoff_s": 0, **requeue},
+                                  **({"distributed": distributed} if distributed else {}))
 
 
 def decisions(evts: List[Dict[str, Any]]):
@@ -101,7 +107,10 @@ def _at_step_6(spec) -> "tuple[int, List[str]]":
 
 
 def test_a_two_nodes_killed_at_once_are_both_replaced_by_spares(cluster, workdir, reference3):
-    spec = _spec(workdir, "twospares", spare_nodes=2)
+    """With in-memory snapshots every step: the first victim's replica was kept by the second
+    (snapshot.peer_of: the next node of the ring), so both members of its pair are lost and every
+    rank resumes from the persistent checkpoint, the ledger saying why."""
+    spec = _spec(workdir, "twospares", spare_nodes=2, distributed={"snapshot_every_steps": 1, "snapshot_memory_gb": 1})
     job, nodes = _at_step_6(spec)
     victims = nodes[1:]
     with _killed(cluster, victims):
@@ -116,6 +125,12 @@ def test_a_two_nodes_killed_at_once_are_both_replaced_by_spares(cluster, workdir
         for node in victims:
             reason = training.blamed_reason(node, job)
             assert reason.startswith("slurmtools: CRITICAL job.node_failure "), reason
+        resumed = training.trainer_events(evts, "resumed")
+        assert len(resumed) == 1 and resumed[0]["step"] in (4, 8) and not resumed[0]["path"].startswith("in-memory")
+        restores = [(e.step, e.why) for e in ledger.read(control_dir_for(spec.checkpoint_dir, spec.output_dir, str(job)))
+                    if isinstance(e, ledger.SnapshotRestore)]
+        assert len(restores) == 2 and restores[1][0] is None, restores
+        assert re.fullmatch(r"step \d+: no copy of rank 1 on a living node", restores[1][1]), restores
 
 
 def test_b_two_nodes_killed_at_once_without_spares_requeue_once_excluding_both(cluster, workdir, reference3):
