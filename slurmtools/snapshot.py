@@ -21,7 +21,7 @@ Restoring (`plan_restore`): the newest step at which every rank of the old world
 copy on a node of the new allocation (its own where that node lives on, else its replica), newer
 than the persistent checkpoint; each new rank R takes rank R's copy (a node's own first: a read
 from local memory, not a pull). A changed world size or no common step: the persistent checkpoint,
-and why.
+and why. After an attempt that ended in silent data corruption, no snapshot (`refused_after`).
 """
 from __future__ import annotations
 
@@ -149,3 +149,13 @@ def plan_restore(copies: Sequence[Copy], hosts: Mapping[int, str], checkpoint_st
     if other_worlds:
         return Restore(None, {}, f"the world changed ({max(other_worlds)} -> {world} ranks): snapshots are per rank")
     return Restore(None, {}, "no verified snapshot on the living nodes")
+
+
+def refused_after(previous_ended_in_sdc: bool) -> Optional[str]:
+    """Why no snapshot may be restored after the attempt before, or None.
+    Silent data corruption: the canary checks before every persistent checkpoint is sealed, but
+    only every sdc_check_every steps otherwise, so a snapshot taken since the last check may hold
+    the corruption; the checkpoint, checked before it was sealed, does not."""
+    if previous_ended_in_sdc:
+        return "the attempt before ended in silent data corruption: a snapshot since the last check may hold it"
+    return None

@@ -23,7 +23,7 @@ from slurmtools.agreement import agree
 from slurmtools.checkpoint import CheckpointManager
 from slurmtools.node_beat import NODE_LOCAL_DIR_ENV, memory_root
 from slurmtools.runtime import SNAPSHOT_EVERY_ENV, SNAPSHOT_MEMORY_GB_ENV
-from slurmtools.snapshot import DEFAULT_MEMORY_GB, job_key
+from slurmtools.snapshot import DEFAULT_MEMORY_GB, job_key, refused_after
 from slurmtools.snapshot_io import SnapshotStore
 from slurmtools.snapshot_torch import Snapshotter, restore, side_group
 from slurmtools.trainer_state import TrainerState
@@ -100,15 +100,25 @@ class Session:
         """The snapshot's extras (its step among them) once it is put back, or None: resume from the
         persistent checkpoint (manager's newest complete one, when newer). Rank 0 records which and
         why in the ledger."""
+        from slurmtools.requeue import ledger
+        from slurmtools.requeue.policy import Cause
         started = time.monotonic()
-        complete = manager.complete() if manager is not None else []
-        checkpoint_step = complete[0].step if complete else None
-        step, state, why = restore(self.snapshotter.store, dist.get_rank(), self.hosts, checkpoint_step,
-                                   self.snapshotter.group)
+        refusal: List[Optional[str]] = [None]
+        if dist.get_rank() == 0 and self.control_dir is not None:       # one reader of the ledger
+            ends = [event for event in ledger.read(self.control_dir) if isinstance(event, ledger.AttemptEnd)]
+            refusal[0] = refused_after(bool(ends) and ends[-1].cause == Cause.SDC.value)
+        dist.broadcast_object_list(refusal, src=0, group=self.snapshotter.group)
+        step: Optional[int] = None
+        state: Any = None
+        why = refusal[0] or ""
+        if not why:
+            complete = manager.complete() if manager is not None else []
+            checkpoint_step = complete[0].step if complete else None
+            step, state, why = restore(self.snapshotter.store, dist.get_rank(), self.hosts, checkpoint_step,
+                                       self.snapshotter.group)
         if state is not None:
             apply(model, optim, trainer_state, state)
         if dist.get_rank() == 0 and self.control_dir is not None:
-            from slurmtools.requeue import ledger
             ledger.append(self.control_dir, ledger.SnapshotRestore(self.attempt_id, time.time(), step, why,
                                                                    round(time.monotonic() - started, 3)))
         return dict(state["extra"], step=step, why=why) if state is not None else None

@@ -1,11 +1,13 @@
 """The reference trainer with in-memory snapshots on, for real (two gloo ranks of the tiny FSDP
 model on this machine, one "node": each rank restores its own copy): a crash at step 7 after the
 snapshot of step 6, no persistent checkpoint newer; the restart resumes from the snapshot (the
-ledger says so) and ends with the uninterrupted run's exact state hash."""
+ledger says so) and ends with the uninterrupted run's exact state hash; after silent data
+corruption the snapshot is not restored."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurmtools.requeue import ledger
+from slurmtools.snapshot import SNAPSHOTS_SUBDIR, job_key
 from tests.unit.test_flight_recorder import _free_port
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_fsdp" / "train.py"
@@ -30,17 +33,56 @@ def _train(tmp_path: Path, name: str, *args: str, attempt: str = "5.0") -> list:
     return [json.loads(line) for line in outs[0][0].splitlines() if line.startswith("{")], outs
 
 
-def test_a_restart_resumes_from_the_snapshot_with_the_uninterrupted_runs_hash(tmp_path):
+@pytest.fixture(scope="module")
+def crashed_once(tmp_path_factory):
+    """The uninterrupted run's hash, and a run that crashed at step 7 after the snapshot of step 6
+    (its control dir and node memory), made once for the module's tests."""
     pytest.importorskip("torch")
-    (tmp_path / "memory").mkdir()
-    reference, _ = _train(tmp_path, "reference")
-    crashed, outs = _train(tmp_path, "job", "--snapshot-every", "3", "--fail-at-step", "7")
+    base = tmp_path_factory.mktemp("snapshot-trainer")
+    (base / "memory").mkdir()
+    reference, _ = _train(base, "reference")
+    crashed, outs = _train(base, "job", "--snapshot-every", "3", "--fail-at-step", "7")
     assert "injected failure at step 7" in outs[0][1]
+    return [e for e in reference if e.get("event") == "final"][0]["state_sha256"], base
+
+
+@pytest.fixture
+def crashed(crashed_once, tmp_path):
+    """A copy of the crashed run's files, this test's own to restart from."""
+    reference_hash, base = crashed_once
+    shutil.copytree(base / "job", tmp_path / "job", symlinks=True)
+    shutil.copytree(base / "memory", tmp_path / "memory", symlinks=True)
+    # the snapshots' directory is named by the job and its control dir (snapshot.job_key): the copy's
+    for old in (tmp_path / "memory").glob(f"*/{SNAPSHOTS_SUBDIR}/{job_key('5', base / 'job' / 'control')}"):
+        old.rename(old.with_name(job_key("5", tmp_path / "job" / "control")))
+    return reference_hash, tmp_path
+
+
+def _restores(tmp_path: Path) -> list:
+    return [(event.attempt_id, event.step, event.why) for event in ledger.read(tmp_path / "job" / "control")
+            if isinstance(event, ledger.SnapshotRestore)]
+
+
+def test_a_restart_resumes_from_the_snapshot_with_the_uninterrupted_runs_hash(crashed):
+    reference_hash, tmp_path = crashed
     again, outs = _train(tmp_path, "job", "--snapshot-every", "3", attempt="5.0.1")
     resumed = [event for event in again if event.get("event") == "resumed"]
     assert [(event["step"], event["path"]) for event in resumed] == [(6, "in-memory snapshot of step 6")]
     final = [event for event in again if event.get("event") == "final"]
-    assert final and final[0]["state_sha256"] == [e for e in reference if e.get("event") == "final"][0]["state_sha256"]
-    restores = [event for event in ledger.read(tmp_path / "job" / "control") if isinstance(event, ledger.SnapshotRestore)]
-    assert [(event.attempt_id, event.step, event.why) for event in restores] == [
+    assert final and final[0]["state_sha256"] == reference_hash
+    assert _restores(tmp_path) == [
         ("5.0", None, "no verified snapshot on the living nodes"), ("5.0.1", 6, "snapshot of step 6")]
+
+
+def test_after_silent_data_corruption_no_snapshot_is_restored(crashed):
+    """The attempt ended in SDC (as the supervisor records it): the snapshot of step 6 may hold the
+    corruption (the canary checks before every checkpoint, not before every snapshot), so the
+    restart does not restore it; with no checkpoint it starts afresh, to the same hash."""
+    reference_hash, tmp_path = crashed
+    ledger.append(tmp_path / "job" / "control", ledger.AttemptEnd("5.0", 0.0, "sdc", counted=True, action="restart"))
+    again, outs = _train(tmp_path, "job", "--snapshot-every", "3", attempt="5.0.1")
+    assert not [event for event in again if event.get("event") == "resumed"], outs[0][1][-2000:]
+    final = [event for event in again if event.get("event") == "final"]
+    assert final and final[0]["state_sha256"] == reference_hash
+    assert _restores(tmp_path)[-1] == ("5.0.1", None, "the attempt before ended in silent data corruption: "
+                                                       "a snapshot since the last check may hold it")
