@@ -1,16 +1,22 @@
 #!/usr/bin/env python3
 """In-memory snapshots (slurmtools/snapshot_torch.py) against the persistent checkpoint, on this
-machine, one process (no peer: the replication's cost is measured by tests/unit/test_snapshot_gloo.py's
-real ranks, not timed here):
+machine:
 
 - the training thread's stall per snapshot (the state copied to host memory) and the background
   work (serialize, write into node memory, seal: xxh3 of every byte), for a state of --state-mb;
 - restore from node memory (read, verify, load) against restore from a checkpoint on disk written
   with the same bytes (CheckpointManager: write, fsync, manifest; then read back with the page
-  cache dropped where this process may, else warm): `ratio memory-restore/disk-restore <x>` (a pull
-  from a peer adds the network's time: its ratio line needs a run on the cluster, not built yet);
+  cache dropped where this process may, else warm): `ratio memory-restore/disk-restore <x>`;
+- a peer restore for real (bench/snapshot_peer.py: two gloo ranks standing for two nodes, each with
+  a node memory of its own; the snapshot taken and replicated, then rank 0 on a spare with empty
+  memory pulls its state from the replica through snapshot_torch.restore): the replication time
+  and `ratio peer-restore/disk-restore <x>`. The wire is TCP over this machine's loopback (the
+  mini-cluster's veth links are the same kernel copy), not a fabric: on a cluster the pull runs at
+  the NIC's rate while the shared file system's is shared by every node restoring at once;
 - the overhead per step at one snapshot every --every steps of --step-s seconds: the stall over
-  the steps it covers (goal <= 2% at every 10 steps).
+  the steps it covers (goal <= 2% at every 10 steps);
+- steps lost per node failure, snapshots against checkpoints alone, and the goodput simulator
+  (slurmtools.requeue.simulate) for 9,600 GPUs with these figures (bench/snapshot_goodput.py).
 
     .venv/bin/python bench/snapshot.py [--state-mb 256] [--every 10] [--step-s 1.0] [--dir D]
 
@@ -36,6 +42,10 @@ from slurmtools.checkpoint import CheckpointManager  # noqa: E402
 from slurmtools.snapshot import Copy  # noqa: E402
 from slurmtools.snapshot_io import SnapshotStore  # noqa: E402
 from slurmtools.snapshot_torch import STATE_FILE, deserialize, serialize, to_host  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import snapshot_goodput  # noqa: E402
+import snapshot_peer  # noqa: E402
 
 
 def _drop_cache(path: Path) -> bool:
@@ -111,6 +121,13 @@ def main() -> None:
     print(f"ratio memory-restore/disk-restore {row['memory_restore_s'] / row['disk_restore_s']:.2f}")
     print(f"overhead at one snapshot every {args.every} steps of {args.step_s:g} s: {100 * overhead:.2f}% "
           f"(goal <= 2%: {'met' if overhead <= 0.02 else 'not met'})")
+    peer = snapshot_peer.measure(args.state_mb)
+    print(f"peer (two gloo ranks, loopback TCP): replicated {peer['replication_s']:.2f} s after the snapshot; "
+          f"restore on a spare pulling from the replica {peer['peer_restore_s']:.2f} s (verified, loaded)")
+    print(f"ratio peer-restore/disk-restore {peer['peer_restore_s'] / row['disk_restore_s']:.2f}")
+    snapshot_goodput.report(stall_s=row["stall_s"], replication_s=peer["replication_s"], every=args.every,
+                            step_s=args.step_s, peer_restore_s=peer["peer_restore_s"],
+                            disk_restore_s=row["disk_restore_s"])
 
 
 if __name__ == "__main__":

@@ -31,6 +31,13 @@ def add_plan(sub: Any) -> None:
     parser.add_argument("--work-days", type=positive(float), default=30.0, help="(--simulate) days of training wanted")
     parser.add_argument("--person-h", type=positive(float), default=DEFAULT_PERSON_H,
                         help="(--simulate) how long a stopped run waits for a person")
+    parser.add_argument("--snapshot-interval-s", type=positive(float), default=0.0,
+                        help="(--simulate) training between in-memory snapshots (distributed.snapshot_every_steps "
+                             "x step time); 0: none")
+    parser.add_argument("--snapshot-cost-s", type=positive(float), default=0.0,
+                        help="(--simulate) training blocked per snapshot (bench/snapshot.py)")
+    parser.add_argument("--replication-s", type=positive(float), default=0.0,
+                        help="(--simulate) from a snapshot to its replica on the peer node (bench/snapshot.py)")
     parser.add_argument("--trials", type=positive(int), default=200, help="(--simulate) simulated runs")
     parser.add_argument("--seed", type=positive(int), default=1, help="(--simulate) random seed")
     parser.set_defaults(func=cmd_plan)
@@ -60,7 +67,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             nodes=args.nodes, failures_per_1000_node_days=1000.0 * 24.0 / args.node_mtbf_h, work_days=args.work_days,
             checkpoint_interval_s=result.daly_interval_s, checkpoint_s=args.checkpoint_cost_s,
             restart_s=args.restart_in_allocation_s, requeue_s=args.restart_cost_s, spare_nodes=args.spare_nodes,
-            person_s=args.person_h * 3600.0)
+            person_s=args.person_h * 3600.0, snapshot_interval_s=args.snapshot_interval_s,
+            snapshot_s=args.snapshot_cost_s, replication_s=args.replication_s)
     except ValueError as exc:
         raise UsageError(f"--simulate: {exc}") from None
     print(simulate.format_summary(simulate.simulate(scenario, args.trials, args.seed)))

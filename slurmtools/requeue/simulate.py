@@ -9,6 +9,12 @@ requeue or stop; a stopped run waits `person_s` for a person, then starts afresh
 taken every `checkpoint_interval_s` of training and block it `checkpoint_s`. A straggler found
 without a spare is only reported: the job runs at 1/slowdown until its next requeue.
 
+With in-memory snapshots (`snapshot_interval_s`, slurmtools.snapshot): a snapshot every that much
+training blocks it `snapshot_s` and is restorable `replication_s` later (its copy on the peer node
+made); a failure that the policy restarts inside the allocation then loses only the training since
+the newest restorable snapshot, except after silent data corruption (snapshot.refused_after: the
+checkpoint) and on a requeue (new nodes: the checkpoint).
+
 It prints the effective training time ratio (ETTR: training kept / wall time) and the share of runs
 that finished without a person. With one kind that loses work, no detection time and spares enough,
 it is the Young/Daly model of slurmtools.requeue.plan (tests check the two agree).
@@ -68,14 +74,18 @@ class Scenario:
     preemptions_per_day: float = 0.0
     kinds: Tuple[FailureKind, ...] = field(default_factory=default_mix)
     limits: RequeueSpec = field(default_factory=RequeueSpec)
+    snapshot_interval_s: float = 0.0     # training between in-memory snapshots; 0: none
+    snapshot_s: float = 0.0              # training blocked per snapshot (the copy to host memory)
+    replication_s: float = 0.0           # from a snapshot to its replica on the peer node (restorable)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.work_days <= 0 or self.checkpoint_interval_s <= 0:
             raise ValueError("nodes, work_days and checkpoint_interval_s must be positive")
         if self.failures_per_1000_node_days < 0 or self.preemptions_per_day < 0 or not self.kinds:
             raise ValueError("failure rates must be >= 0 and the mix must name at least one kind")
-        if min(self.checkpoint_s, self.restart_s, self.requeue_s, self.person_s) < 0 or self.straggler_slowdown < 1:
-            raise ValueError("costs must be >= 0 and the straggler slowdown >= 1")
+        if min(self.checkpoint_s, self.restart_s, self.requeue_s, self.person_s, self.snapshot_interval_s,
+               self.snapshot_s, self.replication_s) < 0 or self.straggler_slowdown < 1:
+            raise ValueError("costs and the snapshot interval must be >= 0 and the straggler slowdown >= 1")
 
 
 PREEMPTION = FailureKind("preemption", 0.0, Cause.PREEMPTED, 0.0, loses_work=False, names_node=False)
@@ -125,18 +135,35 @@ class _Run:
         self.result.work_s = self.saved_s + self.since_s
         return self.result
 
+    def _pace(self) -> float:
+        """Wall seconds per second of training: a straggler's slowdown and the snapshots' stalls."""
+        snapshots = self.s.snapshot_s / self.s.snapshot_interval_s if self.s.snapshot_interval_s else 0.0
+        return self.slowdown * (1.0 + snapshots)
+
+    def _snapshot_kept_s(self) -> float:
+        """Of the training since the checkpoint, what the newest restorable snapshot holds."""
+        interval = self.s.snapshot_interval_s
+        if not interval:
+            return 0.0
+        done = self.saved_s + self.since_s
+        taken = math.floor(done / interval) * interval
+        if (done - taken) * self._pace() < self.s.replication_s:     # its replica not made yet
+            taken -= interval
+        return min(self.since_s, max(0.0, taken - self.saved_s))
+
     def _run_for(self, wall_budget_s: float, target_s: float) -> bool:
         """Train (and checkpoint) for up to wall_budget_s; True when the fault came first."""
         while True:
-            to_end_s = (target_s - self.saved_s - self.since_s) * self.slowdown
-            to_checkpoint_s = (self.s.checkpoint_interval_s - self.since_s) * self.slowdown
+            pace = self._pace()
+            to_end_s = (target_s - self.saved_s - self.since_s) * pace
+            to_checkpoint_s = (self.s.checkpoint_interval_s - self.since_s) * pace
             if to_end_s <= min(to_checkpoint_s, wall_budget_s):
                 self.result.wall_s += to_end_s
                 self.since_s = target_s - self.saved_s
                 return False
             if wall_budget_s < to_checkpoint_s:
                 self.result.wall_s += wall_budget_s
-                self.since_s += wall_budget_s / self.slowdown
+                self.since_s += wall_budget_s / pace
                 return True
             segment_s = to_checkpoint_s + self.s.checkpoint_s
             if wall_budget_s < segment_s:          # during the checkpoint's write: it never completes
@@ -167,9 +194,8 @@ class _Run:
         if kind.cause is Cause.STRAGGLER and self.spares == 0:
             self.slowdown = max(self.slowdown, self.s.straggler_slowdown)    # reported only
             return
-        if kind.loses_work:
-            self.result.lost_s += self.since_s
-        else:                                   # saved on request before leaving
+        since_s, kept_s = self.since_s, self._snapshot_kept_s() if kind.cause is not Cause.SDC else 0.0
+        if not kind.loses_work:                 # saved on request before leaving
             self.result.wall_s += self.s.checkpoint_s
             self.saved_s += self.since_s
             self.checkpoints += 1
@@ -183,6 +209,9 @@ class _Run:
         self.history = self.history[-(self.s.limits.max_restarts + self.s.limits.no_progress_restarts + 1):]
         self.result.wall_s += verdict.backoff_s
         self.result.actions[verdict.action] += 1
+        if kind.loses_work:                     # a restart in the allocation finds the snapshots
+            self.since_s = kept_s if verdict.action is Action.RESTART else 0.0
+            self.result.lost_s += since_s - self.since_s
         if verdict.action is Action.RESTART:
             self.result.wall_s += self.s.restart_s
             self.spares -= 1 if verdict.exclude_node else 0
@@ -233,8 +262,10 @@ def format_summary(summary: Summary) -> str:
     s = summary.scenario
     return (f"{s.nodes} nodes, {s.failures_per_1000_node_days:g} failures per 1,000 node-days, {s.spare_nodes} spare(s), "
             f"{s.work_days:g} days of training, checkpoint every {s.checkpoint_interval_s / 60:.1f} min "
-            f"({s.checkpoint_s:g} s blocking), restart {s.restart_s:g} s, requeue {s.requeue_s:g} s "
-            f"({summary.trials} runs):\n"
+            f"({s.checkpoint_s:g} s blocking), restart {s.restart_s:g} s, requeue {s.requeue_s:g} s"
+            + (f", snapshot every {s.snapshot_interval_s:g} s ({s.snapshot_s:g} s blocking, replicated in "
+               f"{s.replication_s:g} s)" if s.snapshot_interval_s else "")
+            + f" ({summary.trials} runs):\n"
             f"  ETTR {summary.ettr_mean:.1%} (10th percentile {summary.ettr_p10:.1%}); finished without a person "
             f"{summary.finished_without_person:.0%}"
             + (f" (finished at all: {summary.finished:.0%})" if summary.finished < 1 else "")

@@ -2,6 +2,7 @@
 closed form where it applies, the real policy's budget, spares, stragglers, bad input."""
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -84,3 +85,45 @@ def test_the_default_mix_sums_to_one_and_bad_scenarios_are_refused():
                 dict(kinds=())):
         with pytest.raises(ValueError):
             _scenario(**bad)
+
+
+SNAPSHOT_LIMITS = RequeueSpec(backoff_s=0, max_restarts=1000, max_consecutive_failures=100,
+                              no_progress_restarts=100)
+
+
+def _lost_per_failure_s(summary) -> float:
+    return summary.lost_h_mean * 3600.0 / summary.failures_mean
+
+
+def _since_checkpoint_s(job_mtbf_s: float, interval_s: float) -> float:
+    """Checkpoints alone: the training since the checkpoint when a failure comes (each failure
+    returns to the checkpoint, so it is E[X | X < interval] of an exponential X)."""
+    decay = math.exp(-interval_s / job_mtbf_s)
+    return job_mtbf_s - interval_s * decay / (1.0 - decay)
+
+
+def test_snapshots_lose_half_an_interval_plus_the_replication_per_restart():
+    # a failure at phase x of a 60-s interval loses x, or x + 60 while the newest snapshot's replica
+    # is not made (x < 20 s): 60/2 + 20 = 50 s on average (a little less: just after a checkpoint
+    # the checkpoint holds what an unreplicated snapshot would)
+    kwargs = dict(nodes=1000, failures_per_1000_node_days=24.0, work_days=20.0, checkpoint_interval_s=3600.0,
+                  checkpoint_s=0.0, kinds=CRASH_ONLY, limits=SNAPSHOT_LIMITS)
+    with_snapshots = simulate(_scenario(snapshot_interval_s=60.0, replication_s=20.0, **kwargs), trials=10, seed=4)
+    assert 47.0 < _lost_per_failure_s(with_snapshots) < 50.5, _lost_per_failure_s(with_snapshots)
+    only_checkpoints = simulate(_scenario(**kwargs), trials=10, seed=4)
+    assert abs(_lost_per_failure_s(only_checkpoints) / _since_checkpoint_s(3600.0, 3600.0) - 1) < 0.03
+
+
+def test_snapshot_stalls_cost_wall_time_and_sdc_or_a_requeue_falls_back_to_the_checkpoint():
+    stalls = simulate_run(_scenario(snapshot_interval_s=60.0, snapshot_s=0.6), random.Random(1))
+    assert stalls.work_s == DAY_S and abs(stalls.wall_s - (DAY_S * 1.01 + 23 * 36.0)) < 1e-6
+    sdc_only = (FailureKind("sdc", 1.0, Cause.SDC, 0.0, loses_work=True, names_node=True),)
+    kwargs = dict(nodes=1000, failures_per_1000_node_days=24.0, work_days=10.0, checkpoint_interval_s=3600.0,
+                  checkpoint_s=0.0, spare_nodes=1000, limits=SNAPSHOT_LIMITS, snapshot_interval_s=60.0)
+    sdc = simulate(_scenario(kinds=sdc_only, **kwargs), trials=5, seed=2)
+    since_checkpoint_s = _since_checkpoint_s(3600.0, 3600.0)      # 1,505 s
+    assert sdc.restarts_mean > 200 and abs(_lost_per_failure_s(sdc) / since_checkpoint_s - 1) < 0.05
+    no_spare = simulate(_scenario(kinds=NODES_ONLY, **dict(kwargs, spare_nodes=0)), trials=5, seed=2)
+    assert no_spare.restarts_mean == 0 and abs(_lost_per_failure_s(no_spare) / since_checkpoint_s - 1) < 0.05
+    spares = simulate(_scenario(kinds=NODES_ONLY, **kwargs), trials=5, seed=2)
+    assert spares.requeues_mean == 0 and _lost_per_failure_s(spares) < 40.0
