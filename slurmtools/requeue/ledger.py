@@ -250,9 +250,31 @@ def attempts(events: List[Event]) -> List[Attempt]:
 
 
 def history(events: List[Event]) -> List[AttemptRecord]:
-    """Finished attempts as the policy sees them (oldest first)."""
-    return [AttemptRecord(Cause(a.cause), a.counted, a.checkpoint_step, a.node, a.end_s)
+    """Finished attempts as the policy sees them (oldest first), each with its progress marker."""
+    restored = restored_steps(events)
+    return [AttemptRecord(Cause(a.cause), a.counted, progress_step(a.checkpoint_step, restored.get(a.attempt_id)),
+                          a.node, a.end_s)
             for a in attempts(events) if a.cause is not None]
+
+
+def restored_steps(events: List[Event]) -> Dict[str, int]:
+    """Attempt id -> the in-memory snapshot's step it restored from (its snapshot_restore record)."""
+    return {event.attempt_id: event.step for event in events
+            if isinstance(event, SnapshotRestore) and event.step is not None}
+
+
+def progress_step(checkpoint_step: Optional[int], restored_step: Optional[int]) -> Optional[int]:
+    """What the restart budget counts as progress (policy: "no newer checkpoint"): the newest
+    complete checkpoint, or the snapshot the attempt restored from when that is newer. With
+    snapshots, a run that goes on from snapshot to snapshot between rare checkpoints progresses;
+    one that fails again and again after restoring the same snapshot does not."""
+    steps = [step for step in (checkpoint_step, restored_step) if step is not None]
+    return max(steps) if steps else None
+
+
+def attempt_progress_step(control_dir: Path, attempt_id: str, checkpoint_step: Optional[int]) -> Optional[int]:
+    """progress_step of an attempt ending now (its restore record came after the attempt began)."""
+    return progress_step(checkpoint_step, restored_steps(read(control_dir)).get(attempt_id))
 
 
 def ever_trained(events: List[Event]) -> bool:

@@ -114,6 +114,7 @@ class _Run:
         self.saved_s = 0.0                 # training time kept by the newest checkpoint
         self.since_s = 0.0                 # training since then
         self.checkpoints = 0
+        self.restored_s = 0.0              # the training the current attempt began from
         self.spares = scenario.spare_nodes
         self.slowdown = 1.0
         self.history: List[AttemptRecord] = []
@@ -139,6 +140,13 @@ class _Run:
         """Wall seconds per second of training: a straggler's slowdown and the snapshots' stalls."""
         snapshots = self.s.snapshot_s / self.s.snapshot_interval_s if self.s.snapshot_interval_s else 0.0
         return self.slowdown * (1.0 + snapshots)
+
+    def _progress(self) -> int:
+        """The budget's progress marker (ledger.progress_step): the newest checkpoint, or the
+        snapshot the attempt restored from when newer; in checkpoints, or snapshot intervals."""
+        if not self.s.snapshot_interval_s:
+            return self.checkpoints
+        return round(max(self.saved_s, self.restored_s) / self.s.snapshot_interval_s)
 
     def _snapshot_kept_s(self) -> float:
         """Of the training since the checkpoint, what the newest restorable snapshot holds."""
@@ -204,14 +212,15 @@ class _Run:
         capacity = Capacity(in_allocation=True, replaceable=frozenset({node} if node and self.spares else ()),
                             slack=self.spares)
         verdict = decide(Diagnosis(kind.cause, node=node, detail=kind.name, fatal_for_node=kind.names_node),
-                         self.history, self.s.limits, self.checkpoints, capacity, now_s=self.result.wall_s)
-        self.history.append(AttemptRecord(kind.cause, verdict.counted, self.checkpoints, node, self.result.wall_s))
+                         self.history, self.s.limits, self._progress(), capacity, now_s=self.result.wall_s)
+        self.history.append(AttemptRecord(kind.cause, verdict.counted, self._progress(), node, self.result.wall_s))
         self.history = self.history[-(self.s.limits.max_restarts + self.s.limits.no_progress_restarts + 1):]
         self.result.wall_s += verdict.backoff_s
         self.result.actions[verdict.action] += 1
         if kind.loses_work:                     # a restart in the allocation finds the snapshots
             self.since_s = kept_s if verdict.action is Action.RESTART else 0.0
             self.result.lost_s += since_s - self.since_s
+        self.restored_s = self.saved_s + self.since_s
         if verdict.action is Action.RESTART:
             self.result.wall_s += self.s.restart_s
             self.spares -= 1 if verdict.exclude_node else 0

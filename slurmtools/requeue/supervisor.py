@@ -246,8 +246,8 @@ def _decide(config: SupervisorConfig, attempt: Attempt, evidence: policy.Evidenc
     checkpoint_step = newest.step if newest else (inferred.newest_checkpoint_step() if inferred else None)
     own = inferred if inferred is not None and not evidence.reports_progress else None
     diag = policy.classify(evidence)
-    verdict = policy.decide(diag, ledger.history(events), config.requeue, checkpoint_step, capacity,
-                            now_s=time.time())
+    verdict = policy.decide(diag, ledger.history(events), config.requeue, ledger.attempt_progress_step(
+        config.control_dir, attempt.attempt_id, checkpoint_step), capacity, now_s=time.time())
     if attempt.job_id is None and verdict.action is policy.Action.REQUEUE:
         verdict = replace(verdict, action=policy.Action.STOP,
                           reason=verdict.reason + "; not under Slurm, cannot requeue")

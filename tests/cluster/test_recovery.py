@@ -290,3 +290,36 @@ def test_i_spoiled_replicas_fall_back_to_the_persistent_checkpoint_with_the_same
         assert re.fullmatch(r"step \d+: no copy of rank 2 and 1 more on a living node", restores[1][1]), restores
         assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
         assert training.leftover_trainers(job) == []
+
+
+def test_j_a_requeue_onto_the_node_that_kept_the_replicas_restores_from_them(cluster, workdir, reference_run):
+    """As h without a spare: node 2 killed after step 6, the job requeued excluding it (Slurm's
+    requeue: a new batch script, a new allocation of node1 and node3). The job's snapshots are the
+    job's, not the allocation's: node1 still holds its ranks' own and node2's ranks' replicas, so
+    the requeued run restores from them (ranks 2,3 pulled onto node3), not from a checkpoint."""
+    spec = training.training_spec(workdir, "snaprequeue", extra=["--step-sleep-s", "0.5", "--checkpoint-every", "100"],
+                                  distributed={"snapshot_every_steps": 1, "snapshot_memory_gb": 1})
+    job = training.submit(spec)
+    training.wait_step(spec, job, 6)
+    victim = _expand(training.supervisor_events(training.events(spec, job), "start")[0]["nodes"])[1]
+    mc.kill_node(cluster, victim)
+    try:
+        info = training.wait_finished(job, 300)
+        evts = training.events(spec, job)
+        assert info.state == "COMPLETED", training.describe(spec, job)
+        assert decisions(evts) == [("node_failure", "requeue"), ("completed", "complete")], training.describe(spec, job)
+        assert slurm.job_state(job).restarts == 1
+        starts = [_expand(s["nodes"]) for s in training.supervisor_events(evts, "start")]
+        assert victim not in starts[1] and starts[0][0] in starts[1], starts
+        resumed = training.trainer_events(evts, "resumed")
+        assert len(resumed) == 1 and resumed[0]["step"] >= 5, resumed
+        step = resumed[0]["step"]
+        assert resumed[0]["path"] == f"in-memory snapshot of step {step}, ranks 2,3 pulled from their replicas"
+        restores = [(e.attempt_id, e.step) for e in ledger.read(control_dir_for(spec.checkpoint_dir, spec.output_dir,
+                                                                                 str(job)))
+                    if isinstance(e, ledger.SnapshotRestore)]
+        assert restores == [(f"{job}.0", None), (f"{job}.1", step)], restores
+        assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+        assert training.leftover_trainers(job) == []
+    finally:
+        _restore(cluster, victim)

@@ -127,3 +127,16 @@ def test_snapshot_stalls_cost_wall_time_and_sdc_or_a_requeue_falls_back_to_the_c
     assert no_spare.restarts_mean == 0 and abs(_lost_per_failure_s(no_spare) / since_checkpoint_s - 1) < 0.05
     spares = simulate(_scenario(kinds=NODES_ONLY, **kwargs), trials=5, seed=2)
     assert spares.requeues_mean == 0 and _lost_per_failure_s(spares) < 40.0
+
+
+def test_with_snapshots_the_budget_counts_their_progress_between_rare_checkpoints():
+    # a failure an hour, a checkpoint every 4 hours: checkpoints alone, three failures between two
+    # checkpoints are "no newer checkpoint across 3 restarts" and a person is needed; with snapshots
+    # each restart restores a newer one, which the budget counts (ledger.progress_step)
+    kwargs = dict(nodes=1000, failures_per_1000_node_days=24.0, work_days=10.0, checkpoint_interval_s=4 * 3600.0,
+                  checkpoint_s=0.0, kinds=CRASH_ONLY,
+                  limits=RequeueSpec(backoff_s=0, max_restarts=1000, max_consecutive_failures=5))
+    alone = simulate(_scenario(**kwargs), trials=10, seed=5)
+    snapshots = simulate(_scenario(snapshot_interval_s=60.0, **kwargs), trials=10, seed=5)
+    # (a few failures that come within one snapshot interval of each other still stop a run: no progress)
+    assert alone.finished_without_person == 0.0 and snapshots.finished_without_person >= 0.9

@@ -94,6 +94,31 @@ def test_ledger_append_read_and_history(tmp_path):
                                     ledger.AttemptEnd("6.0", 9.0, cause="crash", last_step=30)])
 
 
+def test_the_budgets_progress_is_the_newer_of_the_checkpoint_and_the_restored_snapshot(tmp_path):
+    """Checkpoint 4 throughout; attempts restore from snapshots 6, 9, 9: the first two failures
+    progressed, the third did not (it failed again after restoring the same snapshot)."""
+    events = [ledger.AttemptStart("7.0", 1.0), ledger.SnapshotRestore("7.0", 1.5, None, "no verified snapshot"),
+              ledger.AttemptEnd("7.0", 10.0, cause="crash", counted=True, checkpoint_step=4)]
+    for n, (step, end_s) in enumerate([(6, 20.0), (9, 30.0), (9, 40.0)], start=1):
+        events += [ledger.AttemptStart(f"7.0.{n}", end_s - 9), ledger.SnapshotRestore(f"7.0.{n}", end_s - 8, step, "s"),
+                   ledger.AttemptEnd(f"7.0.{n}", end_s, cause="crash", counted=True, checkpoint_step=4)]
+    assert [record.checkpoint_step for record in ledger.history(events)] == [4, 6, 9, 9]
+    for event in events:
+        ledger.append(tmp_path, event)
+    assert ledger.attempt_progress_step(tmp_path, "7.0.2", 4) == 9 and ledger.attempt_progress_step(tmp_path, "7.0", 4) == 4
+    assert ledger.progress_step(None, None) is None and ledger.progress_step(12, 9) == 12
+    # the policy: restarts that each restored a newer snapshot are no "restarts without progress"
+    from slurmtools.requeue import policy
+    from slurmtools.spec import RequeueSpec
+    crash = policy.Diagnosis(Cause.CRASH, detail="exit 1")
+    capacity = policy.Capacity(in_allocation=True)
+    history = ledger.history(events)
+    limits = RequeueSpec(no_progress_restarts=3, max_consecutive_failures=5, max_restarts=100)
+    assert policy.decide(crash, history[:3], limits, 10, capacity).action is policy.Action.RESTART
+    stuck = policy.decide(crash, history, limits, 9, capacity)
+    assert stuck.action is policy.Action.STOP and "no newer checkpoint across 3 restarts" in stuck.reason
+
+
 def test_plan_for_the_seed_cluster():
     p = plan.plan(checkpoint_cost_s=30, nodes=8, node_mtbf_h=200, restart_cost_s=300)
     assert p.job_mtbf_s == 25 * 3600
