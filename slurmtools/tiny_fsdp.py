@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -30,12 +29,12 @@ from slurmtools import checkpoint_torch, sdc_canary, snapshot_fsdp
 from slurmtools.agreement import agree
 from slurmtools.checkpoint import CheckpointManager
 from slurmtools.errors import CheckpointError
-from slurmtools.preflight import canary as preflight_canary
 from slurmtools.resumable_loader import ResumableLoader
 from slurmtools.state_digest import state_hash
 from slurmtools.tiny_data import SequenceDataset, accumulation, warmup_cosine
 from slurmtools.trainer_state import TrainerState
-from slurmtools.runtime import SDC_CHECK_EVERY_ENV, TrainingControl, attempt_number
+from slurmtools.runtime import SDC_CHECK_EVERY_ENV, TrainingControl
+from slurmtools.tiny_faults import Faults
 
 
 @dataclass
@@ -272,39 +271,20 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
                   f"batch stays {global_batch} samples, {micro_batches} micro-batch(es) of {cfg.batch_per_rank} "
                   f"per rank per step (gradient accumulation); the LR schedule is unchanged",
                   file=sys.stderr, flush=True)
-    # faults fire on one attempt of the job (counting restarts in place and requeues) or on all (-1)
-    faults = cfg.faults_on_attempt in (-1, attempt_number(os.environ))
-    hang_rank, _, hang_step = cfg.hang_at_step.partition(":") if faults else ("", "", "")
-    skip_rank, _, skip_step = cfg.skip_collective_at.partition(":") if faults else ("", "", "")
-    fail_at = cfg.fail_at_step if faults else -1
-    if cfg.faults_on_attempt >= 0 and attempt_number(os.environ) == cfg.faults_on_attempt + 1:
-        fail_at = cfg.fail_again_at_step
-    slow_at = cfg.slow_checkpoint_at if faults else -1
-    slow_host, _, slow_s = cfg.slow_node.partition(":") if faults else ("", "", "")
-    slower_s = float(slow_s or 0) if slow_host == socket.gethostname() else 0.0
+    faults = Faults.of(cfg, rank, os.environ)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else None   # GPU work done, not queued
 
     @contextlib.contextmanager
     def local_work() -> Iterator[None]:
         with control.busy(synchronize):
             yield
-            if slower_s:
-                time.sleep(slower_s)
-    sdc_rank, _, sdc_from = cfg.sdc_fault.partition(":") if faults else ("", "", "")
-    # the test-only wrong-results node (preflight.canary's setting): its first rank, from a step on
-    node_fault_from = preflight_canary.fault_from_step(os.environ, socket.gethostname())
-    if node_fault_from is not None and int(os.environ.get("LOCAL_RANK", "0")) == 0:
-        sdc_rank, sdc_from = str(rank), str(node_fault_from)
+            if faults.slower_s:
+                time.sleep(faults.slower_s)
     sdc_every = cfg.sdc_check_every if cfg.sdc_check_every >= 0 else int(os.environ.get(SDC_CHECK_EVERY_ENV) or 0)
     control.install_signal_handlers()
     step = start
     while step < cfg.steps:
-        if step == fail_at:
-            raise RuntimeError(f"injected failure at step {step}")
-        if hang_step and rank == int(hang_rank) and step == int(hang_step):
-            print(f"rank {rank}: injected hang at step {step}", file=sys.stderr, flush=True)
-            while True:
-                time.sleep(3600)
+        faults.before_step(rank, step)
         control.heartbeat(step)
         step_t0 = time.monotonic()
         numbers: Optional[Dict[str, float]] = {} if control.records_steps else None
@@ -313,10 +293,7 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
                           numbers=numbers, batches=batches, micro_batches=micro_batches)
         schedule.step()
         step += 1
-        if skip_step and rank == int(skip_rank) and step == int(skip_step):
-            print(f"rank {rank}: injected skip of the loss all-reduce at step {step}", file=sys.stderr, flush=True)
-            while True:
-                time.sleep(3600)
+        faults.after_update(rank, step)
         reduced = loss.detach().clone()
         collective_t0 = time.monotonic()
         dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
@@ -336,8 +313,7 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
         requested = agree(control.checkpoint_requested())
         sealing = manager is not None and (requested or step % cfg.checkpoint_every == 0 or step == cfg.steps)
         if sdc_every and (sealing or step % sdc_every == 0):
-            corrupt = bool(sdc_from) and rank == int(sdc_rank) and step >= int(sdc_from)
-            found = sdc_canary.canary(model, batch_for(-1, 0, 1, cfg, device), device, step, corrupt)
+            found = sdc_canary.canary(model, batch_for(-1, 0, 1, cfg, device), device, step, faults.corrupts(rank, step))
             if found is not None:     # stop before this state becomes a checkpoint
                 if saver is not None:
                     saver.close()     # the save in flight began after a passing check
@@ -357,7 +333,7 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
                     if saver is not None:
                         saver.wait()
                         checkpoint_torch.report_failed_saves(saver, cfg.on_save_error, rank, log, control.attempt_id)
-                    pause = (lambda: time.sleep(cfg.slow_checkpoint_s)) if step == slow_at else None
+                    pause = (lambda: time.sleep(cfg.slow_checkpoint_s)) if step == faults.slow_checkpoint_at else None
                     try:
                         checkpoint_torch.save(manager, step, model, optim, meta=meta, before_commit=pause,
                                               trainer_state=trainer_state)
