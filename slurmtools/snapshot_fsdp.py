@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from slurmtools.agreement import agree
 from slurmtools.checkpoint import CheckpointManager
-from slurmtools.node_beat import NODE_LOCAL_DIR_ENV, memory_root
+from slurmtools.node_beat import NODE_LOCAL_DIR_ENV, local_rank, memory_root
 from slurmtools.runtime import SNAPSHOT_EVERY_ENV, SNAPSHOT_MEMORY_GB_ENV
 from slurmtools.snapshot import DEFAULT_MEMORY_GB, job_key, refused_after
 from slurmtools.snapshot_io import SnapshotStore
@@ -91,6 +91,8 @@ class Session:
                 print(f"slurmtools: snapshots off: {NODE_LOCAL_DIR_ENV} {root} is not a directory of this user's own "
                       f"on every node", file=sys.stderr, flush=True)
             return None
+        if local_rank(environ) == 0:
+            store.sweep_stale(time.time())
         hosts = dict(enumerate(names))
         snapshotter = Snapshotter(store, rank, hosts, every_steps, side_group(), limit_bytes=int(memory_gb * 1e9))
         return cls(snapshotter, hosts, control_dir, attempt_id)
@@ -132,6 +134,13 @@ class Session:
             if dist.get_rank() == 0:
                 print(f"slurmtools: snapshot of step {failed} not kept: {why}", file=sys.stderr, flush=True)
         self.snapshotter.failures.clear()
+
+    def finish(self) -> None:
+        """Training completed (its final checkpoint sealed): every rank removes its own snapshots and
+        the replicas it keeps, once no peer sends any more (collective: every rank calls it)."""
+        self.snapshotter.close(wait=True)
+        dist.barrier(group=self.snapshotter.group)
+        self.snapshotter.store.remove(self.snapshotter.rank, self.snapshotter.sources)
 
     def exit(self, exc_type: Any, exc: Any, traceback: Any) -> bool:
         """For an ExitStack: the snapshot in flight finished, unless training failed (its peer may

@@ -12,7 +12,7 @@ import os
 import shutil
 import stat
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Union
 
 from slurmtools import digests
 from slurmtools.checkpoint import CheckpointManager, verify_dir
@@ -20,6 +20,10 @@ from slurmtools.errors import CheckpointError
 from slurmtools.node_beat import own_private_dir, user_root
 from slurmtools.snapshot import KEEP, SNAPSHOTS_SUBDIR, Copy, own_dir, parse_copy_dir, replica_dir
 
+
+Bytes = Union[bytes, memoryview]      # a received replica is a view of the receive buffer
+# a job writes its snapshots every few steps; one nobody wrote for a day ended without removing them
+STALE_AFTER_S = 24 * 3600.0
 
 
 class SnapshotStore:
@@ -39,16 +43,16 @@ class SnapshotStore:
             raise CheckpointError(f"{self.root}: not a directory of this user's own (missing, or others can write it)")
         return CheckpointManager(directory, keep=KEEP)
 
-    def save_own(self, rank: int, step: int, files: Mapping[str, bytes], meta: Optional[Mapping[str, Any]] = None) -> Path:
+    def save_own(self, rank: int, step: int, files: Mapping[str, Bytes], meta: Optional[Mapping[str, Any]] = None) -> Path:
         """This rank's state at step, sealed; the older ones past the two newest go."""
         return self._save(own_dir(self.root, rank), step, files, meta)
 
-    def save_replica(self, of_rank: int, step: int, files: Mapping[str, bytes],
+    def save_replica(self, of_rank: int, step: int, files: Mapping[str, Bytes],
                      meta: Optional[Mapping[str, Any]] = None) -> Path:
         """A peer's state at step, as it sent it, sealed here."""
         return self._save(replica_dir(self.root, of_rank), step, files, meta)
 
-    def _save(self, directory: Path, step: int, files: Mapping[str, bytes], meta: Optional[Mapping[str, Any]]) -> Path:
+    def _save(self, directory: Path, step: int, files: Mapping[str, Bytes], meta: Optional[Mapping[str, Any]]) -> Path:
         manager = self._manager(directory)
         if manager.final_dir(step).exists():          # a step saved again (a restarted attempt): the new one
             manager.quarantine(manager.final_dir(step), "replaced by a newer save of the same step")
@@ -61,6 +65,32 @@ class SnapshotStore:
         for stale in directory.glob("step_*.bad-*"):      # memory is scarce: nothing kept for inspection
             shutil.rmtree(stale, ignore_errors=True)
         return checkpoint.path
+
+    def remove(self, rank: int, kept_for: List[int]) -> None:
+        """This rank's own copies and the replicas it keeps for kept_for: the job is done with them
+        (its training completed) and node memory is scarce; the job's directory goes when empty."""
+        for directory in [own_dir(self.root, rank)] + [replica_dir(self.root, source) for source in kept_for]:
+            shutil.rmtree(directory, ignore_errors=True)
+        try:
+            self.root.rmdir()
+        except OSError:
+            pass                  # another rank of this node still removes its own
+
+    def sweep_stale(self, now: float, stale_after_s: float = STALE_AFTER_S) -> None:
+        """Remove this user's other jobs' snapshots on this node that nobody wrote for
+        stale_after_s (a job that crashed or was cancelled never finished to remove them)."""
+        try:
+            others = [Path(entry.path) for entry in os.scandir(self.root.parent)
+                      if entry.is_dir(follow_symlinks=False) and entry.name != self.root.name]
+        except OSError:
+            return
+        for other in others:
+            try:
+                newest = max([other.stat().st_mtime] + [path.stat().st_mtime for path in other.glob("*/*")])
+            except OSError:
+                continue
+            if now - newest > stale_after_s:
+                shutil.rmtree(other, ignore_errors=True)
 
     def inventory(self, checksums: bool = True) -> List[Copy]:
         """Every verified copy on this node (own and replicas), newest first per rank."""

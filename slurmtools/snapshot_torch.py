@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+import warnings
 from dataclasses import asdict
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -60,7 +61,12 @@ def deserialize(data: bytes) -> Any:
 
 
 def _as_tensor(data: bytes) -> torch.Tensor:
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    """data as a tensor without a copy (gloo only reads what it sends)."""
+    if not data:
+        return torch.empty(0, dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        return torch.frombuffer(data, dtype=torch.uint8)
 
 
 def _wait(requests: Sequence[Any]) -> None:
@@ -68,15 +74,16 @@ def _wait(requests: Sequence[Any]) -> None:
         request.wait()
 
 
-def exchange(data: bytes, peer: Optional[int], sources: Sequence[int], group: Any) -> Dict[int, bytes]:
-    """Send data to peer and receive each source's (their sizes first), all at once."""
+def exchange(data: bytes, peer: Optional[int], sources: Sequence[int], group: Any) -> Dict[int, memoryview]:
+    """Send data to peer and receive each source's (their sizes first), all at once; what came in
+    is a view of the received buffer, not a copy."""
     sizes = {source: torch.zeros(1, dtype=torch.int64) for source in sources}
     sends = [dist.isend(torch.tensor([len(data)], dtype=torch.int64), peer, group=group)] if peer is not None else []
     _wait(sends + [dist.irecv(sizes[source], source, group=group) for source in sources])
     buffers = {source: torch.empty(int(sizes[source].item()), dtype=torch.uint8) for source in sources}
     sends = [dist.isend(_as_tensor(data), peer, group=group)] if peer is not None else []
     _wait(sends + [dist.irecv(buffers[source], source, group=group) for source in sources])
-    return {source: buffers[source].numpy().tobytes() for source in sources}
+    return {source: buffers[source].numpy().data for source in sources}
 
 
 class Snapshotter:
@@ -150,24 +157,53 @@ def _digest(data: bytes) -> bytes:
 def restore(store: SnapshotStore, rank: int, hosts: Mapping[int, str], checkpoint_step: Optional[int],
             group: Any) -> Tuple[Optional[int], Any, str]:
     """(step, this rank's state, why) from the snapshots, or (None, None, why): restore from the
-    persistent checkpoint. Collective: every rank of the new step calls it at its start."""
+    persistent checkpoint. Collective: every rank of the new step calls it at its start.
+
+    The inventory reads manifests only (a node's ranks each listing every copy there would read
+    the node's snapshots once per rank); each copy used is verified as it is read, and a copy that
+    fails is left out of a new plan (an older snapshot, else the checkpoint), every rank agreeing."""
     gathered: List[Any] = [None] * len(hosts)
-    dist.all_gather_object(gathered, [asdict(copy) for copy in store.inventory()], group=group)
+    dist.all_gather_object(gathered, [asdict(copy) for copy in store.inventory(checksums=False)], group=group)
     copies = sorted({Copy(**fields) for part in gathered for fields in part},
                     key=lambda c: (c.step, c.of_rank, c.host, c.own))
-    plan = plan_restore(copies, hosts, checkpoint_step)
-    if plan.step is None:
-        return None, None, plan.why
+    refused: List[str] = []
+    while True:
+        plan = plan_restore(copies, hosts, checkpoint_step)
+        if plan.step is None:
+            return None, None, "; ".join(refused + [plan.why])
+        data, bad = _fetch(store, rank, hosts, plan, group)
+        problems: List[Any] = [None] * len(hosts)
+        dist.all_gather_object(problems, bad, group=group)
+        failed = [problem for problem in problems if problem]
+        if not failed:
+            pulls = plan.pulls(hosts)
+            pulled = f", ranks {','.join(map(str, sorted(pulls)))} pulled from their replicas" if pulls else ""
+            earlier = f" ({'; '.join(refused)})" if refused else ""
+            return plan.step, deserialize(data), f"{plan.why}{pulled}{earlier}"
+        refused.append(f"snapshot of step {plan.step} refused: {failed[0][0]}")
+        unusable = {Copy(**fields) for _, fields in failed}
+        copies = [copy for copy in copies if copy not in unusable]
+
+
+def _fetch(store: SnapshotStore, rank: int, hosts: Mapping[int, str], plan: Any, group: Any
+           ) -> Tuple[Any, Optional[Tuple[str, Dict[str, Any]]]]:
+    """This rank's bytes of the plan: its own node's copy, or pulled from the node that holds it
+    (each pull served by another rank of that node in turn, so a lost node's ranks pull in
+    parallel); (data, None), or (b"", (why, the copy that failed))."""
     pulls = plan.pulls(hosts)
-    data, problem = b"", ""
+    data: Any = b""
     if rank not in pulls:
         try:
             data = store.read(plan.sources[rank])[STATE_FILE]
         except (CheckpointError, KeyError) as exc:
-            problem = f"rank {rank}: {exc}"
+            return b"", (f"rank {rank}: {exc}", asdict(plan.sources[rank]))
+    served: Dict[str, int] = {}
+    problem: Optional[Tuple[str, Dict[str, Any]]] = None
     for target in sorted(pulls):
         copy = pulls[target]
-        server = min(other for other, host in hosts.items() if host == copy.host)
+        holders = sorted(other for other, host in hosts.items() if host == copy.host)
+        server = holders[served.get(copy.host, 0) % len(holders)]
+        served[copy.host] = served.get(copy.host, 0) + 1
         if rank == server:
             try:
                 files = store.read(copy)[STATE_FILE]
@@ -176,16 +212,11 @@ def restore(store: SnapshotStore, rank: int, hosts: Mapping[int, str], checkpoin
                 payload = b""
             exchange(payload, target, [], group)
         elif rank == target:
-            received = exchange(b"", None, [server], group)[server]
+            received = memoryview(exchange(b"", None, [server], group)[server])
             data = received[_DIGEST_BYTES:]
             if len(received) <= _DIGEST_BYTES:
-                problem = f"rank {rank}: {copy.host} could not read its replica of step {copy.step}"
-            elif _digest(data) != received[:_DIGEST_BYTES]:
-                problem = f"rank {rank}: the replica of step {copy.step} pulled from {copy.host} does not match its digest"
-    problems: List[Any] = [None] * len(hosts)
-    dist.all_gather_object(problems, problem, group=group)
-    first = next((one for one in problems if one), "")
-    if first:
-        return None, None, f"snapshot of step {plan.step} refused: {first}"
-    pulled = f", ranks {','.join(map(str, sorted(pulls)))} pulled from their replicas" if pulls else ""
-    return plan.step, deserialize(data), f"{plan.why}{pulled}"
+                problem = (f"rank {rank}: {copy.host} could not read its replica of step {copy.step}", asdict(copy))
+            elif _digest(data) != bytes(received[:_DIGEST_BYTES]):
+                problem = (f"rank {rank}: the replica of step {copy.step} pulled from {copy.host} does not match "
+                           f"its digest", asdict(copy))
+    return data, problem

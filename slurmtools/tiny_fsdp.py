@@ -360,6 +360,8 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
     batches.close()
     control.heartbeat(step)
     digest = state_hash(model, optim)
+    if snaps is not None:
+        snaps.finish()          # the final checkpoint is sealed: node memory is freed for the next job
     final = {"event": "final", "step": step, "state_sha256": digest, "world_size": world,
              "attempt_id": control.attempt_id}
     if rank == 0:

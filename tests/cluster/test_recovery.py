@@ -73,10 +73,10 @@ def test_a_crash_after_progress_restarts_in_the_allocation(workdir, reference_ru
 
 
 @contextlib.contextmanager
-def _second_node_killed(cluster, spec, once_decided: Optional[Callable[[List[str]], None]] = None):
+def _second_node_killed(cluster, spec, once_decided: Optional[Callable[[int, List[str]], None]] = None):
     """Submit, kill the job's second node at step 6 and wait for the end, which must be a restart
     in place and a completion without a requeue; the node comes back after the test's checks.
-    once_decided(nodes) runs as soon as the supervisor decided, before the restart's ranks start."""
+    once_decided(job, nodes) runs as soon as the supervisor decided, before the restart's ranks start."""
     job = training.submit(spec)
     training.wait_step(spec, job, 6)
     nodes = _expand(training.supervisor_events(training.events(spec, job), "start")[0]["nodes"])
@@ -86,7 +86,7 @@ def _second_node_killed(cluster, spec, once_decided: Optional[Callable[[List[str
         if once_decided is not None:
             wait_for(lambda: training.supervisor_events(training.events(spec, job), "decision"), 120,
                      f"job {job}'s supervisor to decide", interval_s=0.1)
-            once_decided(nodes)
+            once_decided(job, nodes)
         info = training.wait_finished(job, 240)
         evts = training.events(spec, job)
         assert info.state == "COMPLETED", training.describe(spec, job)
@@ -250,14 +250,20 @@ def test_h_a_killed_nodes_ranks_resume_on_the_spare_from_their_peer_snapshots(cl
                             (step, f"snapshot of step {step}, ranks 2,3 pulled from their replicas")]
         assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
         assert training.leftover_trainers(job) == []
+        assert _snapshots_left(cluster, job) == []           # completed: every node's memory freed
 
 
-def _spoil_replicas(cluster, node: str) -> List[str]:
-    """Every snapshot replica kept in node's memory spoiled, as a fault of that memory would: the
-    newest of each rank's replicas corrupted (a byte of its state flipped), the older ones gone.
-    The replica directories spoiled, for the test's message."""
+def _snapshots_left(cluster, job: int) -> List[str]:
+    """The job's snapshot copies still in any node's memory."""
+    return sorted(str(path) for path in node_files.node_memory_root(cluster).glob(f"*/*/snapshots/{job}-*/*"))
+
+
+def _spoil_replicas(cluster, node: str, job: int) -> List[str]:
+    """Every snapshot replica of the job kept in node's memory spoiled, as a fault of that memory
+    would: the newest of each rank's replicas corrupted (a byte of its state flipped), the older
+    ones gone. The replica directories spoiled, for the test's message."""
     spoiled = []
-    for replicas in sorted((node_files.node_memory_root(cluster) / node).glob("*/snapshots/*/replica-of-rank*")):
+    for replicas in sorted((node_files.node_memory_root(cluster) / node).glob(f"*/snapshots/{job}-*/replica-of-rank*")):
         steps = sorted(replicas.glob("step_*[0-9]"), key=lambda path: int(path.name.split("_")[1]))
         for older in steps[:-1]:
             shutil.rmtree(older)
@@ -273,13 +279,14 @@ def _spoil_replicas(cluster, node: str) -> List[str]:
 def test_i_spoiled_replicas_fall_back_to_the_persistent_checkpoint_with_the_same_hash(cluster, workdir, reference_run):
     """As h, with a persistent checkpoint every 4 steps, but the replicas node1 kept of node2's ranks
     are spoiled (the newest corrupted, the older missing) before the restart: the spare's ranks find no
-    verified copy, every rank resumes from the newest checkpoint instead (no rank restores from a snapshot
+    verified copy (the corrupted one fails its digest as it is read, and every rank plans again
+    without it), every rank resumes from the newest checkpoint instead (no rank restores from a snapshot
     while another uses the checkpoint), the ledger says why, and the final hash is the reference's."""
     spec = training.training_spec(workdir, "snapspoiled", extra=["--step-sleep-s", "0.5"],
                                   requeue={"spare_nodes": 1},
                                   distributed={"snapshot_every_steps": 1, "snapshot_memory_gb": 1})
     spoiled: List[str] = []
-    with _second_node_killed(cluster, spec, lambda nodes: spoiled.extend(_spoil_replicas(cluster, nodes[0]))) \
+    with _second_node_killed(cluster, spec, lambda job, nodes: spoiled.extend(_spoil_replicas(cluster, nodes[0], job))) \
             as (job, nodes, victim, evts):
         assert len(spoiled) == 2, spoiled                     # node2's ranks 2 and 3
         resumed = training.trainer_events(evts, "resumed")
@@ -287,7 +294,9 @@ def test_i_spoiled_replicas_fall_back_to_the_persistent_checkpoint_with_the_same
         restores = [(e.step, e.why) for e in ledger.read(control_dir_for(spec.checkpoint_dir, spec.output_dir, str(job)))
                     if isinstance(e, ledger.SnapshotRestore)]
         assert len(restores) == 2 and restores[1][0] is None, restores
-        assert re.fullmatch(r"step \d+: no copy of rank 2 and 1 more on a living node", restores[1][1]), restores
+        # each used copy is verified as it is read: the corrupted newest refused, the older gone
+        assert re.fullmatch(r"snapshot of step (\d+) refused: rank 2: node1 could not read its replica of step \1; "
+                            r"step \1: no copy of rank 2 and 1 more on a living node", restores[1][1]), restores
         assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
         assert training.leftover_trainers(job) == []
 
@@ -321,5 +330,6 @@ def test_j_a_requeue_onto_the_node_that_kept_the_replicas_restores_from_them(clu
         assert restores == [(f"{job}.0", None), (f"{job}.1", step)], restores
         assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
         assert training.leftover_trainers(job) == []
+        assert _snapshots_left(cluster, job) == []
     finally:
         _restore(cluster, victim)

@@ -95,11 +95,13 @@ def test_a_corrupted_replica_falls_back_to_the_older_snapshot_or_the_checkpoint(
     data[len(data) // 2] ^= 0xFF
     state.write_bytes(bytes(data))
     results = _run(trained, {0: "n1", 1: "n1", 2: "n3", 3: "n3"}, "restore", "4")
+    # step 10's replica of rank 3 fails its digest as n1 reads it: every rank plans again without it
+    refused = "snapshot of step 10 refused: rank 3: n1 could not read its replica of step 10"
     assert [r["step"] for r in results] == [5] * 4              # step 10 lacks rank 3: step 5 is whole
-    assert results[0]["why"] == "snapshot of step 5, ranks 2,3 pulled from their replicas"
+    assert results[0]["why"] == f"snapshot of step 5, ranks 2,3 pulled from their replicas ({refused})"
     results = _run(trained, {0: "n1", 1: "n1", 2: "n3", 3: "n3"}, "restore", "5")
     assert [(r["step"], r["why"]) for r in results] == [
-        (None, "step 10: no copy of rank 3 on a living node")] * 4
+        (None, f"{refused}; step 10: no copy of rank 3 on a living node")] * 4
 
 
 def test_both_nodes_of_a_pair_lost_uses_the_checkpoint(trained):

@@ -71,3 +71,22 @@ def test_bad_file_names_are_refused(store):
     for name in ("", "../x", ".hidden", "a/b"):
         with pytest.raises(CheckpointError, match="one plain name per file"):
             store.save_own(0, 10, {name: b"1"})
+
+
+def test_a_finished_rank_removes_its_copies_and_stale_jobs_are_swept(store, tmp_path):
+    for rank in (0, 1):
+        store.save_own(rank, 5, {"state.pt": b"x"})
+    store.save_replica(2, 5, {"state.pt": b"y"})
+    store.remove(0, [2])
+    assert sorted(path.name for path in store.root.iterdir()) == ["rank1"]
+    store.remove(1, [])
+    assert not store.root.exists()                       # the last one takes the job's directory
+    ended = SnapshotStore(tmp_path, "41-ended", "n1")
+    ended.save_own(0, 5, {"state.pt": b"x"})
+    running = SnapshotStore(tmp_path, "42-running", "n1")
+    running.save_own(0, 5, {"state.pt": b"x"})
+    day_ago = ended.root.stat().st_mtime - 25 * 3600
+    for path in [ended.root, *ended.root.rglob("*")]:
+        os.utime(path, (day_ago, day_ago))
+    SnapshotStore(tmp_path, "43-new", "n1").sweep_stale(now=running.root.stat().st_mtime + 60)
+    assert not ended.root.exists() and running.inventory() == [Copy(0, 5, "n1", True, 0)]

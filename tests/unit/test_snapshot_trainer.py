@@ -72,6 +72,7 @@ def test_a_restart_resumes_from_the_snapshot_with_the_uninterrupted_runs_hash(cr
     assert final and final[0]["state_sha256"] == reference_hash
     assert _restores(tmp_path) == [
         ("5.0", None, "no verified snapshot on the living nodes"), ("5.0.1", 6, "snapshot of step 6")]
+    assert not list((tmp_path / "memory").glob("*/snapshots/*/*"))      # completed: node memory freed
 
 
 def test_after_silent_data_corruption_no_snapshot_is_restored(crashed):
