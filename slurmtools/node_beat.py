@@ -132,10 +132,18 @@ def clear(directory: Path) -> None:
 def sweep_stale(directory: Path, now: float, stale_after_s: float = STALE_AFTER_S) -> None:
     """Remove the other launch directories beside directory's (this user's, per attempt) that no
     rank has written for stale_after_s: ended jobs leave no litter in node memory."""
-    launch = directory.parent
-    for other in launch.parent.iterdir() if launch.parent.is_dir() else []:
-        if other == launch or other.is_symlink() or not other.is_dir():
-            continue
+    remove_stale_dirs(directory.parent, now, stale_after_s)
+
+
+def remove_stale_dirs(keep: Path, now: float, stale_after_s: float) -> None:
+    """Remove the directories beside keep (not keep, nor a link) in which nothing was written
+    (itself, its entries, theirs) for stale_after_s."""
+    try:
+        others = [Path(entry.path) for entry in os.scandir(keep.parent)
+                  if entry.is_dir(follow_symlinks=False) and entry.name != keep.name]
+    except OSError:
+        return
+    for other in others:
         try:
             newest = max([other.stat().st_mtime] + [path.stat().st_mtime for path in other.glob("*/*")])
         except OSError:

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Union
 from slurmtools import digests
 from slurmtools.checkpoint import CheckpointManager, verify_dir
 from slurmtools.errors import CheckpointError
-from slurmtools.node_beat import own_private_dir, user_root
+from slurmtools.node_beat import own_private_dir, remove_stale_dirs, user_root
 from slurmtools.snapshot import KEEP, SNAPSHOTS_SUBDIR, Copy, own_dir, parse_copy_dir, replica_dir
 
 
@@ -79,18 +79,7 @@ class SnapshotStore:
     def sweep_stale(self, now: float, stale_after_s: float = STALE_AFTER_S) -> None:
         """Remove this user's other jobs' snapshots on this node that nobody wrote for
         stale_after_s (a job that crashed or was cancelled never finished to remove them)."""
-        try:
-            others = [Path(entry.path) for entry in os.scandir(self.root.parent)
-                      if entry.is_dir(follow_symlinks=False) and entry.name != self.root.name]
-        except OSError:
-            return
-        for other in others:
-            try:
-                newest = max([other.stat().st_mtime] + [path.stat().st_mtime for path in other.glob("*/*")])
-            except OSError:
-                continue
-            if now - newest > stale_after_s:
-                shutil.rmtree(other, ignore_errors=True)
+        remove_stale_dirs(self.root, now, stale_after_s)
 
     def inventory(self, checksums: bool = True) -> List[Copy]:
         """Every verified copy on this node (own and replicas), newest first per rank."""
