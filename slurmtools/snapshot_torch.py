@@ -192,13 +192,13 @@ def _fetch(store: SnapshotStore, rank: int, hosts: Mapping[int, str], plan: Any,
     parallel); (data, None), or (b"", (why, the copy that failed))."""
     pulls = plan.pulls(hosts)
     data: Any = b""
+    problem: Optional[Tuple[str, Dict[str, Any]]] = None
     if rank not in pulls:
         try:
             data = store.read(plan.sources[rank])[STATE_FILE]
-        except (CheckpointError, KeyError) as exc:
-            return b"", (f"rank {rank}: {exc}", asdict(plan.sources[rank]))
+        except (CheckpointError, KeyError) as exc:       # it still serves its pulls: nobody waits for ever
+            problem = (f"rank {rank}: {exc}", asdict(plan.sources[rank]))
     served: Dict[str, int] = {}
-    problem: Optional[Tuple[str, Dict[str, Any]]] = None
     for target in sorted(pulls):
         copy = pulls[target]
         holders = sorted(other for other, host in hosts.items() if host == copy.host)

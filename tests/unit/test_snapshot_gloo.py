@@ -104,6 +104,22 @@ def test_a_corrupted_replica_falls_back_to_the_older_snapshot_or_the_checkpoint(
         (None, f"{refused}; step 10: no copy of rank 3 on a living node")] * 4
 
 
+def test_a_rank_whose_own_copy_is_corrupted_still_serves_its_pull_and_all_plan_again(trained):
+    """Rank 0's own copy of step 10 fails its digest, and rank 0 serves rank 2's pull of step 10:
+    it serves it all the same (nobody waits for ever), and every rank plans again: step 5."""
+    shutil.rmtree(trained / "memory" / "n2")
+    root = next((trained / "memory" / "n1").glob("slurmtools-*/snapshots/77-job"))
+    state = root / "rank0" / "step_10" / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    results = _run(trained, {0: "n1", 1: "n1", 2: "n3", 3: "n3"}, "restore", "4")
+    assert [r["step"] for r in results] == [5] * 4
+    why = results[0]["why"]
+    assert why.startswith("snapshot of step 5, ranks 2,3 pulled from their replicas (snapshot of step 10 refused: "
+                          "rank 0: snapshot ") and why.endswith("rank0/step_10: checksum mismatch in state.pt)"), why
+
+
 def test_both_nodes_of_a_pair_lost_uses_the_checkpoint(trained):
     for node in ("n1", "n2"):
         shutil.rmtree(trained / "memory" / node)
