@@ -87,13 +87,18 @@ def test_a_lost_node_is_restored_on_a_spare_from_its_replicas(trained):
     assert results[0]["why"] == "snapshot of step 10, ranks 2,3 pulled from their replicas"
 
 
-def test_a_corrupted_replica_falls_back_to_the_older_snapshot_or_the_checkpoint(trained):
+def _lose_n2_and_corrupt(trained, copy_dir: str) -> None:
+    """Node n2 lost, and one byte flipped in the step-10 state of n1's copy directory copy_dir."""
     shutil.rmtree(trained / "memory" / "n2")
     root = next((trained / "memory" / "n1").glob("slurmtools-*/snapshots/77-job"))
-    state = root / "replica-of-rank3" / "step_10" / "state.pt"
+    state = root / copy_dir / "step_10" / "state.pt"
     data = bytearray(state.read_bytes())
     data[len(data) // 2] ^= 0xFF
     state.write_bytes(bytes(data))
+
+
+def test_a_corrupted_replica_falls_back_to_the_older_snapshot_or_the_checkpoint(trained):
+    _lose_n2_and_corrupt(trained, "replica-of-rank3")
     results = _run(trained, {0: "n1", 1: "n1", 2: "n3", 3: "n3"}, "restore", "4")
     # step 10's replica of rank 3 fails its digest as n1 reads it: every rank plans again without it
     refused = "snapshot of step 10 refused: rank 3: n1 could not read its replica of step 10"
@@ -107,12 +112,7 @@ def test_a_corrupted_replica_falls_back_to_the_older_snapshot_or_the_checkpoint(
 def test_a_rank_whose_own_copy_is_corrupted_still_serves_its_pull_and_all_plan_again(trained):
     """Rank 0's own copy of step 10 fails its digest, and rank 0 serves rank 2's pull of step 10:
     it serves it all the same (nobody waits for ever), and every rank plans again: step 5."""
-    shutil.rmtree(trained / "memory" / "n2")
-    root = next((trained / "memory" / "n1").glob("slurmtools-*/snapshots/77-job"))
-    state = root / "rank0" / "step_10" / "state.pt"
-    data = bytearray(state.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    state.write_bytes(bytes(data))
+    _lose_n2_and_corrupt(trained, "rank0")
     results = _run(trained, {0: "n1", 1: "n1", 2: "n3", 3: "n3"}, "restore", "4")
     assert [r["step"] for r in results] == [5] * 4
     why = results[0]["why"]
