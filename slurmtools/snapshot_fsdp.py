@@ -105,18 +105,21 @@ class Session:
         from slurmtools.requeue import ledger
         from slurmtools.requeue.policy import Cause
         started = time.monotonic()
-        refusal: List[Optional[str]] = [None]
-        if dist.get_rank() == 0 and self.control_dir is not None:       # one reader of the ledger
-            ends = [event for event in ledger.read(self.control_dir) if isinstance(event, ledger.AttemptEnd)]
-            refusal[0] = refused_after(bool(ends) and ends[-1].cause == Cause.SDC.value)
-        dist.broadcast_object_list(refusal, src=0, group=self.snapshotter.group)
+        # rank 0 alone reads the ledger and the checkpoints' manifests (thousands of ranks reading
+        # them at once would load the shared file system's metadata server for nothing)
+        decided: List[Optional[Any]] = [None, None]      # [why no snapshot, the newest checkpoint's step]
+        if dist.get_rank() == 0:
+            if self.control_dir is not None:
+                ends = [event for event in ledger.read(self.control_dir) if isinstance(event, ledger.AttemptEnd)]
+                decided[0] = refused_after(bool(ends) and ends[-1].cause == Cause.SDC.value)
+            complete = manager.complete() if manager is not None else []
+            decided[1] = complete[0].step if complete else None
+        dist.broadcast_object_list(decided, src=0, group=self.snapshotter.group)
         step: Optional[int] = None
         state: Any = None
-        why = refusal[0] or ""
+        why = decided[0] or ""
         if not why:
-            complete = manager.complete() if manager is not None else []
-            checkpoint_step = complete[0].step if complete else None
-            step, state, why = restore(self.snapshotter.store, dist.get_rank(), self.hosts, checkpoint_step,
+            step, state, why = restore(self.snapshotter.store, dist.get_rank(), self.hosts, decided[1],
                                        self.snapshotter.group)
         if state is not None:
             apply(model, optim, trainer_state, state)
