@@ -43,7 +43,7 @@ class Checkpoint:
     manifest: Dict[str, Any]
 
 
-def _open_regular(path: Path) -> int:
+def open_regular_fd(path: Path) -> int:
     """An fd for path only if it is a regular file: never follows a symlink, never blocks on a
     FIFO or device (a hostile manifest may name /dev/zero, a FIFO, or `../outside`)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -55,14 +55,14 @@ def _open_regular(path: Path) -> int:
 
 def file_digest(path: Path, algorithm: str = digests.ALGORITHM) -> str:
     digest = digests.new(algorithm)
-    with os.fdopen(_open_regular(path), "rb") as handle:
+    with os.fdopen(open_regular_fd(path), "rb") as handle:
         for chunk in iter(lambda: handle.read(_HASH_CHUNK), b""):
             digest.update(chunk)
     return str(digest.hexdigest())
 
 
 def _read_manifest(path: Path) -> Dict[str, Any]:
-    with os.fdopen(_open_regular(path), "rb") as handle:
+    with os.fdopen(open_regular_fd(path), "rb") as handle:
         raw = handle.read(MAX_MANIFEST_BYTES + 1)
     if len(raw) > MAX_MANIFEST_BYTES:
         raise ValueError(f"larger than {MAX_MANIFEST_BYTES} bytes")

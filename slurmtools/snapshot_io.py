@@ -8,14 +8,14 @@ write it): a snapshot another user could plant is never restored.
 """
 from __future__ import annotations
 
+import io
 import os
 import shutil
-import stat
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from slurmtools import digests
-from slurmtools.checkpoint import CheckpointManager, verify_dir
+from slurmtools.checkpoint import CheckpointManager, open_regular_fd, verify_dir
 from slurmtools.errors import CheckpointError
 from slurmtools.node_beat import own_private_dir, remove_stale_dirs, user_root
 from slurmtools.snapshot import KEEP, SNAPSHOTS_SUBDIR, Copy, own_dir, parse_copy_dir, replica_dir
@@ -66,6 +66,19 @@ class SnapshotStore:
             shutil.rmtree(stale, ignore_errors=True)
         return checkpoint.path
 
+    def incoming(self, rank: int, size: int) -> Path:
+        """A file of size bytes in the job's directory (ours alone) for what rank pulls: received
+        straight into its pages and loaded from them without a copy; the caller removes it."""
+        if not self.usable():
+            raise CheckpointError(f"{self.root}: not a directory of this user's own (missing, or others can write it)")
+        path = self.root / f".incoming-rank{rank}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+        return path
+
     def remove(self, rank: int, kept_for: List[int]) -> None:
         """This rank's own copies and the replicas it keeps for kept_for: the job is done with them
         (its training completed) and node memory is scarce; the job's directory goes when empty."""
@@ -98,12 +111,28 @@ class SnapshotStore:
                 copies.append(Copy(rank, checkpoint.step, self.host, own, world if isinstance(world, int) else 0))
         return copies
 
-    def read(self, copy: Copy) -> Dict[str, bytes]:
-        """The files of a copy on this node, verified against its manifest as they are read."""
+    def _sealed(self, copy: Copy) -> Tuple[Path, Dict[str, Any]]:
+        """A copy's directory on this node and its manifest (the seal checked, not the bytes)."""
         directory = (own_dir if copy.own else replica_dir)(self.root, copy.of_rank) / f"step_{copy.step}"
         ok, why, manifest = verify_dir(directory, checksums=False, step=copy.step)
         if not ok:
             raise CheckpointError(f"snapshot {directory}: {why}")
+        return directory, manifest
+
+    def locate(self, copy: Copy, name: str) -> Tuple[Path, int, Tuple[str, str]]:
+        """Where one file of a copy is, its size and the (algorithm, hex) digest its manifest
+        records, for a pull: the holder sends the bytes unread by Python and the puller checks
+        them against that digest, which catches a copy spoiled in memory and one spoiled on the wire."""
+        directory, manifest = self._sealed(copy)
+        info = manifest["files"].get(name)
+        recorded = digests.entry_digest(info)
+        if not isinstance(info, dict) or recorded is None or not isinstance(info.get("size"), int):
+            raise CheckpointError(f"snapshot {directory}: no {name} in its manifest")
+        return directory / name, info["size"], recorded
+
+    def read(self, copy: Copy) -> Dict[str, bytes]:
+        """The files of a copy on this node, verified against its manifest as they are read."""
+        directory, manifest = self._sealed(copy)
         out: Dict[str, bytes] = {}
         for name, info in manifest["files"].items():
             data = _read_regular(directory / name, info["size"])
@@ -118,22 +147,30 @@ class SnapshotStore:
         return out
 
 
-def _read_regular(path: Path, size: int) -> Optional[bytes]:
-    """A regular file of exactly size bytes (no link, FIFO or device), read whole; None otherwise."""
+def open_regular(path: Path, size: int) -> Optional[io.FileIO]:
+    """path opened unbuffered when it is a regular file of exactly size bytes (never a link, FIFO or
+    device: a snapshot directory is ours alone, but what a node's memory holds is checked)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_regular_fd(path)
     except (OSError, ValueError):
         return None
     try:
-        info = os.fstat(fd)
-        regular = stat.S_ISREG(info.st_mode) and info.st_size == size
+        same_size = os.fstat(fd).st_size == size
     except OSError:
-        regular = False
-    if not regular:
+        same_size = False
+    if not same_size:
         os.close(fd)
         return None
+    return io.FileIO(fd, "rb")
+
+
+def _read_regular(path: Path, size: int) -> Optional[bytes]:
+    """A regular file of exactly size bytes, read whole (one buffer of its size); None otherwise."""
+    handle = open_regular(path, size)
+    if handle is None:
+        return None
     try:
-        with os.fdopen(fd, "rb", buffering=0) as handle:      # one buffer of the file's size
+        with handle:
             data = handle.readall()
     except OSError:
         return None

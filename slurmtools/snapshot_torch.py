@@ -16,20 +16,19 @@ from __future__ import annotations
 import io
 import threading
 import time
-import warnings
 from dataclasses import asdict
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import IO, Any, Dict, List, Mapping, Optional, Tuple, cast
 
 import torch
 import torch.distributed as dist
 
-from slurmtools import digests
 from slurmtools.errors import CheckpointError
 from slurmtools.snapshot import Copy, over_limit, peer_of, plan_restore, replicas_kept_by
-from slurmtools.snapshot_io import SnapshotStore
+from slurmtools.snapshot_io import SnapshotStore, open_regular
+from slurmtools.snapshot_wire import ViewReader, exchange, pull, serve
 
 STATE_FILE = "state.pt"
-_DIGEST_BYTES = 16          # xxh3-128, raw, ahead of each pulled payload
 
 
 def side_group() -> Any:
@@ -37,16 +36,24 @@ def side_group() -> Any:
     return dist.new_group(backend="gloo")
 
 
-def to_host(state: Any) -> Any:
+def to_host(state: Any, reuse: Any = None) -> Any:
     """A copy of state with every tensor in host memory, detached (the next optimizer step must not
-    change the snapshot); a DTensor as its local shard."""
+    change the snapshot); a DTensor as its local shard. reuse: the previous snapshot's copy, whose
+    tensors of the same shape and dtype are written over instead of allocated again (a fresh
+    allocation faults in every page: most of the stall, measured by bench/snapshot.py)."""
     if isinstance(state, torch.Tensor):
         local = state.to_local() if hasattr(state, "to_local") else state
+        if (isinstance(reuse, torch.Tensor) and reuse.shape == local.shape and reuse.dtype == local.dtype
+                and reuse.device.type == "cpu" and reuse.is_contiguous()):
+            return reuse.copy_(local.detach())
         return local.detach().to("cpu", copy=True)
     if isinstance(state, dict):
-        return {key: to_host(value) for key, value in state.items()}
+        previous = reuse if isinstance(reuse, dict) else {}
+        return {key: to_host(value, previous.get(key)) for key, value in state.items()}
     if isinstance(state, (list, tuple)):
-        return type(state)(to_host(value) for value in state)
+        previous_items = list(reuse) if isinstance(reuse, (list, tuple)) and len(reuse) == len(state) else []
+        return type(state)(to_host(value, previous_items[i] if previous_items else None)
+                           for i, value in enumerate(state))
     return state
 
 
@@ -56,34 +63,32 @@ def serialize(state: Any) -> bytes:
     return buffer.getvalue()
 
 
-def deserialize(data: bytes) -> Any:
-    return torch.load(io.BytesIO(data), weights_only=True)
+def deserialize(data: Any) -> Any:
+    """The state in data: bytes, a received buffer (read in place), or a file in node memory
+    (mapped: its tensors use the file's pages, no copy; the file may be removed once loaded)."""
+    if isinstance(data, Path):
+        return torch.load(str(data), mmap=True, weights_only=True)
+    source = io.BytesIO(data) if isinstance(data, bytes) else ViewReader(memoryview(data))
+    return torch.load(cast(IO[bytes], source), weights_only=True)
 
 
-def _as_tensor(data: bytes) -> torch.Tensor:
-    """data as a tensor without a copy (gloo only reads what it sends)."""
-    if not data:
-        return torch.empty(0, dtype=torch.uint8)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        return torch.frombuffer(data, dtype=torch.uint8)
-
-
-def _wait(requests: Sequence[Any]) -> None:
-    for request in requests:
-        request.wait()
-
-
-def exchange(data: bytes, peer: Optional[int], sources: Sequence[int], group: Any) -> Dict[int, memoryview]:
-    """Send data to peer and receive each source's (their sizes first), all at once; what came in
-    is a view of the received buffer, not a copy."""
-    sizes = {source: torch.zeros(1, dtype=torch.int64) for source in sources}
-    sends = [dist.isend(torch.tensor([len(data)], dtype=torch.int64), peer, group=group)] if peer is not None else []
-    _wait(sends + [dist.irecv(sizes[source], source, group=group) for source in sources])
-    buffers = {source: torch.empty(int(sizes[source].item()), dtype=torch.uint8) for source in sources}
-    sends = [dist.isend(_as_tensor(data), peer, group=group)] if peer is not None else []
-    _wait(sends + [dist.irecv(buffers[source], source, group=group) for source in sources])
-    return {source: buffers[source].numpy().data for source in sources}
+def _receive_buffer(store: SnapshotStore, rank: int, size: int, incoming: List[Path]) -> torch.Tensor:
+    """Where a pull of size bytes lands: a file in the job's node memory, mapped (shared: what is
+    received is in the file, and loading maps the same pages), noted in incoming; in process
+    memory when there is no such file to be had."""
+    if size > 0:
+        try:
+            path = store.incoming(rank, size)
+        except (CheckpointError, OSError):
+            return torch.empty(size, dtype=torch.uint8)
+        try:
+            buffer = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
+        except (RuntimeError, OSError):
+            path.unlink(missing_ok=True)
+            return torch.empty(size, dtype=torch.uint8)
+        incoming.append(path)
+        return buffer
+    return torch.empty(0, dtype=torch.uint8)
 
 
 class Snapshotter:
@@ -101,6 +106,7 @@ class Snapshotter:
         # a daemon thread per snapshot, not an executor: a rank that crashes while its peer is gone
         # must not wait at exit for an exchange that never ends (executors are joined at exit)
         self._pending: Optional[Tuple[int, threading.Thread, List[str]]] = None
+        self._host: Any = None      # the last snapshot's host copy, written over by the next
 
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and step > 0 and step % self.every_steps == 0
@@ -109,8 +115,9 @@ class Snapshotter:
         """Copy state to host memory now; seal and replicate it in the background. A snapshot
         still replicating is waited for first: the next never overtakes it on the wire."""
         started = time.monotonic()
-        self.wait()
-        host_state = to_host(state)
+        self.wait()                 # the previous copy is serialized: its buffers are free again
+        host_state = to_host(state, self._host)
+        self._host = host_state
         self.stall_s += time.monotonic() - started
         errors: List[str] = []
         thread = threading.Thread(target=self._run, args=(step, host_state, errors), name="snapshot", daemon=True)
@@ -148,12 +155,6 @@ class Snapshotter:
             self.store.save_replica(source, step, {STATE_FILE: payload}, {"world": self.world, "rank": source})
 
 
-def _digest(data: bytes) -> bytes:
-    digest = digests.new()
-    digest.update(data)
-    return bytes(digest.digest())
-
-
 def restore(store: SnapshotStore, rank: int, hosts: Mapping[int, str], checkpoint_step: Optional[int],
             group: Any) -> Tuple[Optional[int], Any, str]:
     """(step, this rank's state, why) from the snapshots, or (None, None, why): restore from the
@@ -179,7 +180,12 @@ def restore(store: SnapshotStore, rank: int, hosts: Mapping[int, str], checkpoin
             pulls = plan.pulls(hosts)
             pulled = f", ranks {','.join(map(str, sorted(pulls)))} pulled from their replicas" if pulls else ""
             earlier = f" ({'; '.join(refused)})" if refused else ""
-            return plan.step, deserialize(data), f"{plan.why}{pulled}{earlier}"
+            try:
+                state = deserialize(data)
+            finally:
+                if isinstance(data, Path):
+                    data.unlink(missing_ok=True)      # its pages live on in the loaded tensors only
+            return plan.step, state, f"{plan.why}{pulled}{earlier}"
         refused.append(f"snapshot of step {plan.step} refused: {failed[0][0]}")
         unusable = {Copy(**fields) for _, fields in failed}
         copies = [copy for copy in copies if copy not in unusable]
@@ -189,15 +195,10 @@ def _fetch(store: SnapshotStore, rank: int, hosts: Mapping[int, str], plan: Any,
            ) -> Tuple[Any, Optional[Tuple[str, Dict[str, Any]]]]:
     """This rank's bytes of the plan: its own node's copy, or pulled from the node that holds it
     (each pull served by another rank of that node in turn, so a lost node's ranks pull in
-    parallel); (data, None), or (b"", (why, the copy that failed))."""
+    parallel; snapshot_wire pipelines it); (data, None), or (b"", (why, the copy that failed))."""
     pulls = plan.pulls(hosts)
     data: Any = b""
     problem: Optional[Tuple[str, Dict[str, Any]]] = None
-    if rank not in pulls:
-        try:
-            data = store.read(plan.sources[rank])[STATE_FILE]
-        except (CheckpointError, KeyError) as exc:       # it still serves its pulls: nobody waits for ever
-            problem = (f"rank {rank}: {exc}", asdict(plan.sources[rank]))
     served: Dict[str, int] = {}
     for target in sorted(pulls):
         copy = pulls[target]
@@ -205,18 +206,39 @@ def _fetch(store: SnapshotStore, rank: int, hosts: Mapping[int, str], plan: Any,
         server = holders[served.get(copy.host, 0) % len(holders)]
         served[copy.host] = served.get(copy.host, 0) + 1
         if rank == server:
-            try:
-                files = store.read(copy)[STATE_FILE]
-                payload = _digest(files) + files
-            except (CheckpointError, KeyError):
-                payload = b""
-            exchange(payload, target, [], group)
+            _serve(store, copy, target, group)
         elif rank == target:
-            received = memoryview(exchange(b"", None, [server], group)[server])
-            data = received[_DIGEST_BYTES:]
-            if len(received) <= _DIGEST_BYTES:
+            incoming: List[Path] = []
+            received, failure = pull(server, group, lambda size: _receive_buffer(store, rank, size, incoming))
+            data = (incoming[0] if incoming else received) if received is not None else b""
+            if received is None:
+                for path in incoming:
+                    path.unlink(missing_ok=True)
+            if failure == "unreadable":
                 problem = (f"rank {rank}: {copy.host} could not read its replica of step {copy.step}", asdict(copy))
-            elif _digest(data) != bytes(received[:_DIGEST_BYTES]):
+            elif failure:
                 problem = (f"rank {rank}: the replica of step {copy.step} pulled from {copy.host} does not match "
                            f"its digest", asdict(copy))
+    # its own copy after the pulls it serves: a puller waits for them, nobody waits for this read
+    # (and a rank whose own copy fails has served them all the same)
+    if rank not in pulls:
+        try:
+            data = store.read(plan.sources[rank])[STATE_FILE]
+        except (CheckpointError, KeyError) as exc:
+            problem = (f"rank {rank}: {exc}", asdict(plan.sources[rank]))
     return data, problem
+
+
+def _serve(store: SnapshotStore, copy: Copy, target: int, group: Any) -> None:
+    """Send copy's state to target; one this node cannot find or open is sent as unreadable."""
+    try:
+        path, size, digest = store.locate(copy, STATE_FILE)
+    except CheckpointError:
+        serve(None, 0, ("", ""), target, group)
+        return
+    handle = open_regular(path, size)
+    try:
+        serve(handle, size, digest, target, group)
+    finally:
+        if handle is not None:
+            handle.close()

@@ -279,7 +279,7 @@ def _spoil_replicas(cluster, node: str, job: int) -> List[str]:
 def test_i_spoiled_replicas_fall_back_to_the_persistent_checkpoint_with_the_same_hash(cluster, workdir, reference_run):
     """As h, with a persistent checkpoint every 4 steps, but the replicas node1 kept of node2's ranks
     are spoiled (the newest corrupted, the older missing) before the restart: the spare's ranks find no
-    verified copy (the corrupted one fails its digest as it is read, and every rank plans again
+    verified copy (the corrupted one fails its digest as it is pulled, and every rank plans again
     without it), every rank resumes from the newest checkpoint instead (no rank restores from a snapshot
     while another uses the checkpoint), the ledger says why, and the final hash is the reference's."""
     spec = training.training_spec(workdir, "snapspoiled", extra=["--step-sleep-s", "0.5"],
@@ -294,8 +294,10 @@ def test_i_spoiled_replicas_fall_back_to_the_persistent_checkpoint_with_the_same
         restores = [(e.step, e.why) for e in ledger.read(control_dir_for(spec.checkpoint_dir, spec.output_dir, str(job)))
                     if isinstance(e, ledger.SnapshotRestore)]
         assert len(restores) == 2 and restores[1][0] is None, restores
-        # each used copy is verified as it is read: the corrupted newest refused, the older gone
-        assert re.fullmatch(r"snapshot of step (\d+) refused: rank 2: node1 could not read its replica of step \1; "
+        # a pulled copy is checked against the digest its manifest records as it arrives: the
+        # corrupted newest refused, the older gone
+        assert re.fullmatch(r"snapshot of step (\d+) refused: rank 2: the replica of step \1 pulled from node1 does not "
+                            r"match its digest; "
                             r"step \1: no copy of rank 2 and 1 more on a living node", restores[1][1]), restores
         assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
         assert training.leftover_trainers(job) == []

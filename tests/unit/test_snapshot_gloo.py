@@ -19,7 +19,8 @@ from tests.unit.test_flight_recorder import _free_port
 RANK_SCRIPT = r"""
 import datetime, json, os, pathlib, sys, torch, torch.distributed as dist
 from slurmtools.snapshot_io import SnapshotStore
-from slurmtools import snapshot_torch
+from slurmtools import snapshot_torch, snapshot_wire
+snapshot_wire.CHUNK_BYTES = 1000     # a ~4-KB state pulled in five chunks: the pipeline's two buffers reused
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank, hosts = dist.get_rank(), {int(k): v for k, v in json.loads(os.environ["HOSTS"]).items()}
 store = SnapshotStore(pathlib.Path(os.environ["MEMORY"]) / hosts[rank], "77-job", hosts[rank])
@@ -85,6 +86,9 @@ def test_a_lost_node_is_restored_on_a_spare_from_its_replicas(trained):
     results = _run(trained, {0: "n1", 1: "n1", 2: "n3", 3: "n3"}, "restore", "4")
     assert [(r["step"], r["exact"]) for r in results] == [(10, True)] * 4
     assert results[0]["why"] == "snapshot of step 10, ranks 2,3 pulled from their replicas"
+    # the pulls were received into files of the spare's node memory and loaded from them: gone now
+    assert list((trained / "memory" / "n3").glob("slurmtools-*/snapshots/77-job/.incoming-*")) == []
+    assert list((trained / "memory" / "n3").glob("slurmtools-*/snapshots/77-job")) != []
 
 
 def _lose_n2_and_corrupt(trained, copy_dir: str) -> None:
@@ -100,8 +104,9 @@ def _lose_n2_and_corrupt(trained, copy_dir: str) -> None:
 def test_a_corrupted_replica_falls_back_to_the_older_snapshot_or_the_checkpoint(trained):
     _lose_n2_and_corrupt(trained, "replica-of-rank3")
     results = _run(trained, {0: "n1", 1: "n1", 2: "n3", 3: "n3"}, "restore", "4")
-    # step 10's replica of rank 3 fails its digest as n1 reads it: every rank plans again without it
-    refused = "snapshot of step 10 refused: rank 3: n1 could not read its replica of step 10"
+    # step 10's replica of rank 3 fails the digest its manifest records as rank 3 pulls it: every
+    # rank plans again without it
+    refused = "snapshot of step 10 refused: rank 3: the replica of step 10 pulled from n1 does not match its digest"
     assert [r["step"] for r in results] == [5] * 4              # step 10 lacks rank 3: step 5 is whole
     assert results[0]["why"] == f"snapshot of step 5, ranks 2,3 pulled from their replicas ({refused})"
     results = _run(trained, {0: "n1", 1: "n1", 2: "n3", 3: "n3"}, "restore", "5")

@@ -3,14 +3,19 @@ copies and replicas sealed as checkpoints, two kept, an inventory of the verifie
 back verified; a directory others can write is refused."""
 from __future__ import annotations
 
+import io
 import os
 
 import pytest
+import torch
+import xxhash
 
 from slurmtools import snapshot
 from slurmtools.errors import CheckpointError
 from slurmtools.snapshot import Copy
-from slurmtools.snapshot_io import SnapshotStore
+from slurmtools.snapshot_io import SnapshotStore, open_regular
+from slurmtools.snapshot_torch import deserialize, serialize
+from slurmtools.snapshot_wire import ViewReader
 
 
 @pytest.fixture
@@ -90,3 +95,41 @@ def test_a_finished_rank_removes_its_copies_and_stale_jobs_are_swept(store, tmp_
         os.utime(path, (day_ago, day_ago))
     SnapshotStore(tmp_path, "43-new", "n1").sweep_stale(now=running.root.stat().st_mtime + 60)
     assert not ended.root.exists() and running.inventory() == [Copy(0, 5, "n1", True, 0)]
+
+
+def test_a_pull_is_located_by_its_manifest_and_only_a_regular_file_of_its_sealed_size_is_opened(store):
+    """locate gives the file, its size and the digest its manifest records (the puller checks the
+    bytes against it); open_regular refuses the file once its size or kind changed."""
+    path = store.save_replica(2, 30, {"state.pt": b"peer state"})
+    located, size, (algorithm, digest) = store.locate(Copy(2, 30, "node1", False), "state.pt")
+    assert (located, size, algorithm) == (path / "state.pt", 10, "xxh3_128")
+    assert digest == xxhash.xxh3_128(b"peer state").hexdigest()
+    with open_regular(located, size) as handle:
+        assert handle.read() == b"peer state"
+    assert open_regular(located, size + 1) is None
+    with pytest.raises(CheckpointError, match=r"no other.pt in its manifest"):
+        store.locate(Copy(2, 30, "node1", False), "other.pt")
+    with pytest.raises(CheckpointError, match=r"step_20"):
+        store.locate(Copy(2, 20, "node1", False), "state.pt")
+    located.unlink()
+    located.symlink_to("/dev/zero")
+    assert open_regular(located, size) is None
+
+
+def test_a_received_buffer_loads_in_place_and_reads_like_a_file():
+    state = {"weights": torch.arange(1000, dtype=torch.float32), "step": 7}
+    data = serialize(state)
+    received = torch.frombuffer(bytearray(data), dtype=torch.uint8).numpy().data
+    loaded = deserialize(received)
+    assert torch.equal(loaded["weights"], state["weights"]) and loaded["step"] == 7
+    reader = ViewReader(memoryview(b"abcdef"))
+    assert (reader.read(2), reader.tell(), reader.seek(-1, io.SEEK_END), reader.read(), reader.read(3)) == (
+        b"ab", 2, 5, b"f", b"")
+    assert (reader.seek(1), reader.read(2), reader.seek(1, io.SEEK_CUR), reader.read()) == (1, b"bc", 4, b"ef")
+
+
+def test_a_pull_lands_in_a_private_file_of_its_size_in_the_jobs_directory(store):
+    path = store.incoming(3, 1000)
+    assert (path.parent, path.name, path.stat().st_size) == (store.root, ".incoming-rank3", 1000)
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert store.incoming(3, 10).stat().st_size == 10          # a later pull of the same rank starts afresh
