@@ -71,10 +71,15 @@ class SnapshotStore:
         straight into its pages and loaded from them without a copy; the caller removes it."""
         if not self.usable():
             raise CheckpointError(f"{self.root}: not a directory of this user's own (missing, or others can write it)")
-        path = self.root / f".incoming-rank{rank}"
+        path = incoming_path(self.root, rank)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            os.ftruncate(fd, size)
+            # its pages reserved now: a mapped file on a full tmpfs would SIGBUS the rank as the
+            # bytes arrive, where a refused reservation is an OSError the caller falls back from
+            os.posix_fallocate(fd, 0, size)
+        except OSError:
+            path.unlink(missing_ok=True)
+            raise
         finally:
             os.close(fd)
         return path
@@ -84,6 +89,7 @@ class SnapshotStore:
         (its training completed) and node memory is scarce; the job's directory goes when empty."""
         for directory in [own_dir(self.root, rank)] + [replica_dir(self.root, source) for source in kept_for]:
             shutil.rmtree(directory, ignore_errors=True)
+        incoming_path(self.root, rank).unlink(missing_ok=True)    # a pull a crash left behind
         try:
             self.root.rmdir()
         except OSError:
@@ -145,6 +151,11 @@ class SnapshotStore:
                 raise CheckpointError(f"snapshot {directory}: checksum mismatch in {name}")
             out[name] = data
         return out
+
+
+def incoming_path(root: Path, rank: int) -> Path:
+    """Where rank's pull lands in the job's directory (one at a time: a new pull starts afresh)."""
+    return root / f".incoming-rank{rank}"
 
 
 def open_regular(path: Path, size: int) -> Optional[io.FileIO]:

@@ -210,8 +210,9 @@ def _fetch(store: SnapshotStore, rank: int, hosts: Mapping[int, str], plan: Any,
         elif rank == target:
             incoming: List[Path] = []
             received, failure = pull(server, group, lambda size: _receive_buffer(store, rank, size, incoming))
-            data = (incoming[0] if incoming else received) if received is not None else b""
-            if received is None:
+            if received is not None:
+                data = incoming[0] if incoming else received.numpy().data
+            else:
                 for path in incoming:
                     path.unlink(missing_ok=True)
             if failure == "unreadable":

@@ -21,6 +21,10 @@ import datetime, json, os, pathlib, sys, torch, torch.distributed as dist
 from slurmtools.snapshot_io import SnapshotStore
 from slurmtools import snapshot_torch, snapshot_wire
 snapshot_wire.CHUNK_BYTES = 1000     # a ~4-KB state pulled in five chunks: the pipeline's two buffers reused
+if os.environ.get("NODE_MEMORY_FULL"):   # node memory refuses the pull's file: received into process memory
+    def _full(self, rank, size):
+        raise OSError(28, "No space left on device")
+    SnapshotStore.incoming = _full
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank, hosts = dist.get_rank(), {int(k): v for k, v in json.loads(os.environ["HOSTS"]).items()}
 store = SnapshotStore(pathlib.Path(os.environ["MEMORY"]) / hosts[rank], "77-job", hosts[rank])
@@ -44,9 +48,10 @@ dist.destroy_process_group()
 """
 
 
-def _run(tmp_path: Path, hosts: dict, *args: str, limit: str = "") -> list:
+def _run(tmp_path: Path, hosts: dict, *args: str, limit: str = "", memory_full: bool = False) -> list:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(len(hosts)),
-               HOSTS=json.dumps(hosts), MEMORY=str(tmp_path / "memory"), LIMIT=limit)
+               HOSTS=json.dumps(hosts), MEMORY=str(tmp_path / "memory"), LIMIT=limit,
+               NODE_MEMORY_FULL="1" if memory_full else "")
     procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, *args], env=dict(env, RANK=str(rank)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in hosts]
     outs = [proc.communicate(timeout=120) for proc in procs]
@@ -89,6 +94,13 @@ def test_a_lost_node_is_restored_on_a_spare_from_its_replicas(trained):
     # the pulls were received into files of the spare's node memory and loaded from them: gone now
     assert list((trained / "memory" / "n3").glob("slurmtools-*/snapshots/77-job/.incoming-*")) == []
     assert list((trained / "memory" / "n3").glob("slurmtools-*/snapshots/77-job")) != []
+
+
+def test_a_pull_node_memory_cannot_hold_is_received_into_process_memory(trained):
+    shutil.rmtree(trained / "memory" / "n2")
+    results = _run(trained, {0: "n1", 1: "n1", 2: "n3", 3: "n3"}, "restore", "4", memory_full=True)
+    assert [(r["step"], r["exact"]) for r in results] == [(10, True)] * 4
+    assert results[0]["why"] == "snapshot of step 10, ranks 2,3 pulled from their replicas"
 
 
 def _lose_n2_and_corrupt(trained, copy_dir: str) -> None:

@@ -133,3 +133,6 @@ def test_a_pull_lands_in_a_private_file_of_its_size_in_the_jobs_directory(store)
     assert (path.parent, path.name, path.stat().st_size) == (store.root, ".incoming-rank3", 1000)
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     assert store.incoming(3, 10).stat().st_size == 10          # a later pull of the same rank starts afresh
+    assert os.stat(path).st_blocks * 512 >= 10                    # reserved, not sparse: no SIGBUS on a full tmpfs
+    store.remove(3, [])                                           # the rank's leftovers go with its copies
+    assert not path.exists()
