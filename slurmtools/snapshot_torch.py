@@ -186,6 +186,8 @@ def restore(store: SnapshotStore, rank: int, hosts: Mapping[int, str], checkpoin
                 if isinstance(data, Path):
                     data.unlink(missing_ok=True)      # its pages live on in the loaded tensors only
             return plan.step, state, f"{plan.why}{pulled}{earlier}"
+        if isinstance(data, Path):
+            data.unlink(missing_ok=True)          # a pull another rank's refusal made useless
         refused.append(f"snapshot of step {plan.step} refused: {failed[0][0]}")
         unusable = {Copy(**fields) for _, fields in failed}
         copies = [copy for copy in copies if copy not in unusable]

@@ -124,6 +124,8 @@ def test_a_corrupted_replica_falls_back_to_the_older_snapshot_or_the_checkpoint(
     results = _run(trained, {0: "n1", 1: "n1", 2: "n3", 3: "n3"}, "restore", "5")
     assert [(r["step"], r["why"]) for r in results] == [
         (None, f"{refused}; step 10: no copy of rank 3 on a living node")] * 4
+    # rank 2's pull of step 10 arrived whole before rank 3's was refused: its file is not left behind
+    assert list((trained / "memory" / "n3").glob("slurmtools-*/snapshots/77-job/.incoming-*")) == []
 
 
 def test_a_rank_whose_own_copy_is_corrupted_still_serves_its_pull_and_all_plan_again(trained):
