@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -187,16 +187,28 @@ def user_tmp(cluster, request) -> Path:
     return asuser.user_dir(request.node.name[:40])
 
 
-@pytest.fixture(scope="session")
-def reference_run(cluster) -> dict:
-    """The uninterrupted run every fault test compares with (same steps, same world size)."""
+def _reference(name: str, **over: Any) -> dict:
     from tests.cluster import asuser, training
 
-    workdir = asuser.user_dir("reference")
-    spec = training.training_spec(workdir, "reference", preflight=True)     # the healthy cluster passes it
+    workdir = asuser.user_dir(name)
+    spec = training.training_spec(workdir, name, preflight=True, **over)     # the healthy cluster passes it
     job = training.submit(spec)
     info = training.wait_finished(job, 180)
     evts = training.events(spec, job)
     finals = training.trainer_events(evts, "final")
     assert info.state == "COMPLETED" and finals, training.describe(spec, job)
     return {"job": job, "spec": spec, "events": evts, "hash": finals[-1]["state_sha256"]}
+
+
+@pytest.fixture(scope="session")
+def reference_run(cluster) -> dict:
+    """The uninterrupted run every fault test compares with (same steps, same world size: the
+    default 2 nodes x 1 process)."""
+    return _reference("reference")
+
+
+@pytest.fixture(scope="session")
+def reference_run_4(cluster) -> dict:
+    """The uninterrupted run of 2 nodes x 2 processes, for the tests that need a second rank on a
+    node (a node's ranks pulling their replicas, a named rank on the second node)."""
+    return _reference("reference4", processes_per_node=2)

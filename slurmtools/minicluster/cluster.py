@@ -276,16 +276,29 @@ def _remove_stale_job_cgroups(layout: MiniClusterLayout, *, top: bool) -> None:
 
 
 # ---- faults --------------------------------------------------------------------------
+KILL_ROUNDS_TIMEOUT_S = 10.0
+
+
 def kill_namespace(layout: MiniClusterLayout, node: str) -> List[int]:
-    """SIGKILL every process in the node's network namespace: slurmd, slurmstepd, tasks."""
-    killed = []
-    for pid in netns.namespace_pids(layout, node):
-        try:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-        except ProcessLookupError:
-            pass
-    return killed
+    """SIGKILL every process in the node's network namespace: slurmd, slurmstepd, tasks.
+
+    Rounds until the namespace is empty: a process forked between one listing and the kill of
+    its parent (torchrun starting its ranks) is only in the next listing (CI stop 42: a rank
+    forked while its node was killed during start-up outlived the node)."""
+    killed: List[int] = []
+    deadline = time.monotonic() + KILL_ROUNDS_TIMEOUT_S
+    while True:
+        alive = netns.namespace_pids(layout, node)
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                if pid not in killed:
+                    killed.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return killed
+        time.sleep(0.05)
 
 
 def kill_node(layout: MiniClusterLayout, node: str) -> List[int]:

@@ -165,7 +165,7 @@ HANG_MARGIN_S = 5   # poll interval (0.5 s) + heartbeat write cadence + a loaded
 
 
 def test_f_hung_rank_is_killed_requeued_and_its_node_excluded(workdir, reference_run):
-    spec = training.training_spec(workdir, "hang", extra=["--hang-at-step", "3:6", "--step-sleep-s", "0.2"],
+    spec = training.training_spec(workdir, "hang", extra=["--hang-at-step", "1:6", "--step-sleep-s", "0.2"],
                                   requeue={"hang_timeout_s": HANG_TIMEOUT_S})
     job = training.submit(spec)
     try:
@@ -173,7 +173,7 @@ def test_f_hung_rank_is_killed_requeued_and_its_node_excluded(workdir, reference
         evts = training.events(spec, job)
         assert info.state == "COMPLETED", training.describe(spec, job)
         hang = training.supervisor_events(evts, "hang")
-        assert len(hang) == 1 and hang[0]["rank"] == 3 and hang[0]["step"] == 5  # its last announced step
+        assert len(hang) == 1 and hang[0]["rank"] == 1 and hang[0]["step"] == 5  # its last announced step
         assert HANG_TIMEOUT_S <= hang[0]["idle_s"] <= HANG_TIMEOUT_S + HANG_MARGIN_S
         node = hang[0]["host"]
         decision = training.supervisor_events(evts, "decision")[0]
@@ -181,7 +181,7 @@ def test_f_hung_rank_is_killed_requeued_and_its_node_excluded(workdir, reference
         starts = training.supervisor_events(evts, "start")
         assert node in _expand(starts[0]["nodes"]) and node not in _expand(starts[1]["nodes"])
         reason = training.blamed_reason(node, job)
-        assert reason.startswith("slurmtools: CRITICAL job.hang no heartbeat from rank 3 "), reason
+        assert reason.startswith("slurmtools: CRITICAL job.hang no heartbeat from rank 1 "), reason
         assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
         assert training.leftover_trainers(job) == []     # the hung rank was killed, not orphaned
     finally:

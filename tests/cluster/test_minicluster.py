@@ -9,7 +9,7 @@ import pytest
 
 from slurmtools import slurm
 from slurmtools.minicluster import cluster as mc
-from slurmtools.minicluster import daemons, node_files
+from slurmtools.minicluster import daemons, netns, node_files
 from tests.cluster import asuser, training
 from tests.conftest import wait_for
 
@@ -85,8 +85,10 @@ def test_killed_node_goes_down_and_requeue_job_reruns_elsewhere(cluster, user_tm
     script = f"""#!/bin/bash
 #SBATCH -N2 -w node[1-2] --requeue --open-mode=append -o {out}
 echo "start restart=${{SLURM_RESTART_COUNT:-0}} nodes=$SLURM_JOB_NODELIST"
-srun bash -c 'touch "$SLURMTOOLS_NODE_LOCAL_DIR/in-memory-$SLURM_JOB_ID"; echo "memory $(hostname) $SLURMTOOLS_NODE_LOCAL_DIR"; sleep 300'
+srun bash -c '(while :; do sleep 2 & sleep 0.05; done) & touch "$SLURMTOOLS_NODE_LOCAL_DIR/in-memory-$SLURM_JOB_ID"; echo "memory $(hostname) $SLURMTOOLS_NODE_LOCAL_DIR"; sleep 300'
 """
+    # each task forks all the time (as torchrun does while it starts its ranks): a child forked
+    # between the kill's listing of the node's processes and the kill of its parent must go too
     # -w pins the first run to node[1-2]; the rerun must avoid the dead node2. Both must be idle first:
     # the previous test's job may still be completing on one of them (its epilog) when this one starts.
     wait_for(lambda: all(n.state == "idle" and not n.flags for n in slurm.nodes("node[1-2]")), 60, "node[1-2] idle")
@@ -100,6 +102,7 @@ srun bash -c 'touch "$SLURMTOOLS_NODE_LOCAL_DIR/in-memory-$SLURM_JOB_ID"; echo "
     assert (memory / "node2" / f"in-memory-{job}").exists()
     time.sleep(1)
     assert mc.kill_node(cluster, "node2")
+    assert netns.namespace_pids(cluster, "node2") == []              # nothing outlived its node
     assert list((memory / "node2").iterdir()) == []                   # its RAM went with it
     assert (memory / "node1" / f"in-memory-{job}").exists()
     try:

@@ -68,7 +68,7 @@ def test_a_a_slow_link_is_named_by_the_pairwise_rounds(cluster, workdir, referen
 
 
 def test_b_a_slow_node_is_named_by_the_throughput_comparison(cluster, workdir, reference_run):
-    # 5% of a core: on a 2-node job the median of 4 devices lies between the two nodes, so a node
+    # 5% of a core: on a 2-node job the median of its devices lies between the two nodes, so a node
     # is named only when about 3x slower than the other (slow_factor 2 against that median); at 15%
     # a loaded machine (both lanes, lane 2's fault matrix) squeezed node1 until node2 was not (R16)
     mc.degrade_node(cluster, "node2", cpu_percent=5)

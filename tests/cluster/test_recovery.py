@@ -113,11 +113,12 @@ def test_b_node_killed_is_replaced_by_the_hot_spare_without_requeue(cluster, wor
         assert training.leftover_trainers(job) == []
 
 
-def test_c_without_a_spare_the_job_goes_on_with_fewer_nodes(cluster, workdir, reference_run):
+def test_c_without_a_spare_the_job_goes_on_with_fewer_nodes(cluster, workdir, reference_run_4):
     """On half the ranks the run keeps its global batch (2 micro-batches per step, gradients
     accumulated) and the LR schedule, says so, and its loss per step stays within
     LOSS_TOLERANCE of the uninterrupted full-size run's."""
-    spec = training.training_spec(workdir, "fewer", extra=["--step-sleep-s", "0.5"], requeue={"min_nodes": 1})
+    spec = training.training_spec(workdir, "fewer", processes_per_node=2,
+                                  extra=["--step-sleep-s", "0.5"], requeue={"min_nodes": 1})
     with _second_node_killed(cluster, spec) as (job, _, _, evts):
         resumed = training.trainer_events(evts, "resumed")
         assert resumed[0]["world_size"] == 2 and resumed[0]["step"] in (4, 8)   # 4 ranks' checkpoint on 2
@@ -126,7 +127,7 @@ def test_c_without_a_spare_the_job_goes_on_with_fewer_nodes(cluster, workdir, re
                 "2 micro-batch(es) of 8 per rank per step") in training.stderr(spec, job)
         final = training.trainer_events(evts, "final")[-1]
         assert final["step"] == training.STEPS and final["world_size"] == 2
-        full = {e["step"]: float.fromhex(e["loss"]) for e in reference_run["events"] if "loss" in e}
+        full = {e["step"]: float.fromhex(e["loss"]) for e in reference_run_4["events"] if "loss" in e}
         fewer = {e["step"]: float.fromhex(e["loss"]) for e in evts
                  if "loss" in e and e["world_size"] == 2}
         assert sorted(fewer) == list(range(resumed[0]["step"] + 1, training.STEPS + 1))
@@ -161,11 +162,12 @@ def test_d_a_straggling_node_is_swapped_for_the_spare_after_a_checkpoint(cluster
     assert training.leftover_trainers(job) == []
 
 
-def test_e_a_rank_that_skips_a_collective_is_named_by_the_flight_recorder(cluster, workdir, reference_run):
+def test_e_a_rank_that_skips_a_collective_is_named_by_the_flight_recorder(cluster, workdir, reference_run_4):
     """Rank 3 (on node2) never enters step 6's loss all-reduce: every rank announced the same
     step, so only the flight recorders (dumped on request, gloo) can name it; node2 is drained
     and the spare takes its place."""
-    spec = training.training_spec(workdir, "skip", extra=["--skip-collective-at", "3:6"],
+    spec = training.training_spec(workdir, "skip", processes_per_node=2,
+                                  extra=["--skip-collective-at", "3:6"],
                                   requeue={"spare_nodes": 1, "hang_timeout_s": 10})
     job, evts = _completed(spec, [("hang", "restart"), ("completed", "complete")])
     recorder = training.supervisor_events(evts, "flight_recorder")
@@ -179,16 +181,17 @@ def test_e_a_rank_that_skips_a_collective_is_named_by_the_flight_recorder(cluste
     assert reason.startswith("slurmtools: CRITICAL job.hang rank 3 on node2 never entered gloo:all_reduce #"), reason
     starts = training.supervisor_events(evts, "start")
     assert [_expand(s["nodes"]) for s in starts] == [["node1", "node2"], ["node1", "node3"]]
-    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run_4["hash"]
     assert training.leftover_trainers(job) == []
 
 
 def test_f_a_rank_computing_wrong_results_is_caught_by_the_canary_and_its_node_replaced(cluster, workdir,
-                                                                                         reference_run):
+                                                                                         reference_run_4):
     """From step 6 rank 3 (on node2) computes a wrong reference result (the test-only fault): the
     canary at step 6 stops training before that state is sealed; node2 is drained, the spare
     takes its place and the job resumes from step 4's checkpoint to the uninterrupted run's hash."""
-    spec = training.training_spec(workdir, "sdc", extra=["--sdc-fault", "3:6", "--sdc-check-every", "3"],
+    spec = training.training_spec(workdir, "sdc", processes_per_node=2,
+                                  extra=["--sdc-fault", "3:6", "--sdc-check-every", "3"],
                                   requeue={"spare_nodes": 1})
     job, evts = _completed(spec, [("sdc", "restart"), ("completed", "complete")])
     found = training.trainer_events(evts, "sdc")
@@ -198,7 +201,7 @@ def test_f_a_rank_computing_wrong_results_is_caught_by_the_canary_and_its_node_r
     assert training.trainer_events(evts, "resumed")[0]["step"] == 4
     starts = training.supervisor_events(evts, "start")
     assert [_expand(s["nodes"]) for s in starts] == [["node1", "node2"], ["node1", "node3"]]
-    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run_4["hash"]
     assert training.leftover_trainers(job) == []
 
 
@@ -208,7 +211,8 @@ def test_g_a_stopped_rank_is_named_by_its_silence_and_its_node_replaced(cluster,
     step barrier with their keep-alives going on, rank 3 shows no life at all. The hang is named by
     that silence (watchdog.silent_rank, after the wait for records that never come), node2 is
     blamed, the spare takes its place and the job completes without a requeue."""
-    spec = training.training_spec(workdir, "stopped", launcher="srun",
+    spec = training.training_spec(workdir, "stopped", processes_per_node=2,
+                                  launcher="srun",
                                   command=[str(training.LIGHT), "--steps", "12", "--step-s", "0.2",
                                            "--checkpoint-every", "4", "--stop-rank", "3:5"],
                                   requeue={"spare_nodes": 1, "hang_timeout_s": 10})
@@ -226,13 +230,14 @@ def test_g_a_stopped_rank_is_named_by_its_silence_and_its_node_replaced(cluster,
     assert training.leftover_trainers(job, training.LIGHT) == []
 
 
-def test_h_a_killed_nodes_ranks_resume_on_the_spare_from_their_peer_snapshots(cluster, workdir, reference_run):
+def test_h_a_killed_nodes_ranks_resume_on_the_spare_from_their_peer_snapshots(cluster, workdir, reference_run_4):
     """In-memory snapshots every step (distributed.snapshot_every_steps 1), no persistent checkpoint
     before the last step: the second node is killed after step 6 (its memory goes with it: the
     mini-cluster's node memory); the spare's ranks pull their state from the replicas the first
     node kept, every rank resumes from the newest snapshot, and the run ends with the uninterrupted
     run's exact hash."""
-    spec = training.training_spec(workdir, "snapshots", extra=["--step-sleep-s", "0.5", "--checkpoint-every", "100"],
+    spec = training.training_spec(workdir, "snapshots", processes_per_node=2,
+                                  extra=["--step-sleep-s", "0.5", "--checkpoint-every", "100"],
                                   requeue={"spare_nodes": 1},
                                   distributed={"snapshot_every_steps": 1, "snapshot_memory_gb": 1})
     with _second_node_killed(cluster, spec) as (job, nodes, victim, evts):
@@ -248,7 +253,7 @@ def test_h_a_killed_nodes_ranks_resume_on_the_spare_from_their_peer_snapshots(cl
                     if isinstance(e, ledger.SnapshotRestore)]
         assert restores == [(None, "no verified snapshot on the living nodes"),
                             (step, f"snapshot of step {step}, ranks 2,3 pulled from their replicas")]
-        assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+        assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run_4["hash"]
         assert training.leftover_trainers(job) == []
         assert _snapshots_left(cluster, job) == []           # completed: every node's memory freed
 
@@ -276,13 +281,14 @@ def _spoil_replicas(cluster, node: str, job: int) -> List[str]:
     return spoiled
 
 
-def test_i_spoiled_replicas_fall_back_to_the_persistent_checkpoint_with_the_same_hash(cluster, workdir, reference_run):
+def test_i_spoiled_replicas_fall_back_to_the_persistent_checkpoint_with_the_same_hash(cluster, workdir, reference_run_4):
     """As h, with a persistent checkpoint every 4 steps, but the replicas node1 kept of node2's ranks
     are spoiled (the newest corrupted, the older missing) before the restart: the spare's ranks find no
     verified copy (the corrupted one fails its digest as it is pulled, and every rank plans again
     without it), every rank resumes from the newest checkpoint instead (no rank restores from a snapshot
     while another uses the checkpoint), the ledger says why, and the final hash is the reference's."""
-    spec = training.training_spec(workdir, "snapspoiled", extra=["--step-sleep-s", "0.5"],
+    spec = training.training_spec(workdir, "snapspoiled", processes_per_node=2,
+                                  extra=["--step-sleep-s", "0.5"],
                                   requeue={"spare_nodes": 1},
                                   distributed={"snapshot_every_steps": 1, "snapshot_memory_gb": 1})
     spoiled: List[str] = []
@@ -299,16 +305,17 @@ def test_i_spoiled_replicas_fall_back_to_the_persistent_checkpoint_with_the_same
         assert re.fullmatch(r"snapshot of step (\d+) refused: rank 2: the replica of step \1 pulled from node1 does not "
                             r"match its digest; "
                             r"step \1: no copy of rank 2 and 1 more on a living node", restores[1][1]), restores
-        assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+        assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run_4["hash"]
         assert training.leftover_trainers(job) == []
 
 
-def test_j_a_requeue_onto_the_node_that_kept_the_replicas_restores_from_them(cluster, workdir, reference_run):
+def test_j_a_requeue_onto_the_node_that_kept_the_replicas_restores_from_them(cluster, workdir, reference_run_4):
     """As h without a spare: node 2 killed after step 6, the job requeued excluding it (Slurm's
     requeue: a new batch script, a new allocation of node1 and node3). The job's snapshots are the
     job's, not the allocation's: node1 still holds its ranks' own and node2's ranks' replicas, so
     the requeued run restores from them (ranks 2,3 pulled onto node3), not from a checkpoint."""
-    spec = training.training_spec(workdir, "snaprequeue", extra=["--step-sleep-s", "0.5", "--checkpoint-every", "100"],
+    spec = training.training_spec(workdir, "snaprequeue", processes_per_node=2,
+                                  extra=["--step-sleep-s", "0.5", "--checkpoint-every", "100"],
                                   distributed={"snapshot_every_steps": 1, "snapshot_memory_gb": 1})
     job = training.submit(spec)
     training.wait_step(spec, job, 6)
@@ -330,7 +337,7 @@ def test_j_a_requeue_onto_the_node_that_kept_the_replicas_restores_from_them(clu
                                                                                  str(job)))
                     if isinstance(e, ledger.SnapshotRestore)]
         assert restores == [(f"{job}.0", None), (f"{job}.1", step)], restores
-        assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+        assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run_4["hash"]
         assert training.leftover_trainers(job) == []
         assert _snapshots_left(cluster, job) == []
     finally:

@@ -14,16 +14,16 @@ pytestmark = pytest.mark.cluster
 
 
 @pytest.mark.every_release
-def test_two_nodes_two_processes_train_to_completion(reference_run):
+def test_two_nodes_train_to_completion(reference_run):
     spec, evts = reference_run["spec"], reference_run["events"]
     steps = [e for e in evts if "loss" in e]
     assert [e["step"] for e in steps] == list(range(1, training.STEPS + 1))
-    assert all(e["world_size"] == 4 for e in steps)
+    assert all(e["world_size"] == 2 for e in steps)
     assert all(e["attempt_id"] == f"{reference_run['job']}.0" for e in steps)
     first, last = float.fromhex(steps[0]["loss"]), float.fromhex(steps[-1]["loss"])
     assert last < first * 0.8, (first, last)
     latest = CheckpointManager(spec.checkpoint_dir).latest()
-    assert latest is not None and latest.step == training.STEPS and latest.manifest["world_size"] == 4
+    assert latest is not None and latest.step == training.STEPS and latest.manifest["world_size"] == 2
     decision = training.supervisor_events(evts, "decision")
     assert [(d["cause"], d["action"]) for d in decision] == [("completed", "complete")]
     assert slurm.job_state(reference_run["job"]).state == "COMPLETED"
@@ -43,7 +43,7 @@ def test_cli_submit_wait_status_and_logs(cluster, user_tmp: Path):
 
     spec_file = user_tmp / "job.yaml"
     spec_file.write_text(
-        f"name: cli-job\nnodes: 1\nprocesses_per_node: 2\npython: {sys.executable}\n"
+        f"name: cli-job\nnodes: 1\nprocesses_per_node: 1\npython: {sys.executable}\n"
         f"command: [{training.TRAIN}, --steps, '4', --checkpoint-every, '2']\n"
         f"output_dir: {user_tmp}/logs\ncheckpoint_dir: {user_tmp}/ckpt\n")
     proc = asuser.run([sys.executable, "-m", "slurmtools", "submit", str(spec_file), "--wait"], timeout=180)
@@ -68,7 +68,7 @@ def test_submit_wait_and_the_supervisor_ride_through_a_controller_restart(cluste
     training.settle()
     spec_file = user_tmp / "job.yaml"
     spec_file.write_text(
-        f"name: ctld\nnodes: 2\nprocesses_per_node: 2\npython: {sys.executable}\n"
+        f"name: ctld\nnodes: 2\nprocesses_per_node: 1\npython: {sys.executable}\n"
         f"command: [{training.TRAIN}, --steps, '{training.STEPS}', --checkpoint-every, "
         f"'{training.CHECKPOINT_EVERY}', --step-sleep-s, '0.5']\n"
         f"output_dir: {user_tmp}/logs\ncheckpoint_dir: {user_tmp}/ckpt\ntime_limit_min: 10\n"
