@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
@@ -39,6 +41,9 @@ from slurmtools.trainer_state import TrainerState
 
 # how long rank 0 waits for every rank to seal its shards before it gives the save up (an async save)
 SEAL_WAIT_S = 600.0
+# how long a trainer that raised waits for its save in flight before it exits (the restart waits
+# that long at most): a save begun a step before the crash is the newest checkpoint, not lost
+CRASH_SAVE_WAIT_S = 60.0
 # retention runs here, off the training path (deleting an old checkpoint of hundreds of GB takes
 # seconds); one thread, so prunes never overlap; joined at interpreter exit like any executor
 _PRUNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-prune")
@@ -350,6 +355,28 @@ class AsyncCheckpointer:
         """The saves that failed since the last call (rank 0's view decides: report it there)."""
         failures, self.failures = self.failures, []
         return failures
+
+    def finish_on_crash(self, exc_type: Optional[type], exc: Optional[BaseException], tb: Any) -> bool:
+        """An exit callback (ExitStack.push): when the trainer raised an Exception, finish the save in
+        flight if it is written within CRASH_SAVE_WAIT_S (as Lightning's async checkpointing does at
+        teardown); one that cannot (a peer gone) is left. The crash's exception goes on either way."""
+        if exc_type is None or not issubclass(exc_type, Exception) or self._pending is None:
+            return False
+        step, future = self._pending[0], self._pending[1]
+        try:
+            future.result(timeout=CRASH_SAVE_WAIT_S)
+        except FutureTimeout:
+            return False
+        except Exception:       # a failed save: wait() records it
+            pass
+        try:
+            if self.wait() is not None:
+                print(f"slurmtools: the checkpoint of step {step}, in flight when the trainer raised, was finished "
+                      "before it exits", file=sys.stderr, flush=True)
+        except Exception as err:     # never hide the crash behind the save's own error
+            print(f"slurmtools: the checkpoint of step {step} in flight at the crash was not finished: {err}",
+                  file=sys.stderr, flush=True)
+        return False
 
     def close(self) -> None:
         """Finish the save in flight and free the staging buffers and threads."""

@@ -224,6 +224,8 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
     torch.manual_seed(cfg.seed * 1_000 + rank)        # dropout: each rank its own stream
     manager = CheckpointManager(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     saver = checkpoint_torch.AsyncCheckpointer(manager) if manager and cfg.async_checkpoint else None
+    if saver is not None:
+        cleanup.push(saver.finish_on_crash)
     # the run's global batch (samples per optimizer step), fixed at its first start and saved with
     # every checkpoint: a resume on fewer ranks accumulates micro-batches to keep it
     global_batch = cfg.batch_per_rank * world

@@ -144,7 +144,8 @@ def test_preflight_in_the_tasks_names_a_wrong_node_and_requeues_without_it(clust
         verdicts = [e for e in stdout_events(job) if e.get("slurmtools") == "preflight"]
         assert [(v["status"], v["named"]) for v in verdicts] == [("failed", ["node2"]), ("passed", [])]
         reason = training.blamed_reason("node2", int(job.job_id))
-        assert reason.startswith("slurmtools: CRITICAL preflight.canary node=node2 measured=sha256:"), reason
+        # two devices (one a node) have no majority: node2's result misses the float64 reference
+        assert reason.startswith("slurmtools: CRITICAL preflight.canary node=node2 measured=sum="), reason
         events = ledger.read(control_dir(user_tmp, job))
         assert [(e.cause, e.action, e.node) for e in events if isinstance(e, ledger.AttemptEnd)] == [
             ("preflight", "requeue", "node2"), ("completed", None, None)]

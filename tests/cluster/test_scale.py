@@ -76,7 +76,9 @@ def test_a_straggler_and_a_killed_node_at_128_nodes_are_replaced_by_spares(clust
         evts = training.events(spec, job)
         assert info.state == "COMPLETED", training.describe(spec, job)
         decisions = [(d["cause"], d["action"]) for d in training.supervisor_events(evts, "decision")]
-        assert decisions == [("straggler", "restart"), ("node_failure", "restart"), ("completed", "complete")]
+        assert decisions == [("straggler", "restart"), ("node_failure", "restart"), ("completed", "complete")], (
+            decisions, [d.get("reason") for d in training.supervisor_events(evts, "decision")],
+            training.describe(spec, job))
         found = training.supervisor_events(evts, "straggler")
         assert [(s["node"], s["action"]) for s in found] == [("node5", "swap")] and found[0]["slowdown"] >= 1.5
         lost = [d for d in training.supervisor_events(evts, "decision") if d["cause"] == "node_failure"]

@@ -158,7 +158,9 @@ def max_step(spec: JobSpec, job: int) -> int:
     return max((e["step"] for e in events(spec, job) if "loss" in e), default=0)
 
 
-def wait_step(spec: JobSpec, job: int, step: int, timeout_s: float = 90) -> None:
+def wait_step(spec: JobSpec, job: int, step: int, timeout_s: float = 180) -> None:
+    """The job's first start (queue, prolog, torchrun, every rank importing torch) and its steps: a
+    2 x 2 job beside the other lane's unit tests took over 90 s to reach step 6 (R45)."""
     wait_for(lambda: max_step(spec, job) >= step, timeout_s, f"job {job} to reach step {step}", interval_s=0.2)
 
 
