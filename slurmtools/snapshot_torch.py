@@ -14,6 +14,7 @@ the training's collectives (an NCCL group in production) and run from a backgrou
 from __future__ import annotations
 
 import io
+import sys
 import threading
 import time
 from dataclasses import asdict
@@ -79,16 +80,23 @@ def _receive_buffer(store: SnapshotStore, rank: int, size: int, incoming: List[P
     if size > 0:
         try:
             path = store.incoming(rank, size)
-        except (CheckpointError, OSError):
-            return torch.empty(size, dtype=torch.uint8)
+        except (CheckpointError, OSError) as exc:
+            return _in_process_memory(rank, size, exc)
         try:
             buffer = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
-        except (RuntimeError, OSError):
+        except (RuntimeError, OSError) as exc:
             path.unlink(missing_ok=True)
-            return torch.empty(size, dtype=torch.uint8)
+            return _in_process_memory(rank, size, exc)
         incoming.append(path)
         return buffer
     return torch.empty(0, dtype=torch.uint8)
+
+
+def _in_process_memory(rank: int, size: int, why: BaseException) -> torch.Tensor:
+    """Said, not silent: the rank now holds the pulled replica in its own memory as well."""
+    print(f"slurmtools: rank {rank}: a pull of {size} bytes is received into process memory (node memory has no "
+          f"room for it: {why})", file=sys.stderr, flush=True)
+    return torch.empty(size, dtype=torch.uint8)
 
 
 class Snapshotter:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -56,7 +57,7 @@ def _run(tmp_path: Path, hosts: dict, *args: str, limit: str = "", memory_full: 
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in hosts]
     outs = [proc.communicate(timeout=120) for proc in procs]
     assert [proc.returncode for proc in procs] == [0] * len(hosts), [err[-2000:] for _, err in outs]
-    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    return [dict(json.loads(out.strip().splitlines()[-1]), stderr=err) for out, err in outs]
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +102,10 @@ def test_a_pull_node_memory_cannot_hold_is_received_into_process_memory(trained)
     results = _run(trained, {0: "n1", 1: "n1", 2: "n3", 3: "n3"}, "restore", "4", memory_full=True)
     assert [(r["step"], r["exact"]) for r in results] == [(10, True)] * 4
     assert results[0]["why"] == "snapshot of step 10, ranks 2,3 pulled from their replicas"
+    said = [[line for line in r["stderr"].splitlines() if "received into process memory" in line] for r in results]
+    assert [len(lines) for lines in said] == [0, 0, 1, 1], said          # the pullers say so, once each
+    assert re.fullmatch(r"slurmtools: rank 2: a pull of \d+ bytes is received into process memory \(node memory "
+                        r"has no room for it: .+\)", said[2][0]), said
 
 
 def _lose_n2_and_corrupt(trained, copy_dir: str) -> None:
