@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 
 from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError
-from slurmtools.requeue import ledger, policy, watchdog
+from slurmtools.requeue import ledger, policy, step, watchdog
 
 def node_states(nodelist: str) -> Dict[str, str]:
     """Each node's base state, or not_responding when Slurm flags it so (an allocated node whose
@@ -43,18 +43,24 @@ def ended_for_good(job_id: Optional[int], restart: int) -> bool:
 def close_dangling_attempt(control: Path, events: List[ledger.Event],
                             checkpoint_step: Optional[int]) -> Optional[ledger.AttemptEnd]:
     """An attempt with a start but no end was killed with its supervisor (its node died, or
-    Slurm's KillWait ran out): record its end from the heartbeats it left, before they are cleared."""
+    Slurm's KillWait ran out): record its end from the heartbeats it left, before they are cleared.
+    When its ranks had checkpointed on request and stopped (a person's requeue, a preemption: Slurm
+    SIGKILLed the supervisor KillWait after its SIGTERM, before the ranks' exit reached it, R46),
+    it ended preempted, not counted."""
     last = ledger.open_attempt(events)
     if last is None:
         return None
     beats = watchdog.read_heartbeats(control)
     states = node_states(last.nodes)
     down = sorted(node for node, state in states.items() if state in policy.DOWN_STATES)
-    cause = policy.Cause.NODE_FAILURE if down else policy.Cause.CRASH
+    stopped = step.stopped_for_requeue_by(control, last.attempt_id)
+    cause = (policy.Cause.PREEMPTED if stopped else policy.Cause.NODE_FAILURE if down else policy.Cause.CRASH)
     end = ledger.AttemptEnd(
         attempt_id=last.attempt_id, time_s=max((beat.time_s for beat in beats), default=last.time_s),
-        cause=cause.value, counted=True, action=policy.Action.REQUEUE.value,
-        detail="supervisor was killed before recording the end", node=down[0] if down else None,
+        cause=cause.value, counted=not stopped, action=policy.Action.REQUEUE.value,
+        detail="supervisor was killed before recording the end" + (" (the ranks had stopped for the requeue)"
+                                                                   if stopped else ""),
+        node=down[0] if down and not stopped else None,
         last_step=max((beat.step for beat in beats), default=None),
         first_step_t=watchdog.first_progress(beats), checkpoint_step=checkpoint_step,
         last_step_t=watchdog.last_progress(beats))

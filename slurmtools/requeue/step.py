@@ -160,6 +160,16 @@ def sdc_record(control_dir: Path) -> Optional[Tuple[Optional[str], str, Tuple[st
     return node, data["detail"][:500], also if node else ()
 
 
+def stopped_for_requeue_by(control_dir: Path, attempt_id: str) -> bool:
+    """Rank 0's marker says this attempt's ranks checkpointed on request and stopped for a requeue."""
+    raw = read_small_regular(control_dir / STOPPED_FILE, 4096)
+    try:
+        data = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("attempt_id") == attempt_id
+
+
 def marker(path: Path) -> bool:
     """A marker counts only as a regular file (a directory named `complete` is no completion)."""
     try:

@@ -183,3 +183,22 @@ def test_the_heartbeat_says_the_phase_from_before_the_first_step_and_drops_it_af
 def test_an_implausible_phase_makes_the_heartbeat_invalid(field, value):
     data = {"rank": 0, "step": 1, "time": 100.0, "phase": "saving", "phase_until": 200.0, field: value}
     assert watchdog.parse_heartbeat(data, now_s=150.0) is None
+
+
+@pytest.mark.parametrize("stopped_by, cause, counted", [("77.0", "preempted", False), ("76.0", "crash", True),
+                                                        (None, "crash", True)])
+def test_an_attempt_whose_supervisor_was_killed_is_closed_as_its_ranks_left_it(tmp_path, monkeypatch, stopped_by,
+                                                                               cause, counted):
+    """Slurm SIGKILLs the supervisor KillWait after a requeue's SIGTERM, and on a loaded node that can
+    come before the ranks' exit reaches it: ranks that had stopped for the requeue (rank 0's marker,
+    of this attempt) make the end a preemption, not counted; without the marker it is a crash."""
+    from slurmtools.requeue import slurm_view
+    from slurmtools.runtime import STOPPED_FILE
+    monkeypatch.setattr(slurm_view, "node_states", lambda nodelist: {"node1": "allocated", "node2": "allocated"})
+    ledger.append(tmp_path, ledger.AttemptStart("77.0", 1000.0, 0, "node[1-2]", None))
+    if stopped_by is not None:
+        (tmp_path / STOPPED_FILE).write_text(json.dumps({"step": 6, "attempt_id": stopped_by}))
+    end = slurm_view.close_dangling_attempt(tmp_path, ledger.read(tmp_path), 6)
+    assert end is not None and (end.attempt_id, end.cause, end.counted, end.action, end.node) == (
+        "77.0", cause, counted, "requeue", None)
+    assert [e for e in ledger.read(tmp_path) if isinstance(e, ledger.AttemptEnd)] == [end]
