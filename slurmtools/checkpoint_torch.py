@@ -19,7 +19,7 @@ import shutil
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as futures_wait
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
@@ -363,13 +363,9 @@ class AsyncCheckpointer:
         if exc_type is None or not issubclass(exc_type, Exception) or self._pending is None:
             return False
         step, future = self._pending[0], self._pending[1]
-        try:
-            future.result(timeout=CRASH_SAVE_WAIT_S)
-        except FutureTimeout:
+        if not futures_wait([future], timeout=CRASH_SAVE_WAIT_S).done:
             return False
-        except Exception:       # a failed save: wait() records it
-            pass
-        try:
+        try:                         # wait() commits it, or records it as failed
             if self.wait() is not None:
                 print(f"slurmtools: the checkpoint of step {step}, in flight when the trainer raised, was finished "
                       "before it exits", file=sys.stderr, flush=True)

@@ -13,7 +13,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Deque, List, Mapping, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError, UsageError
@@ -145,12 +145,8 @@ def prepare_control_dir(control_dir: Path) -> None:
 def sdc_record(control_dir: Path) -> Optional[Tuple[Optional[str], str, Tuple[str, ...]]]:
     """(node to blame or None, detail, the other nodes to blame) from the SDC canary's marker,
     when a well-formed one is there."""
-    raw = read_small_regular(control_dir / SDC_FILE, 65536)
-    try:
-        data = json.loads(raw) if raw is not None else None
-    except ValueError:
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("detail"), str):
+    data = _json_object(control_dir / SDC_FILE, 65536)
+    if data is None or not isinstance(data.get("detail"), str):
         return None
     node = data.get("node")
     node = node if isinstance(node, str) and node else None
@@ -162,12 +158,18 @@ def sdc_record(control_dir: Path) -> Optional[Tuple[Optional[str], str, Tuple[st
 
 def stopped_for_requeue_by(control_dir: Path, attempt_id: str) -> bool:
     """Rank 0's marker says this attempt's ranks checkpointed on request and stopped for a requeue."""
-    raw = read_small_regular(control_dir / STOPPED_FILE, 4096)
+    data = _json_object(control_dir / STOPPED_FILE, 4096)
+    return data is not None and data.get("attempt_id") == attempt_id
+
+
+def _json_object(path: Path, max_bytes: int) -> Optional[Dict[str, Any]]:
+    """A marker's JSON object (a regular file of at most max_bytes, as the job's ranks wrote it); None otherwise."""
+    raw = read_small_regular(path, max_bytes)
     try:
         data = json.loads(raw) if raw is not None else None
     except ValueError:
-        return False
-    return isinstance(data, dict) and data.get("attempt_id") == attempt_id
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def marker(path: Path) -> bool:
