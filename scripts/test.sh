@@ -1,18 +1,20 @@
 #!/bin/bash
 # The type check and the whole test suite, set-up included (fresh Debian 12, as root): bootstrap .venv,
-# mypy, then two lanes side by side, each a list of pytest runs one after another, each run on a
-# named cluster of its own (cluster tests wait on Slurm's timers as much as on the 2 CPUs; a third
-# lane only slowed the other two: measured 2026-12-02, the 5-node matrix 16:37 -> 24:25):
-#   lane 1: the whole cluster suite but the matrix on the machine's own Slurm (cluster `thost`);
+# mypy, then three lanes side by side, each a list of pytest runs one after another, each run on a
+# named cluster of its own. A cluster test mostly waits on Slurm's timers and its scenario (a lane of
+# 2 x 1 jobs keeps the 2 CPUs about 28% busy, measured 2026-12-03), so three lanes fit; with 2 x 2
+# jobs they did not (R42, docs/minicluster.md):
+#   lane 1: the cluster suite's part b (suite-b) on the machine's own Slurm (cluster `bhost`);
 #   lane 2: the fault matrix (marker matrix: two nodes lost at once, a node lost during start-up or
 #           during a recovery, the controller restarted during a requeue, a node partitioned; and a
 #           plain torchrun script's crash and lost node; the Lightning adapter's test, while lane 1
-#           runs the Transformers adapter's) on a 5-node cluster of the machine's own
-#           Slurm (`mhost`), then the core cluster tests (marker every_release) on Slurm 24.11
-#           (`t2411`) and 26.05 (`t2605`), then the control plane at 128 nodes (marker scale: a light
-#           trainer without torch on a 130-node cluster, `shost`), then the unit tests.
-# The unit tests run at the end of lane 2 (host:unit): lane 2's cluster tests end minutes before lane 1's,
-# and 5 minutes of unit tests before both lanes made the command ~47 minutes on CI (stop 36).
+#           runs the Transformers adapter's) on a 5-node cluster of the machine's own Slurm (`mhost`),
+#           then the core cluster tests (marker every_release) on Slurm 26.05 (`t2605`), then the
+#           control plane at 128 nodes (marker scale: a light trainer without torch on a 130-node
+#           cluster, `shost`);
+#   lane 3: the cluster suite's part a (suite-a: SUITE_A_MODULES, the fault tests and the gates) on
+#           the machine's own Slurm (`ahost`), then the core cluster tests on Slurm 24.11 (`t2411`),
+#           then the unit tests (last, when lane 1 is about done: they keep both CPUs busy).
 # SLURMTOOLS_TEST_LANES overrides them: lanes separated by ';', each a list of words RELEASE:KIND,
 # KIND one of cluster (the whole cluster suite but the matrix), suite-a or suite-b (its two parts:
 # SUITE_A_MODULES and the rest), core, matrix (on a 5-node cluster), scale (on a 130-node cluster) or unit (the unit tests; RELEASE
@@ -21,7 +23,7 @@
 # Extra arguments run that one pytest on the machine's Slurm only (e.g. -m "not cluster").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-lanes_text=${SLURMTOOLS_TEST_LANES-host:cluster; host:matrix 24.11:core 26.05:core host:scale host:unit}
+lanes_text=${SLURMTOOLS_TEST_LANES-host:suite-b; host:matrix 26.05:core host:scale; host:suite-a 24.11:core host:unit}
 # the cluster suite's part a (suite-a); every other cluster module (a new one too) is in part b
 SUITE_A_MODULES="test_0_failed_up test_blame test_confinement test_faults test_health_gate"
 IFS=';' read -ra lanes <<<"$lanes_text"
