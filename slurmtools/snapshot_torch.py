@@ -27,7 +27,7 @@ import torch.distributed as dist
 from slurmtools.errors import CheckpointError
 from slurmtools.snapshot import Copy, over_limit, peer_of, plan_restore, replicas_kept_by
 from slurmtools.snapshot_io import SnapshotStore, open_regular
-from slurmtools.snapshot_wire import ViewReader, exchange, pull, serve
+from slurmtools.snapshot_wire import ViewReader, exchange, exchange_sizes, first_rank_over, pull, serve
 
 STATE_FILE = "state.pt"
 
@@ -56,6 +56,17 @@ def to_host(state: Any, reuse: Any = None) -> Any:
         return type(state)(to_host(value, previous_items[i] if previous_items else None)
                            for i, value in enumerate(state))
     return state
+
+
+def tensor_bytes(state: Any) -> int:
+    """The bytes of state's tensors: what serializing it writes, but for a little framing."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(tensor_bytes(value) for value in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(value) for value in state)
+    return 0
 
 
 def serialize(state: Any) -> bytes:
@@ -152,11 +163,20 @@ class Snapshotter:
             self.wait()
 
     def _write_and_replicate(self, step: int, state: Any) -> None:
-        """Every rank exchanges (its peer waits for it); what does not fit the limit is not kept."""
+        """The ranks first agree whether every snapshot and replica fits node memory (by the
+        tensors' bytes: known before serializing), so a shard too large is never serialized nor
+        sent; then every rank exchanges (its peer waits for it)."""
+        estimate = tensor_bytes(state)
+        estimates = exchange_sizes(estimate, self.peer, self.sources, self.group)
+        too_large = over_limit(estimate, list(estimates.values()), self.limit_bytes)
+        over = first_rank_over(too_large is not None, self.rank, self.group)
+        if over is not None:
+            raise CheckpointError(too_large or f"rank {over}'s snapshot or the replicas it keeps do not fit its "
+                                               f"share of node memory: every rank skips this one")
         data = serialize(state)
         received = exchange(data, self.peer, self.sources, self.group)
         too_large = over_limit(len(data), [len(payload) for payload in received.values()], self.limit_bytes)
-        if too_large:
+        if too_large:               # the serialized framing alone took it over: rare, and not kept
             raise CheckpointError(too_large)
         self.store.save_own(self.rank, step, {STATE_FILE: data}, {"world": self.world, "rank": self.rank})
         for source, payload in received.items():

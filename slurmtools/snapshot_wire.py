@@ -39,16 +39,31 @@ def _wait(requests: Sequence[Any]) -> None:
         request.wait()
 
 
+def exchange_sizes(own_bytes: int, peer: Optional[int], sources: Sequence[int], group: Any) -> Dict[int, int]:
+    """Tell peer how many bytes this rank sends it; hear the same from each source."""
+    sizes = {source: torch.zeros(1, dtype=torch.int64) for source in sources}
+    sends = [dist.isend(torch.tensor([own_bytes], dtype=torch.int64), peer, group=group)] if peer is not None else []
+    _wait(sends + [dist.irecv(sizes[source], source, group=group) for source in sources])
+    return {source: int(size.item()) for source, size in sizes.items()}
+
+
 def exchange(data: Any, peer: Optional[int], sources: Sequence[int], group: Any) -> Dict[int, memoryview]:
     """Send data to peer and receive each source's (their sizes first), all at once; what came in
     is a view of the received buffer, not a copy."""
-    sizes = {source: torch.zeros(1, dtype=torch.int64) for source in sources}
-    sends = [dist.isend(torch.tensor([len(data)], dtype=torch.int64), peer, group=group)] if peer is not None else []
-    _wait(sends + [dist.irecv(sizes[source], source, group=group) for source in sources])
-    buffers = {source: torch.empty(int(sizes[source].item()), dtype=torch.uint8) for source in sources}
+    sizes = exchange_sizes(len(data), peer, sources, group)
+    buffers = {source: torch.empty(sizes[source], dtype=torch.uint8) for source in sources}
     sends = [dist.isend(as_tensor(data), peer, group=group)] if peer is not None else []
     _wait(sends + [dist.irecv(buffers[source], source, group=group) for source in sources])
     return {source: buffers[source].numpy().data for source in sources}
+
+
+def first_rank_over(over: bool, rank: int, group: Any) -> Optional[int]:
+    """Collective: the lowest rank of the group that says it is over (its snapshot does not fit),
+    or None: every rank learns it before anything is serialized or sent."""
+    flag = torch.tensor([-rank if over else -(1 << 62)], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    lowest = -int(flag.item())
+    return None if lowest == 1 << 62 else lowest
 
 
 def serve(handle: Optional[io.FileIO], size: int, digest: Tuple[str, str], target: int, group: Any) -> None:

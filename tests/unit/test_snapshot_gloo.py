@@ -31,7 +31,7 @@ rank, hosts = dist.get_rank(), {int(k): v for k, v in json.loads(os.environ["HOS
 store = SnapshotStore(pathlib.Path(os.environ["MEMORY"]) / hosts[rank], "77-job", hosts[rank])
 group = snapshot_torch.side_group()
 if sys.argv[1] == "train":
-    weights = torch.zeros(1000) + rank
+    weights = torch.zeros(5000 if os.environ.get("BIG_RANK") == str(rank) else 1000) + rank
     limit = int(os.environ["LIMIT"]) if os.environ.get("LIMIT") else None
     snaps = snapshot_torch.Snapshotter(store, rank, hosts, 5, group, limit_bytes=limit)
     for step in range(1, 13):
@@ -49,10 +49,11 @@ dist.destroy_process_group()
 """
 
 
-def _run(tmp_path: Path, hosts: dict, *args: str, limit: str = "", memory_full: bool = False) -> list:
+def _run(tmp_path: Path, hosts: dict, *args: str, limit: str = "", memory_full: bool = False,
+         big_rank: str = "") -> list:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(len(hosts)),
                HOSTS=json.dumps(hosts), MEMORY=str(tmp_path / "memory"), LIMIT=limit,
-               NODE_MEMORY_FULL="1" if memory_full else "")
+               NODE_MEMORY_FULL="1" if memory_full else "", BIG_RANK=big_rank)
     procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, *args], env=dict(env, RANK=str(rank)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in hosts]
     outs = [proc.communicate(timeout=120) for proc in procs]
@@ -154,7 +155,7 @@ def test_both_nodes_of_a_pair_lost_uses_the_checkpoint(trained):
 
 def test_snapshots_over_the_node_memory_limit_are_not_kept_and_training_goes_on(tmp_path):
     """Each rank's share is 10 KB: its ~4-KB state twice and its peer's twice do not fit; every
-    rank still exchanges (no peer waits forever), keeps nothing and says why, once a snapshot."""
+    rank keeps nothing, sends nothing and says why, once a snapshot."""
     for node in ("n1", "n2"):
         (tmp_path / "memory" / node).mkdir(parents=True)
     results = _run(tmp_path, {0: "n1", 1: "n1", 2: "n2", 3: "n2"}, "train", limit="10000")
@@ -162,4 +163,22 @@ def test_snapshots_over_the_node_memory_limit_are_not_kept_and_training_goes_on(
         assert [step for step, _ in result["failures"]] == [5, 10]
         assert all(why.startswith("CheckpointError: 2 snapshots of ") and why.endswith("over this rank's 1e-05 GB")
                    for _, why in result["failures"]), result
+    assert not list((tmp_path / "memory").glob("*/slurmtools-*/snapshots/77-job/*/step_*"))
+
+
+def test_one_ranks_snapshot_over_the_limit_is_skipped_by_every_rank_before_it_is_sent(tmp_path):
+    """Rank 3's state is 20 KB, the others' 4 KB, each rank's share 30 KB: rank 3 (its snapshot)
+    and rank 1 (rank 3's replica) are over, ranks 0 and 2 are not. The ranks agree on it by the
+    tensors' sizes before serializing, so every rank skips both snapshots and says whose is over."""
+    for node in ("n1", "n2"):
+        (tmp_path / "memory" / node).mkdir(parents=True)
+    results = _run(tmp_path, {0: "n1", 1: "n1", 2: "n2", 3: "n2"}, "train", limit="30000", big_rank="3")
+    skipped = ("CheckpointError: rank 1's snapshot or the replicas it keeps do not fit its share of node memory: "
+               "every rank skips this one")
+    over = {1: "CheckpointError: 2 snapshots of 4e-06 GB and 1 replica(s) of 2e-05 GB need 4.8e-05 GB of node "
+               "memory, over this rank's 3e-05 GB",
+            3: "CheckpointError: 2 snapshots of 2e-05 GB and 1 replica(s) of 4e-06 GB need 4.8e-05 GB of node "
+               "memory, over this rank's 3e-05 GB"}
+    for result in results:
+        assert result["failures"] == [[5, over.get(result["rank"], skipped)], [10, over.get(result["rank"], skipped)]]
     assert not list((tmp_path / "memory").glob("*/slurmtools-*/snapshots/77-job/*/step_*"))
