@@ -92,7 +92,8 @@ def measure(state_mb: int, disk_dir: Path, memory_dir: Path) -> Dict[str, float]
     background_s = time.perf_counter() - t1
     model = {key: torch.zeros_like(value) for key, value in state.items() if isinstance(value, torch.Tensor)}
     t2 = time.perf_counter()
-    restored = deserialize(store.read(Copy(0, 1000, "localhost", True, 1))[STATE_FILE])
+    with store.open_verified(Copy(0, 1000, "localhost", True, 1), STATE_FILE) as own_copy:   # as a restore reads it
+        restored = deserialize(own_copy)
     apply(model, restored)
     memory_restore_s = time.perf_counter() - t2
     assert torch.equal(model["weights"], state["weights"])

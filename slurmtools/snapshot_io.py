@@ -1,7 +1,8 @@
 """A node's snapshot store in node memory (the layout and rules are snapshot.py's): a rank saves
 its own state and the replicas its peers send it, each sealed as a checkpoint is (a
 CheckpointManager per copy directory: staging, manifest last, rename, the two newest kept); the
-node's inventory of verified copies feeds snapshot.plan_restore; a copy is read back whole.
+node's inventory of verified copies feeds snapshot.plan_restore; a copy is read back whole, or
+checked where it lies and mapped (open_verified: a restore's own copy).
 
 Only this user's private directory is used (node_beat.own_private_dir: ours, nobody else can
 write it): a snapshot another user could plant is never restored.
@@ -9,6 +10,7 @@ write it): a snapshot another user could plant is never restored.
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import shutil
 from pathlib import Path
@@ -151,6 +153,31 @@ class SnapshotStore:
                 raise CheckpointError(f"snapshot {directory}: checksum mismatch in {name}")
             out[name] = data
         return out
+
+
+    def open_verified(self, copy: Copy, name: str) -> io.FileIO:
+        """One file of a copy, open, its bytes checked against the manifest's digest where they lie
+        (mapped, not read into this process), for torch.load to map the same pages: a restore
+        from node memory copies the state once, into the model. The caller loads it by the open
+        file (/proc/self/fd: the file checked is the file loaded) and closes it."""
+        path, size, (algorithm, expected) = self.locate(copy, name)
+        handle = open_regular(path, size)
+        if handle is None:
+            raise CheckpointError(f"snapshot {path.parent}: cannot read {name}")
+        try:
+            digest = digests.new(algorithm)
+            if size:
+                with mmap.mmap(handle.fileno(), size, prot=mmap.PROT_READ) as pages:
+                    digest.update(pages)
+            if digest.hexdigest() != expected:
+                raise CheckpointError(f"snapshot {path.parent}: checksum mismatch in {name}")
+        except (OSError, ValueError) as exc:
+            handle.close()
+            raise CheckpointError(f"snapshot {path.parent}: cannot read {name}: {exc}") from exc
+        except CheckpointError:
+            handle.close()
+            raise
+        return handle
 
 
 def incoming_path(root: Path, rank: int) -> Path:

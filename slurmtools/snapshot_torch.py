@@ -76,10 +76,13 @@ def serialize(state: Any) -> bytes:
 
 
 def deserialize(data: Any) -> Any:
-    """The state in data: bytes, a received buffer (read in place), or a file in node memory
-    (mapped: its tensors use the file's pages, no copy; the file may be removed once loaded)."""
+    """The state in data: bytes, a received buffer (read in place), or a file in node memory, by
+    path or open (mapped: its tensors use the file's pages, no copy; the file may be removed or
+    closed once loaded)."""
     if isinstance(data, Path):
         return torch.load(str(data), mmap=True, weights_only=True)
+    if isinstance(data, io.FileIO):        # a checked file of node memory, loaded by its open file
+        return torch.load(f"/proc/self/fd/{data.fileno()}", mmap=True, weights_only=True)
     source = io.BytesIO(data) if isinstance(data, bytes) else ViewReader(memoryview(data))
     return torch.load(cast(IO[bytes], source), weights_only=True)
 
@@ -211,11 +214,9 @@ def restore(store: SnapshotStore, rank: int, hosts: Mapping[int, str], checkpoin
             try:
                 state = deserialize(data)
             finally:
-                if isinstance(data, Path):
-                    data.unlink(missing_ok=True)      # its pages live on in the loaded tensors only
+                _release(data)                      # its pages live on in the loaded tensors only
             return plan.step, state, f"{plan.why}{pulled}{earlier}"
-        if isinstance(data, Path):
-            data.unlink(missing_ok=True)          # a pull another rank's refusal made useless
+        _release(data)                              # another rank's refusal made it useless
         refused.append(f"snapshot of step {plan.step} refused: {failed[0][0]}")
         unusable = {Copy(**fields) for _, fields in failed}
         copies = [copy for copy in copies if copy not in unusable]
@@ -254,10 +255,18 @@ def _fetch(store: SnapshotStore, rank: int, hosts: Mapping[int, str], plan: Any,
     # (and a rank whose own copy fails has served them all the same)
     if rank not in pulls:
         try:
-            data = store.read(plan.sources[rank])[STATE_FILE]
-        except (CheckpointError, KeyError) as exc:
+            data = store.open_verified(plan.sources[rank], STATE_FILE)
+        except CheckpointError as exc:
             problem = (f"rank {rank}: {exc}", asdict(plan.sources[rank]))
     return data, problem
+
+
+def _release(data: Any) -> None:
+    """A pull's file in node memory is removed, a copy's open file closed (the copy stays)."""
+    if isinstance(data, Path):
+        data.unlink(missing_ok=True)
+    elif isinstance(data, io.FileIO):
+        data.close()
 
 
 def _serve(store: SnapshotStore, copy: Copy, target: int, group: Any) -> None:

@@ -136,3 +136,22 @@ def test_a_pull_lands_in_a_private_file_of_its_size_in_the_jobs_directory(store)
     assert os.stat(path).st_blocks * 512 >= 10                    # reserved, not sparse: no SIGBUS on a full tmpfs
     store.remove(3, [])                                           # the rank's leftovers go with its copies
     assert not path.exists()
+
+
+def test_an_own_copy_is_checked_where_it_lies_and_loaded_by_its_open_file(store):
+    """A restore's own copy: its digest checked over the mapped file, then torch.load maps the same
+    open file; a flipped byte or a link in its place is refused, naming the copy."""
+    state = {"weights": torch.arange(1000, dtype=torch.float32), "step": 7}
+    path = store.save_own(0, 10, {"state.pt": serialize(state)})
+    with store.open_verified(Copy(0, 10, "node1", True), "state.pt") as handle:
+        loaded = deserialize(handle)
+    assert torch.equal(loaded["weights"], state["weights"]) and loaded["step"] == 7
+    data = bytearray((path / "state.pt").read_bytes())
+    data[len(data) // 2] ^= 1
+    (path / "state.pt").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"^snapshot {path}: checksum mismatch in state.pt$"):
+        store.open_verified(Copy(0, 10, "node1", True), "state.pt")
+    (path / "state.pt").unlink()
+    (path / "state.pt").symlink_to(path.parent)
+    with pytest.raises(CheckpointError, match=rf"^snapshot {path}: state.pt is not a regular file$"):
+        store.open_verified(Copy(0, 10, "node1", True), "state.pt")
