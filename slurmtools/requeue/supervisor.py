@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -24,59 +25,20 @@ from slurmtools import metrics
 from slurmtools.checkpoint import Checkpoint, CheckpointManager
 from slurmtools.deadline import WarningClock
 from slurmtools.preflight import launch as preflight
-from slurmtools.preflight.judge import Settings as PreflightSettings
-from slurmtools.requeue import (actions, ledger, nodecheck, observe, policy, progress, slurm_view, step, straggler,
-                                watchdog)
+from slurmtools.requeue import (actions, judge, ledger, nodecheck, observe, policy, progress, slurm_view, step,
+                                straggler, watchdog)
 from slurmtools.requeue.actions import Run, emit
+# re-exported: `slurmtools run` and the tests build a supervisor.SupervisorConfig
+from slurmtools.requeue.judge import Attempt as Attempt, SupervisorConfig as SupervisorConfig, Watch as Watch
 from slurmtools.requeue.topology import step_argv, topology_of
 from slurmtools.runtime import (ATTEMPT_ID_ENV, ATTEMPT_NUMBER_ENV, COMPLETE_FILE, CONTROL_DIR_ENV,
-                                FLIGHT_RECORDER_FILE_ENVS, STOPPED_FILE, attempt_of,
+                                FLIGHT_RECORDER_FILE_ENVS, attempt_of,
                                 flight_recorder_prefix)
 from slurmtools.signals import SignalFlags, signal_number
-from slurmtools.spec import RequeueSpec
 
 STARTUP_ALLOWANCE_S = 120.0
 STEP_OVERRIDDEN_ENV = ("SLURM_NTASKS", "SLURM_NPROCS")
 OVERLAP_DROPPED_ENV = ("SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_GPU")
-
-
-@dataclass(frozen=True)
-class SupervisorConfig:
-    requeue: RequeueSpec
-    control_dir: Path
-    checkpoint_dir: Optional[Path] = None
-    poll_s: float = 0.5
-    stop_timeout_s: float = 8.0
-    preflight: Optional[PreflightSettings] = None     # check the allocation before the first step
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """Who this step is."""
-
-    job_id: Optional[int]
-    restart: int
-    attempt_id: str
-    nodelist: str
-    seq: int = 0                     # steps before it in this run of the batch script
-    recorder_prefix: str = ""        # where its ranks' flight-recorder dumps go (the rank appended)
-
-    @property
-    def recorder_dir(self) -> Optional[Path]:
-        return Path(self.recorder_prefix).parent if self.recorder_prefix else None
-
-
-@dataclass
-class Watch:
-    """What happened while the step ran."""
-
-    exit_code: Optional[int] = None
-    killed_by_us: bool = False
-    stall: Optional[watchdog.Stall] = None
-    dead_node: Optional[str] = None
-    dead_also: "tuple[str, ...]" = ()
-    dead_detail: str = ""
-    straggler: Optional[straggler.Straggler] = None
 
 
 def _warn_when_due(clock: WarningClock, attempt: Attempt, flags: SignalFlags, warn_sig: int) -> None:
@@ -140,6 +102,9 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
             step.stop(child, config.stop_timeout_s)
             watch.killed_by_us = True
             break
+        if flags.seen(signal.SIGTERM) and step.stopped_for_requeue_by(control, attempt.attempt_id):
+            watch.stopped_on_term = True
+            return watch                     # the step still ends: _one_step waits for it after the record
         beats, invalid = watchdog.scan_heartbeats(control, now, attempt.attempt_id)
         if invalid > invalid_seen:
             invalid_seen = invalid
@@ -186,82 +151,12 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
     return watch
 
 
-def _evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: SignalFlags, tail: str,
-              resume: Optional[Checkpoint], inferred: progress.ProgressWatch
-              ) -> "tuple[policy.Evidence, List[watchdog.Beat]]":
-    control = config.control_dir
-    beats = watchdog.read_heartbeats(control)
-    last_step = max((beat.step for beat in beats), default=None)
-    reports = progress.reports_progress(control, bool(beats))
-    corruption = step.sdc_record(control)
-    collective = (observe.collective_laggard(attempt.recorder_dir, beats)
-                  if not watch.killed_by_us and watch.exit_code else None)
-    evidence = policy.Evidence(
-        exit_code=None if watch.killed_by_us else watch.exit_code,
-        complete_marker=step.marker(control / COMPLETE_FILE),
-        stopped_for_requeue=step.marker(control / STOPPED_FILE),
-        warning_received=flags.any(),
-        cancelled=flags.seen(signal.SIGTERM) and slurm_view.ended_for_good(attempt.job_id, attempt.restart),
-        hang_detected=watch.stall is not None,
-        hang_rank=watch.stall.rank if watch.stall else None,
-        hang_node=watch.stall.host if watch.stall else None,
-        hang_detail=watch.stall.detail if watch.stall else "",
-        collective_laggard_node=collective.host if collective else None,
-        collective_laggard_detail=collective.detail if collective else "",
-        log_tail=tail,
-        progressed=(last_step is not None and last_step > (resume.step if resume else 0)) or (
-            not reports and inferred.progressed()),
-        earlier_progress=resume is not None or ledger.ever_trained(ledger.read(control)) or bool(inferred.at_launch),
-        reports_progress=reports,
-        node_states=slurm_view.node_states(attempt.nodelist),
-        dead_node=watch.dead_node,
-        dead_also=watch.dead_also,
-        dead_detail=watch.dead_detail,
-        sdc_found=corruption is not None,
-        sdc_node=corruption[0] if corruption else None,
-        sdc_detail=corruption[1] if corruption else "",
-        sdc_also=corruption[2] if corruption else (),
-        straggler_node=watch.straggler.node if watch.straggler else None,
-        straggler_detail=watch.straggler.detail if watch.straggler else "",
-    )
-    return evidence, beats
-
-
 def _capacity(attempt: Attempt, run: Run, nodes: Sequence[str], flags: SignalFlags) -> policy.Capacity:
     """A new step may follow under Slurm while Slurm is not ending this run (no SIGTERM seen)."""
     if attempt.job_id is None or flags.seen(signal.SIGTERM):
         return policy.Capacity()
     return policy.Capacity(True, frozenset(node for node in nodes if run.topology.can_lose(node, run.lost)),
                            run.topology.slack(run.lost))
-
-
-def _decide(config: SupervisorConfig, attempt: Attempt, evidence: policy.Evidence, beats: List[watchdog.Beat],
-            events: List[ledger.Event], manager: Optional[CheckpointManager], exit_code: Optional[int],
-            capacity: policy.Capacity, inferred: Optional[progress.ProgressWatch] = None
-            ) -> "tuple[policy.Diagnosis, policy.Verdict, Optional[int]]":
-    """Classify, decide, and record the attempt's end in the ledger and the job's output; a program
-    that reports no progress is judged by its own checkpoints and progress lines (inferred)."""
-    newest = manager.latest(checksums=False) if manager else None
-    # else the program's own (requeue.progress_checkpoints; Transformers' sealed checkpoint-N too)
-    checkpoint_step = newest.step if newest else (inferred.newest_checkpoint_step() if inferred else None)
-    own = inferred if inferred is not None and not evidence.reports_progress else None
-    diag = policy.classify(evidence)
-    verdict = policy.decide(diag, ledger.history(events), config.requeue, ledger.attempt_progress_step(
-        config.control_dir, attempt.attempt_id, checkpoint_step), capacity, now_s=time.time())
-    if attempt.job_id is None and verdict.action is policy.Action.REQUEUE:
-        verdict = replace(verdict, action=policy.Action.STOP,
-                          reason=verdict.reason + "; not under Slurm, cannot requeue")
-    last_step = max((beat.step for beat in beats), default=own.last_step() if own else None)
-    ledger.append(config.control_dir, ledger.AttemptEnd(
-        attempt_id=attempt.attempt_id, time_s=time.time(), cause=diag.cause.value, counted=verdict.counted,
-        action=verdict.action.value, detail=diag.detail, reason=verdict.reason, node=diag.node,
-        exit_code=exit_code, last_step=last_step, first_step_t=watchdog.first_progress(beats),
-        checkpoint_step=checkpoint_step, last_step_t=watchdog.last_progress(beats)))
-    metrics.write_job_metrics(config.control_dir, attempt.attempt_id.split(".", 1)[0], os.environ)
-    emit("decision", attempt.attempt_id, cause=diag.cause.value, action=verdict.action.value, reason=verdict.reason,
-         node=diag.node, exclude=verdict.exclude_node, drain=verdict.drain_node, also=list(verdict.also_nodes),
-         exit_code=exit_code, last_step=last_step, checkpoint_step=checkpoint_step)
-    return diag, verdict, checkpoint_step
 
 
 def _expand(nodelist: str) -> List[str]:
@@ -344,13 +239,14 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
             evidence, in_place = blamed
             capacity = (_capacity(attempt, this_run, this_run.topology.allocation, flags) if in_place
                         else policy.Capacity())
-            diag, verdict, checkpoint_step = _decide(config, attempt, evidence, [], events, manager, None, capacity)
+            diag, verdict, checkpoint_step = judge.decide(config, attempt, evidence, [], events, manager, None,
+                                                          capacity)
             return diag, verdict, checkpoint_step, events
         if flags.any():        # warned or ended during the preflight: no training to start now
             evidence = policy.Evidence(exit_code=None, progressed=False, warning_received=True, cancelled=flags.seen(
                 signal.SIGTERM) and slurm_view.ended_for_good(attempt.job_id, attempt.restart))
-            diag, verdict, checkpoint_step = _decide(config, attempt, evidence, [], events, manager, None,
-                                                     policy.Capacity())
+            diag, verdict, checkpoint_step = judge.decide(config, attempt, evidence, [], events, manager, None,
+                                                          policy.Capacity())
             return diag, verdict, checkpoint_step, events
     requeue = config.requeue
     inferred = progress.ProgressWatch.start(requeue.progress_checkpoints, requeue.progress_checkpoint_marker,
@@ -373,12 +269,17 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
         """A spare is left to take the node's place in this allocation."""
         return (attempt.job_id is not None and requeue.in_allocation and not flags.seen(signal.SIGTERM)
                 and bool(this_run.topology.spares(this_run.lost)) and this_run.topology.can_lose(node, this_run.lost))
+    watch: Optional[Watch] = None
     try:
         try:
             watch = _watch(config, attempt, launched, flags, start_t, node_watch, stragglers, can_swap,
                            lambda: _warn_when_due(clock, attempt, flags, warn_sig), inferred)
         finally:
-            launched.finish(config.stop_timeout_s)      # the whole tail read
+            if watch is None or not watch.stopped_on_term:
+                launched.finish(config.stop_timeout_s)      # the whole tail read
+        if watch.stopped_on_term:
+            return _judge_then_finish(config, attempt, launched, watch, flags, resume, inferred, events, manager,
+                                      start_t)
         lost = (observe.lost_with_step(node_watch, watch.exit_code, "".join(launched.tail))
                 if node_watch is not None and not watch.killed_by_us and watch.dead_node is None else None)
         if lost is not None:
@@ -389,11 +290,26 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
         if node_watch is not None:
             node_watch.close()
     emit("step_end", attempt.attempt_id, exit_code=watch.exit_code, run_s=round(time.time() - start_t, 3))
-    evidence, beats = _evidence(config, attempt, watch, flags, "".join(launched.tail), resume, inferred)
+    evidence, beats = judge.evidence(config, attempt, watch, flags, "".join(launched.tail), resume, inferred)
     capacity = _capacity(attempt, this_run, nodes, flags)
-    diag, verdict, checkpoint_step = _decide(config, attempt, evidence, beats, events, manager, watch.exit_code,
-                                             capacity, inferred)
+    diag, verdict, checkpoint_step = judge.decide(config, attempt, evidence, beats, events, manager,
+                                                  watch.exit_code, capacity, inferred)
     return diag, verdict, checkpoint_step, events
 
 
-
+def _judge_then_finish(config: SupervisorConfig, attempt: Attempt, launched: step.Step, watch: Watch,
+                       flags: SignalFlags, resume: Optional[Checkpoint], inferred: progress.ProgressWatch,
+                       events: List[ledger.Event], manager: Optional[CheckpointManager], start_t: float
+                       ) -> "tuple[policy.Diagnosis, policy.Verdict, Optional[int], List[ledger.Event]]":
+    """Slurm is ending the run and the ranks have checkpointed and stopped: decide (a cancel or a
+    preemption) and record it now, then let the step end (stopped if it has not within stop_timeout_s)."""
+    evidence, beats = judge.evidence(config, attempt, watch, flags, "".join(launched.tail), resume, inferred)
+    diag, verdict, checkpoint_step = judge.decide(config, attempt, evidence, beats, events, manager, None,
+                                                  policy.Capacity(), inferred)
+    try:
+        launched.child.wait(timeout=config.stop_timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    launched.finish(config.stop_timeout_s)
+    emit("step_end", attempt.attempt_id, exit_code=launched.child.returncode, run_s=round(time.time() - start_t, 3))
+    return diag, verdict, checkpoint_step, events

@@ -72,9 +72,9 @@ def test_b_requeue_by_a_person_checkpoints_and_resumes(workdir, reference_run):
     info = training.wait_finished(job, 240)
     evts = training.events(spec, job)
     assert info.state == "COMPLETED", training.describe(spec, job)
-    # the ledger, not the supervisor's decision lines: Slurm SIGKILLs the supervisor KillWait (10 s
-    # here) after the requeue's SIGTERM, and on a loaded machine that can come before the ranks' exit
-    # reaches it (R46); the next attempt then records the end from the ranks' stopped marker
+    # the ledger, the durable record: the supervisor records the preemption once the ranks stopped,
+    # and should Slurm's SIGKILL (KillWait after the requeue's SIGTERM) still come first, the next
+    # attempt records it from the ranks' stopped marker (R46)
     ends = ledger.read(Path(spec.checkpoint_dir) / ".slurmtools" / str(job))
     assert [(e.cause, e.counted) for e in ends if isinstance(e, ledger.AttemptEnd)] == [
         ("preempted", False), ("completed", False)]
@@ -258,10 +258,10 @@ def test_cancel_by_a_person_stops_without_requeue(workdir):
     training.cancel(job)
     info = training.wait_finished(job, 60)
     assert info.state == "CANCELLED"
-    # Slurm says CANCELLED at once (24.11 before the batch step has ended): the supervisor's record
-    # of it comes within KillWait of the cancel, when the supervisor gets the CPU (R42: over 15 s
-    # with three lanes of tests on 2 CPUs); Slurm SIGKILLs it then, so a record that never comes
-    # still fails here
+    # Slurm says CANCELLED at once (24.11 before the batch step has ended): the supervisor records
+    # it as soon as the ranks stopped, before srun ends (R48: a record made after srun's end was
+    # lost to Slurm's SIGKILL KillWait after the cancel, on a loaded machine); a record that never
+    # comes still fails here
     ledger = Path(spec.checkpoint_dir) / ".slurmtools" / str(job) / "ledger.jsonl"
     records = wait_for(lambda: '"cause": "cancelled"' in ledger.read_text() and ledger.read_text(), 60,
                        "the supervisor's record of the cancel")
