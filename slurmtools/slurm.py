@@ -236,12 +236,19 @@ def cancel_step(step_id: str) -> None:
     run_slurm(["scancel", step_id])
 
 
-def slurmd_endpoint(node: str) -> Tuple[str, int]:
-    """(address, port) of the node's slurmd, to ask whether it answers at all."""
-    record = parse_scontrol_record(run_slurm(["scontrol", "-o", "show", "node", node]).strip())
+def slurmd_endpoints(hostlist: str) -> Dict[str, Tuple[str, int]]:
+    """(address, port) of each listed node's slurmd, to ask whether it answers at all: one query
+    for the whole hostlist (a job's nodes, at launch, while the controller answers)."""
+    out = run_slurm(["scontrol", "-o", "show", "node", hostlist])
     config = run_slurm(["scontrol", "show", "config"])
-    port = re.search(r"^SlurmdPort\s*=\s*(\d+)", config, re.MULTILINE)
-    return record.get("NodeAddr", node), int(port.group(1)) if port else 6818
+    port_match = re.search(r"^SlurmdPort\s*=\s*(\d+)", config, re.MULTILINE)
+    port = int(port_match.group(1)) if port_match else 6818
+    endpoints: Dict[str, Tuple[str, int]] = {}
+    for line in out.splitlines():
+        record = parse_scontrol_record(line.strip()) if line.strip() else {}
+        if record.get("NodeName"):
+            endpoints[record["NodeName"]] = (record.get("NodeAddr") or record["NodeName"], port)
+    return endpoints
 
 
 def nodes(names: Optional[str] = None) -> List[NodeInfo]:

@@ -262,6 +262,8 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
     node_watch = (nodecheck.NodeWatch(config.requeue.node_timeout_s, nodes or this_run.topology.allocation,
                                       this_run.topology.batch_host, start_t)
                   if attempt.job_id is not None else None)
+    if node_watch is not None:
+        node_watch.resolve_endpoints()
     stragglers = (straggler.StragglerWatch(requeue.straggler_factor, requeue.straggler_windows,
                                            requeue.straggler_window_steps) if requeue.straggler_factor > 0 else None)
 
