@@ -2,9 +2,12 @@
 # The type check and the whole test suite, set-up included (fresh Debian 12, as root): bootstrap .venv,
 # mypy, then three lanes side by side, each a list of pytest runs one after another, each run on a
 # named cluster of its own. A cluster test mostly waits on Slurm's timers and its scenario (a lane of
-# 2 x 1 jobs keeps the 2 CPUs about 28% busy, measured 2026-12-03), so three lanes fit; with 2 x 2
-# jobs they did not (R42, docs/minicluster.md):
-#   lane 1: the cluster suite's part b (suite-b) on the machine's own Slurm (cluster `bhost`);
+# 2 x 1 jobs keeps the 2 CPUs about 28% busy, three lanes 55%, measured 2026-12-03 in R48), but its
+# start-ups contend, so a third lane gains less than a third (R48: lanes 34:41 / 37:12 / ~44 against
+# two lanes' 45:23 / 45:21 in R47; docs/minicluster.md):
+#   lane 1: the cluster suite's part b (suite-b: every module not in SUITE_A_MODULES) on the
+#           machine's own Slurm (cluster `bhost`), then the unit tests (they keep both CPUs busy:
+#           last, in the lane whose cluster tests end first);
 #   lane 2: the fault matrix (marker matrix: two nodes lost at once, a node lost during start-up or
 #           during a recovery, the controller restarted during a requeue, a node partitioned; and a
 #           plain torchrun script's crash and lost node; the Lightning adapter's test, while lane 1
@@ -12,9 +15,9 @@
 #           then the core cluster tests (marker every_release) on Slurm 26.05 (`t2605`), then the
 #           control plane at 128 nodes (marker scale: a light trainer without torch on a 130-node
 #           cluster, `shost`);
-#   lane 3: the cluster suite's part a (suite-a: SUITE_A_MODULES, the fault tests and the gates) on
-#           the machine's own Slurm (`ahost`), then the core cluster tests on Slurm 24.11 (`t2411`),
-#           then the unit tests (last, when lane 1 is about done: they keep both CPUs busy).
+#   lane 3: the cluster suite's part a (SUITE_A_MODULES: the fault tests, the gates, the training
+#           basics) on the machine's own Slurm (`ahost`), then the core cluster tests on Slurm 24.11
+#           (`t2411`).
 # SLURMTOOLS_TEST_LANES overrides them: lanes separated by ';', each a list of words RELEASE:KIND,
 # KIND one of cluster (the whole cluster suite but the matrix), suite-a or suite-b (its two parts:
 # SUITE_A_MODULES and the rest), core, matrix (on a 5-node cluster), scale (on a 130-node cluster) or unit (the unit tests; RELEASE
@@ -23,9 +26,9 @@
 # Extra arguments run that one pytest on the machine's Slurm only (e.g. -m "not cluster").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-lanes_text=${SLURMTOOLS_TEST_LANES-host:suite-b; host:matrix 26.05:core host:scale; host:suite-a 24.11:core host:unit}
+lanes_text=${SLURMTOOLS_TEST_LANES-host:suite-b host:unit; host:matrix 26.05:core host:scale; host:suite-a 24.11:core}
 # the cluster suite's part a (suite-a); every other cluster module (a new one too) is in part b
-SUITE_A_MODULES="test_0_failed_up test_blame test_confinement test_faults test_health_gate"
+SUITE_A_MODULES="test_0_failed_up test_blame test_confinement test_faults test_health_gate test_training"
 IFS=';' read -ra lanes <<<"$lanes_text"
 for lane in "${lanes[@]}"; do   # a bad word fails before an hour of tests, not after
   for run in $lane; do
