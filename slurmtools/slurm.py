@@ -125,10 +125,12 @@ def submit(script_text: str, extra_args: Sequence[str] = (), timeout_s: float = 
     return parse_job_id(out)
 
 
-def show_job(job_id: int, *, survive_sigterm: bool = False) -> Optional[Dict[str, str]]:
-    """`scontrol -o show job` as a dict, or None once slurmctld has forgotten the job."""
+def show_job(job_id: int, *, survive_sigterm: bool = False, outage_s: float = 0.0) -> Optional[Dict[str, str]]:
+    """`scontrol -o show job` as a dict, or None once slurmctld has forgotten the job (outage_s: as
+    run_slurm's, for a read that a requeue needs)."""
     try:
-        out = run_slurm(["scontrol", "-o", "show", "job", str(job_id)], survive_sigterm=survive_sigterm)
+        out = run_slurm(["scontrol", "-o", "show", "job", str(job_id)], survive_sigterm=survive_sigterm,
+                        outage_s=outage_s)
     except SlurmCommandError as exc:
         if "Invalid job id" in exc.stderr:
             return None

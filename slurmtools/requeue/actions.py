@@ -123,7 +123,9 @@ def requeue_fields(job_id: int, verdict: policy.Verdict, this_run: Run) -> Dict[
     blamed = [*verdict.excluded, *this_run.lost]
     if blamed:
         from ClusterShell.NodeSet import NodeSet
-        excluded = (slurm.show_job(job_id) or {}).get("ExcNodeList", "(null)")
+        # the requeue that follows rides a controller outage (REQUEUE_OUTAGE_S): so does this read
+        excluded = (slurm.show_job(job_id, survive_sigterm=True, outage_s=slurm.REQUEUE_OUTAGE_S) or {}).get(
+            "ExcNodeList", "(null)")
         nodeset = NodeSet(",".join(blamed))
         if excluded not in ("", "(null)"):
             nodeset.update(excluded)

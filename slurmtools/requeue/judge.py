@@ -91,7 +91,10 @@ def evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: Si
             not reports and inferred.progressed()),
         earlier_progress=resume is not None or ledger.ever_trained(ledger.read(control)) or bool(inferred.at_launch),
         reports_progress=reports,
-        node_states=slurm_view.node_states(attempt.nodelist),
+        # Slurm's view of the nodes is asked only where it can change the verdict: a node our own
+        # watch found dead decides it, unless a warning came too; and the controller may be down
+        # then (failures come together), where the query waits out its retries (R49: ~80 s)
+        node_states=({} if watch.dead_node and not flags.any() else slurm_view.node_states(attempt.nodelist)),
         dead_node=watch.dead_node,
         dead_also=watch.dead_also,
         dead_detail=watch.dead_detail,

@@ -3,6 +3,7 @@ clock; the real controller restart is a cluster test)."""
 import pytest
 
 from slurmtools import slurm
+from slurmtools.spec import RequeueSpec
 
 DOWN = "scontrol: error: Unable to contact slurm controller (connect failure)"
 
@@ -55,3 +56,18 @@ def test_an_outage_longer_than_the_ride_fails_the_requeue(monkeypatch):
     with pytest.raises(slurm.SlurmCommandError):
         slurm.requeue(7)
     assert slurm.REQUEUE_OUTAGE_S <= calls[-1] < slurm.REQUEUE_OUTAGE_S + 10
+
+
+def test_the_exclusion_list_read_before_a_requeue_rides_the_outage_too(monkeypatch):
+    """requeue_fields reads the job's ExcNodeList before the requeue: during an outage it waits as
+    the requeue does, instead of failing the requeue after the short retries."""
+    from slurmtools.requeue import actions, policy, topology
+
+    clock, calls = Clock(), []
+    monkeypatch.setattr(slurm, "time", clock)
+    monkeypatch.setattr(slurm, "_run_once", controller_down_for(120.0, clock, calls))
+    monkeypatch.setattr(slurm, "parse_scontrol_record", lambda line: {"ExcNodeList": "node5"})
+    run = actions.Run(topology.topology_of(["node1", "node2"], RequeueSpec()))
+    verdict = policy.Verdict(policy.Action.REQUEUE, "node failure", exclude_node="node2", drain_node="node2")
+    assert actions.requeue_fields(7, verdict, run) == {"ExcNodeList": "node[2,5]"}
+    assert calls[-1] >= 120.0
