@@ -139,21 +139,13 @@ class SnapshotStore:
         return directory / name, info["size"], recorded
 
     def read(self, copy: Copy) -> Dict[str, bytes]:
-        """The files of a copy on this node, verified against its manifest as they are read."""
-        directory, manifest = self._sealed(copy)
+        """The files of a copy on this node, each checked as open_verified checks it, read whole."""
+        _, manifest = self._sealed(copy)
         out: Dict[str, bytes] = {}
-        for name, info in manifest["files"].items():
-            data = _read_regular(directory / name, info["size"])
-            recorded = digests.entry_digest(info)
-            if data is None or recorded is None:
-                raise CheckpointError(f"snapshot {directory}: cannot read {name}")
-            digest = digests.new(recorded[0])
-            digest.update(data)
-            if digest.hexdigest() != recorded[1]:
-                raise CheckpointError(f"snapshot {directory}: checksum mismatch in {name}")
-            out[name] = data
+        for name in manifest["files"]:
+            with self.open_verified(copy, name) as handle:
+                out[name] = handle.readall()
         return out
-
 
     def open_verified(self, copy: Copy, name: str) -> io.FileIO:
         """One file of a copy, open, its bytes checked against the manifest's digest where they lie
@@ -200,16 +192,3 @@ def open_regular(path: Path, size: int) -> Optional[io.FileIO]:
         os.close(fd)
         return None
     return io.FileIO(fd, "rb")
-
-
-def _read_regular(path: Path, size: int) -> Optional[bytes]:
-    """A regular file of exactly size bytes, read whole (one buffer of its size); None otherwise."""
-    handle = open_regular(path, size)
-    if handle is None:
-        return None
-    try:
-        with handle:
-            data = handle.readall()
-    except OSError:
-        return None
-    return data if len(data) == size else None
