@@ -301,6 +301,7 @@ class AsyncCheckpointer:
         self.failures: List[Tuple[int, str]] = []      # (step, why) of saves that failed: take_failures()
         self._staging: Any = None
         self._sealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-seal")
+        self._released = False
 
     def save(self, step: int, model: Any, optim: Any, meta: Optional[Dict[str, Any]] = None,
              extra: Optional[Dict[str, Any]] = None, trainer_state: Optional[TrainerState] = None) -> None:
@@ -360,7 +361,10 @@ class AsyncCheckpointer:
         """An exit callback (ExitStack.push): when the trainer raised an Exception, finish the save in
         flight if it is written within CRASH_SAVE_WAIT_S (as Lightning's async checkpointing does at
         teardown); one that cannot (a peer gone) is left. The crash's exception goes on either way."""
-        if exc_type is None or not issubclass(exc_type, Exception) or self._pending is None:
+        if exc_type is None or not issubclass(exc_type, Exception):
+            return False
+        if self._pending is None:
+            self._release()
             return False
         step, future = self._pending[0], self._pending[1]
         if not futures_wait([future], timeout=CRASH_SAVE_WAIT_S).done:
@@ -372,11 +376,21 @@ class AsyncCheckpointer:
         except Exception as err:     # never hide the crash behind the save's own error
             print(f"slurmtools: the checkpoint of step {step} in flight at the crash was not finished: {err}",
                   file=sys.stderr, flush=True)
+        self._release()
         return False
 
     def close(self) -> None:
         """Finish the save in flight and free the staging buffers and threads."""
         self.wait()
+        self._release()
+
+    def _release(self) -> None:
+        """Free the staging buffers and the sealing thread, and let go of the save's process group
+        (destroy_process_group() then frees it, not a garbage collection at interpreter exit:
+        the exception that ended training keeps this object alive in a reference cycle)."""
+        if self._released:
+            return
+        self._released, self._staging, self.group = True, None, None
         self.stager.close()
         self._sealer.shutdown(wait=True)
 

@@ -59,9 +59,11 @@ def to_host(state: Any, reuse: Any = None) -> Any:
 
 
 def tensor_bytes(state: Any) -> int:
-    """The bytes of state's tensors: what serializing it writes, but for a little framing."""
+    """The bytes of state's tensors as to_host copies them (a DTensor: its local shard): what
+    serializing the copy writes, but for a little framing."""
     if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
+        local = state.to_local() if hasattr(state, "to_local") else state
+        return local.numel() * local.element_size()
     if isinstance(state, dict):
         return sum(tensor_bytes(value) for value in state.values())
     if isinstance(state, (list, tuple)):
@@ -138,6 +140,12 @@ class Snapshotter:
         still replicating is waited for first: the next never overtakes it on the wire."""
         started = time.monotonic()
         self.wait()                 # the previous copy is serialized: its buffers are free again
+        try:
+            self._agree_fit(state)
+        except CheckpointError as exc:      # every rank skips it, before any host memory is taken
+            self.failures.append((step, f"{type(exc).__name__}: {exc}"))
+            self.stall_s += time.monotonic() - started
+            return
         host_state = to_host(state, self._host)
         self._host = host_state
         self.stall_s += time.monotonic() - started
@@ -165,10 +173,11 @@ class Snapshotter:
         if wait:
             self.wait()
 
-    def _write_and_replicate(self, step: int, state: Any) -> None:
-        """The ranks first agree whether every snapshot and replica fits node memory (by the
-        tensors' bytes: known before serializing), so a shard too large is never serialized nor
-        sent; then every rank exchanges (its peer waits for it)."""
+    def _agree_fit(self, state: Any) -> None:
+        """Collective, in the training thread before the host copy: the ranks agree whether every
+        snapshot and replica fits node memory, by the tensors' bytes (known on the device, before
+        any copy), so a shard too large is never copied to host memory, serialized nor sent.
+        Raises CheckpointError on every rank when one does not fit."""
         estimate = tensor_bytes(state)
         estimates = exchange_sizes(estimate, self.peer, self.sources, self.group)
         too_large = over_limit(estimate, list(estimates.values()), self.limit_bytes)
@@ -176,6 +185,13 @@ class Snapshotter:
         if over is not None:
             raise CheckpointError(too_large or f"rank {over}'s snapshot or the replicas it keeps do not fit its "
                                                f"share of node memory: every rank skips this one")
+
+    def host_bytes(self) -> int:
+        """Host memory this rank holds in its snapshot copy (0 before the first one)."""
+        return tensor_bytes(self._host) if self._host is not None else 0
+
+    def _write_and_replicate(self, step: int, state: Any) -> None:
+        """In the background: serialize, exchange with the peers (its peer waits for it), keep."""
         data = serialize(state)
         received = exchange(data, self.peer, self.sources, self.group)
         too_large = over_limit(len(data), [len(payload) for payload in received.values()], self.limit_bytes)

@@ -39,7 +39,11 @@ if sys.argv[1] == "train":
         if snaps.due(step):
             snaps.take(step, {"weights": weights, "step": step})
     snaps.close()
-    print(json.dumps({"rank": rank, "failures": snaps.failures}))
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    sharded = distribute_tensor(torch.zeros(8, 4), init_device_mesh("cpu", (dist.get_world_size(),)), [Shard(0)])
+    print(json.dumps({"rank": rank, "failures": snaps.failures, "host_bytes": snaps.host_bytes(),
+                      "dtensor_bytes": snapshot_torch.tensor_bytes({"w": sharded})}))
 else:
     step, state, why = snapshot_torch.restore(store, rank, hosts, int(sys.argv[2]), group)
     expected = (torch.zeros(1000) + rank + sum(range(1, 11))).tolist()
@@ -70,6 +74,8 @@ def trained_once(tmp_path_factory):
         (base / "memory" / node).mkdir(parents=True)
     results = _run(base, {0: "n1", 1: "n1", 2: "n2", 3: "n2"}, "train")
     assert [r["failures"] for r in results] == [[]] * 4
+    assert [r["host_bytes"] for r in results] == [4000] * 4          # 1,000 float32 each, one copy kept
+    assert [r["dtensor_bytes"] for r in results] == [32] * 4         # an 8x4 DTensor over 4 ranks: its 2x4 shard
     return base
 
 
@@ -163,6 +169,7 @@ def test_snapshots_over_the_node_memory_limit_are_not_kept_and_training_goes_on(
         assert [step for step, _ in result["failures"]] == [5, 10]
         assert all(why.startswith("CheckpointError: 2 snapshots of ") and why.endswith("over this rank's 1e-05 GB")
                    for _, why in result["failures"]), result
+        assert result["host_bytes"] == 0, result
     assert not list((tmp_path / "memory").glob("*/slurmtools-*/snapshots/77-job/*/step_*"))
 
 
@@ -181,4 +188,5 @@ def test_one_ranks_snapshot_over_the_limit_is_skipped_by_every_rank_before_it_is
                "memory, over this rank's 3e-05 GB"}
     for result in results:
         assert result["failures"] == [[5, over.get(result["rank"], skipped)], [10, over.get(result["rank"], skipped)]]
+    assert [r["host_bytes"] for r in results] == [0] * 4        # agreed before the host copy: none taken
     assert not list((tmp_path / "memory").glob("*/slurmtools-*/snapshots/77-job/*/step_*"))

@@ -18,7 +18,7 @@ from slurmtools import checkpoint  # noqa: E402
 from slurmtools.checkpoint import CheckpointManager  # noqa: E402
 
 RANK_SCRIPT = """
-import datetime, json, sys, torch.distributed as dist
+import datetime, json, sys, threading, torch.distributed as dist
 from pathlib import Path
 from slurmtools.errors import CheckpointError
 from slurmtools.runtime import TrainingControl
@@ -32,6 +32,9 @@ try:
     train(cfg, TrainingControl(rank=dist.get_rank()), log)
 except CheckpointError as exc:
     events.append({"event": "stopped", "error": str(exc)})
+# the trainer that raised let its checkpointer's threads go (not left to a collection at exit)
+left = [thread.name for thread in threading.enumerate() if thread.name.startswith("checkpoint-seal")]
+assert not left, f"threads left after the trainer raised: {left}"
 if dist.get_rank() == 0:
     out.write_text(json.dumps(events))
 dist.barrier()
