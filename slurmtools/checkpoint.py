@@ -343,3 +343,15 @@ class CheckpointManager:
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
         return removed
+
+
+def why_save_failed(exc: BaseException) -> str:
+    """One line for a failed save: DCP's CheckpointException carries each failed rank's exception
+    (e.g. rank 1: OSError: [Errno 28] No space left on device)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, wrapped = sorted(failures.items())[0]
+        inner = wrapped[0] if isinstance(wrapped, tuple) and wrapped else wrapped
+        detail = why_save_failed(inner) if isinstance(inner, BaseException) else " ".join(str(inner).split())
+        return f"rank {rank}: {detail}"[:300]
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]

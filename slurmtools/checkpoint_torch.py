@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from slurmtools.agreement import agree, barrier
 from slurmtools import trainer_state as trainer_state_files
 from slurmtools.checkpoint import (Checkpoint, CheckpointManager, mark_seal_failed, seal_failures, seal_own_files,
-                                   verify_dir, verify_files, writers_sealed)
+                                   verify_dir, verify_files, why_save_failed, writers_sealed)
 from slurmtools.errors import CheckpointError
 from slurmtools.hashing_fs import HashingFileSystem
 from slurmtools.trainer_state import TrainerState
@@ -81,18 +81,6 @@ def _complete_or_quarantine(manager: CheckpointManager, step: int) -> bool:
 
 def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def why_save_failed(exc: BaseException) -> str:
-    """One line for a failed save: DCP's CheckpointException carries each failed rank's exception
-    (e.g. rank 1: OSError: [Errno 28] No space left on device)."""
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict) and failures:
-        rank, wrapped = sorted(failures.items())[0]
-        inner = wrapped[0] if isinstance(wrapped, tuple) and wrapped else wrapped
-        detail = why_save_failed(inner) if isinstance(inner, BaseException) else " ".join(str(inner).split())
-        return f"rank {rank}: {detail}"[:300]
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
 
 
 def _first_problem(problem: Optional[str]) -> Optional[str]:

@@ -130,3 +130,20 @@ def test_empty_writer_is_an_error(tmp_path):
 
 def test_empty_root(tmp_path):
     assert CheckpointManager(tmp_path / "missing").latest() is None
+
+
+class _DcpLikeFailure(Exception):
+    """The shape of DCP's CheckpointException: failures maps a rank to (exception, traceback)."""
+
+    def __init__(self, failures: dict) -> None:
+        super().__init__("CheckpointException ranks:" + repr(sorted(failures)))
+        self.failures = failures
+
+
+def test_why_save_failed_is_one_line_naming_the_first_failed_rank_and_its_error():
+    from slurmtools.checkpoint import why_save_failed
+    nested = _DcpLikeFailure({3: (OSError(5, "Input/output\nerror"), "tb"),
+                              1: (OSError(28, "No space left on device"), "tb")})
+    assert why_save_failed(nested) == "rank 1: OSError: [Errno 28] No space left on device"
+    assert why_save_failed(RuntimeError("a\n  b")) == "RuntimeError: a b"
+    assert len(why_save_failed(ValueError("x" * 1000))) == 300
