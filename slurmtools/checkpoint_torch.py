@@ -348,7 +348,8 @@ class AsyncCheckpointer:
     def finish_on_crash(self, exc_type: Optional[type], exc: Optional[BaseException], tb: Any) -> bool:
         """An exit callback (ExitStack.push): when the trainer raised an Exception, finish the save in
         flight if it is written within CRASH_SAVE_WAIT_S (as Lightning's async checkpointing does at
-        teardown); one that cannot (a peer gone) is left. The crash's exception goes on either way."""
+        teardown); one that cannot (a peer gone) is left. Otherwise the checkpointer is released then
+        (_release). The crash's exception goes on either way."""
         if exc_type is None or not issubclass(exc_type, Exception):
             return False
         if self._pending is None:

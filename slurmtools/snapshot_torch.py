@@ -115,6 +115,12 @@ def _in_process_memory(rank: int, size: int, why: BaseException) -> torch.Tensor
     return torch.empty(size, dtype=torch.uint8)
 
 
+def _failure_text(exc: BaseException) -> str:
+    """How a snapshot that was not kept is said (the same whether skipped before or failed after
+    the host copy)."""
+    return f"{type(exc).__name__}: {exc}"
+
+
 class Snapshotter:
     """One rank's snapshots: take() at a step boundary every rank reaches at the same step."""
 
@@ -143,7 +149,7 @@ class Snapshotter:
         try:
             self._agree_fit(state)
         except CheckpointError as exc:      # every rank skips it, before any host memory is taken
-            self.failures.append((step, f"{type(exc).__name__}: {exc}"))
+            self.failures.append((step, _failure_text(exc)))
             self.stall_s += time.monotonic() - started
             return
         host_state = to_host(state, self._host)
@@ -158,7 +164,7 @@ class Snapshotter:
         try:
             self._write_and_replicate(step, state)
         except Exception as exc:      # a snapshot is a shortcut: the persistent checkpoint still stands
-            errors.append(f"{type(exc).__name__}: {exc}")
+            errors.append(_failure_text(exc))
 
     def wait(self) -> None:
         if self._pending is None:
