@@ -29,6 +29,7 @@ STEPS = 40
 def _spec(workdir: Path, framework: str) -> JobSpec:
     return spec_from_dict({
         "name": framework, "nodes": 2, "processes_per_node": 1, "python": sys.executable,
+        "cpus_per_task": training.node_cpus(),      # the whole node (training.node_cpus says why)
         "command": [str(EXAMPLES / framework / "train.py"), "--steps", str(STEPS), "--checkpoint-every", "4",
                     "--step-sleep-s", "0.5"],
         "output_dir": str(workdir / "logs"), "checkpoint_dir": str(workdir / "ckpt"), "time_limit_min": 10,

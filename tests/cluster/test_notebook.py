@@ -21,6 +21,7 @@ submitit = pytest.importorskip("submitit")
 
 def spec(work: Path, **over):
     data = {"name": "nb", "nodes": 2, "processes_per_node": 1, "time_limit_min": 10,
+            "cpus_per_task": training.node_cpus(),     # the whole node (training.node_cpus says why)
             "checkpoint_dir": str(work / "ckpt"), "requeue": {"warning_lead_s": 60, "checkpoint_grace_s": 30}}
     data.update(over)
     return data

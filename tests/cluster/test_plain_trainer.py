@@ -28,6 +28,7 @@ def _spec(workdir: Path) -> JobSpec:
     ckpt = workdir / "ckpt"
     return spec_from_dict({
         "name": "plain", "nodes": 2, "processes_per_node": 1, "python": sys.executable,
+        "cpus_per_task": training.node_cpus(),      # the whole node (training.node_cpus says why)
         "command": [str(PLAIN), "--steps", str(STEPS), "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
                     "--step-sleep-s", "1", "--crash-once-at-step", "3"],
         "output_dir": str(workdir / "logs"), "time_limit_min": 10,

@@ -43,7 +43,8 @@ def test_cli_submit_wait_status_and_logs(cluster, user_tmp: Path):
 
     spec_file = user_tmp / "job.yaml"
     spec_file.write_text(
-        f"name: cli-job\nnodes: 1\nprocesses_per_node: 1\npython: {sys.executable}\n"
+        f"name: cli-job\nnodes: 1\nprocesses_per_node: 1\ncpus_per_task: {training.node_cpus()}\n"
+        f"python: {sys.executable}\n"
         f"command: [{training.TRAIN}, --steps, '4', --checkpoint-every, '2']\n"
         f"output_dir: {user_tmp}/logs\ncheckpoint_dir: {user_tmp}/ckpt\n")
     proc = asuser.run([sys.executable, "-m", "slurmtools", "submit", str(spec_file), "--wait"], timeout=180)
@@ -68,7 +69,8 @@ def test_submit_wait_and_the_supervisor_ride_through_a_controller_restart(cluste
     training.settle()
     spec_file = user_tmp / "job.yaml"
     spec_file.write_text(
-        f"name: ctld\nnodes: 2\nprocesses_per_node: 1\npython: {sys.executable}\n"
+        f"name: ctld\nnodes: 2\nprocesses_per_node: 1\ncpus_per_task: {training.node_cpus()}\n"
+        f"python: {sys.executable}\n"
         f"command: [{training.TRAIN}, --steps, '{training.STEPS}', --checkpoint-every, "
         f"'{training.CHECKPOINT_EVERY}', --step-sleep-s, '0.5']\n"
         f"output_dir: {user_tmp}/logs\ncheckpoint_dir: {user_tmp}/ckpt\ntime_limit_min: 10\n"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,19 @@ LOADER_WORKERS = 0
 # tests/cluster/test_preflight.py, the notebook's jobs and the fault matrix's start-up kill; the other
 # fault tests start training at once (preflight=True turns it on).
 PREFLIGHT = False
+
+
+@functools.lru_cache(maxsize=None)
+def node_cpus() -> int:
+    """CPUs of one node of the suite's cluster: a test job's torchrun task takes them all, as a
+    production training job takes whole nodes. Each mini-cluster node is this machine, and Slurm
+    gives a 1-CPU task the lowest free CPU: with 1 CPU per task every job process of every lane
+    (supervisor, srun, torchrun, ranks) was confined to CPU 0 while CPU 1 idled -- test_recovery a
+    took 107 s in a full run against 37 s alone, the CPUs 55% busy (docs/minicluster.md)."""
+    from slurmtools.minicluster import cluster as mc
+    return mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR).cpus_per_node
+
+
 # sacct states of a job that has not ended yet (its accounting row still changes)
 UNENDED_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "COMPLETING", ""})
 
@@ -50,7 +64,7 @@ def training_spec(workdir: Path, name: str, *, steps: int = STEPS, extra: Sequen
                     "--loader-workers", str(loader_workers), *extra],
         "output_dir": str(workdir / "logs"), "checkpoint_dir": str(workdir / "ckpt"), "time_limit_min": 10,
         "requeue": {"hang_timeout_s": 120, "backoff_s": 0, "warning_lead_s": 60, "checkpoint_grace_s": 30},
-        "preflight": preflight,
+        "preflight": preflight, "cpus_per_task": node_cpus(),
     }
     return spec_from_dict(_merge(data, over))
 
