@@ -64,9 +64,13 @@ def training_spec(workdir: Path, name: str, *, steps: int = STEPS, extra: Sequen
                     "--loader-workers", str(loader_workers), *extra],
         "output_dir": str(workdir / "logs"), "checkpoint_dir": str(workdir / "ckpt"), "time_limit_min": 10,
         "requeue": {"hang_timeout_s": 120, "backoff_s": 0, "warning_lead_s": 60, "checkpoint_grace_s": 30},
-        "preflight": preflight, "cpus_per_task": node_cpus(),
+        "preflight": preflight,
     }
-    return spec_from_dict(_merge(data, over))
+    merged = _merge(data, over)
+    if "cpus_per_task" not in merged:       # the whole node: torchrun's one task, or srun's task per process
+        tasks_per_node = merged["processes_per_node"] if merged.get("launcher") == "srun" else 1
+        merged["cpus_per_task"] = max(1, node_cpus() // tasks_per_node)
+    return spec_from_dict(merged)
 
 
 def load_spec_file(path: Path) -> JobSpec:
@@ -216,8 +220,6 @@ def blamed_reason(node: str, job: int, timeout_s: float = 30) -> str:
     the cluster's HealthCheckProgram or the next prolog/epilog drains): it names the job's user
     and the job, and the report was handled as the job's user's."""
     import pwd
-    from slurmtools.minicluster import cluster as mc
-    from slurmtools.blame import spool
 
     info = wait_for(lambda: [n for n in slurm.nodes(node) if n.drained and n.reason.startswith("slurmtools:")],
                     timeout_s, f"{node} drained by the blame path")[0]
@@ -227,8 +229,15 @@ def blamed_reason(node: str, job: int, timeout_s: float = 30) -> str:
     from slurmtools import drain
     reason = drain.without_slurm_notes(info.reason)     # 24.11+ append " : Not responding" to a dead node's
     assert reason.endswith(f" user={user} job={job}"), info.reason
-    layout = mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR)
-    records = [r for r in spool.records(layout.blame_spool / spool.DONE_DIR)
-               if r.get("job") == str(job) and r.get("node") == node and r.get("action") == "drain"]
+    records = drain_records(node, job)
     assert records and records[0]["uid"] == uid, records
     return reason
+
+
+def drain_records(node: str, job: int) -> List[Dict[str, Any]]:
+    """The root side's records (the blame spool's done/) of its drains of node for job."""
+    from slurmtools.blame import spool
+    from slurmtools.minicluster import cluster as mc
+    layout = mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR)
+    return [r for r in spool.records(layout.blame_spool / spool.DONE_DIR)
+            if r.get("job") == str(job) and r.get("node") == node and r.get("action") == "drain"]
