@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from slurmtools.checkpoint import CheckpointManager  # noqa: E402
-from slurmtools.snapshot import Copy  # noqa: E402
+from slurmtools.snapshot import DEFAULT_MAX_OVERHEAD_PCT, Copy, interval_for  # noqa: E402
 from slurmtools.snapshot_io import SnapshotStore  # noqa: E402
 from slurmtools.snapshot_torch import STATE_FILE, deserialize, serialize, to_host  # noqa: E402
 
@@ -140,6 +140,9 @@ def main() -> None:
     print(f"ratio memory-restore/disk-restore {row['memory_restore_s'] / row['disk_restore_s']:.2f}")
     print(f"overhead at one snapshot every {args.every} steps of {args.step_s:g} s: {100 * overhead:.2f}% "
           f"(goal <= 2%: {'met' if overhead <= 0.02 else 'not met'})")
+    bounded = interval_for(row["stall_s"], args.step_s, args.every, DEFAULT_MAX_OVERHEAD_PCT)
+    print(f"interval the default bound keeps (snapshot_max_overhead_pct {DEFAULT_MAX_OVERHEAD_PCT:g}): every "
+          f"{bounded} steps, {100 * row['stall_s'] / (bounded * args.step_s):.2f}% of training time")
     peer = snapshot_peer.measure(args.state_mb)
     print(f"peer (two gloo ranks, loopback TCP): replicated {peer['replication_s']:.2f} s after the snapshot; "
           f"restore on a spare pulling from the replica {peer['peer_restore_s']:.2f} s (verified, loaded)")

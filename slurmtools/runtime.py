@@ -67,6 +67,7 @@ PREFLIGHT_REPORT_FILE = "preflight.json"  # rank 0 of the preflight step: its re
 SDC_CHECK_EVERY_ENV = "SLURMTOOLS_SDC_CHECK_EVERY"   # the spec's distributed.sdc_check_every
 SNAPSHOT_EVERY_ENV = "SLURMTOOLS_SNAPSHOT_EVERY"     # distributed.snapshot_every_steps (docs/snapshots.md)
 SNAPSHOT_MEMORY_GB_ENV = "SLURMTOOLS_SNAPSHOT_MEMORY_GB"   # distributed.snapshot_memory_gb
+SNAPSHOT_MAX_OVERHEAD_ENV = "SLURMTOOLS_SNAPSHOT_MAX_OVERHEAD_PCT"   # distributed.snapshot_max_overhead_pct
 PREFLIGHT_ENV = "SLURMTOOLS_PREFLIGHT"   # notebook path: the spec's preflight settings (JSON); unset: off
 STOPPED_FILE = "stopped-for-requeue"
 # made by every TrainingControl: the program reports its progress (heartbeats, completion); without

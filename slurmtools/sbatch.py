@@ -15,7 +15,7 @@ from slurmtools.errors import SpecError
 from slurmtools.requeue import flags as requeue_flags
 from slurmtools.metric_names import METRICS_DIR_ENV
 from slurmtools.runtime import (CHECKPOINT_DIR_ENV, COLLECTIVE_TIMEOUT_ENV, SDC_CHECK_EVERY_ENV, SNAPSHOT_EVERY_ENV,
-                                SNAPSHOT_MEMORY_GB_ENV, control_root)
+                                SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV, control_root)
 from slurmtools.slurm_parse import EXPEDITE_SINCE
 from slurmtools.spec import JobSpec
 
@@ -95,6 +95,7 @@ def environment(spec: JobSpec) -> List[Tuple[str, str]]:
     if spec.distributed.snapshot_every_steps:
         env[SNAPSHOT_EVERY_ENV] = str(spec.distributed.snapshot_every_steps)
         env[SNAPSHOT_MEMORY_GB_ENV] = f"{spec.distributed.snapshot_memory_gb:g}"
+        env[SNAPSHOT_MAX_OVERHEAD_ENV] = f"{spec.distributed.snapshot_max_overhead_pct:g}"
     if spec.metrics_dir:
         env[METRICS_DIR_ENV] = spec.metrics_dir
     if spec.distributed.dump_on_timeout:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 import sys
 import time
+from collections import deque
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Deque, Dict, List, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -22,8 +24,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from slurmtools.agreement import agree
 from slurmtools.checkpoint import CheckpointManager
 from slurmtools.node_beat import NODE_LOCAL_DIR_ENV, local_rank, memory_root
-from slurmtools.runtime import SNAPSHOT_EVERY_ENV, SNAPSHOT_MEMORY_GB_ENV
-from slurmtools.snapshot import DEFAULT_MEMORY_GB, job_key, refused_after
+from slurmtools.runtime import SNAPSHOT_EVERY_ENV, SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV
+from slurmtools.snapshot import DEFAULT_MAX_OVERHEAD_PCT, DEFAULT_MEMORY_GB, job_key, refused_after
 from slurmtools.snapshot_io import SnapshotStore
 from slurmtools.snapshot_torch import Snapshotter, restore, side_group
 from slurmtools.trainer_state import TrainerState
@@ -68,6 +70,8 @@ class Session:
     def __init__(self, snapshotter: Snapshotter, hosts: Mapping[int, str], control_dir: Optional[Path],
                  attempt_id: str) -> None:
         self.snapshotter, self.hosts, self.control_dir, self.attempt_id = snapshotter, dict(hosts), control_dir, attempt_id
+        self._step_times_s: Deque[float] = deque(maxlen=20)     # this rank's recent steps, without snapshots
+        self._last_step_t: Optional[float] = None
 
     @classmethod
     def open(cls, every_steps: int, control_dir: Optional[Path], attempt_id: str,
@@ -79,6 +83,7 @@ class Session:
         if every_steps <= 0:
             return None
         memory_gb = float(environ.get(SNAPSHOT_MEMORY_GB_ENV) or DEFAULT_MEMORY_GB)
+        max_overhead_pct = float(environ.get(SNAPSHOT_MAX_OVERHEAD_ENV) or DEFAULT_MAX_OVERHEAD_PCT)
         rank, world = dist.get_rank(), dist.get_world_size()
         host = socket.gethostname()
         names: List[Any] = [None] * world
@@ -94,7 +99,8 @@ class Session:
         if local_rank(environ) == 0:
             store.sweep_stale(time.time())
         hosts = dict(enumerate(names))
-        snapshotter = Snapshotter(store, rank, hosts, every_steps, side_group(), limit_bytes=int(memory_gb * 1e9))
+        snapshotter = Snapshotter(store, rank, hosts, every_steps, side_group(), limit_bytes=int(memory_gb * 1e9),
+                                  max_overhead_pct=max_overhead_pct)
         return cls(snapshotter, hosts, control_dir, attempt_id)
 
     def restore_into(self, model: Any, optim: Any, trainer_state: Optional[TrainerState],
@@ -130,9 +136,21 @@ class Session:
 
     def after_step(self, step: int, model: Any, optim: Any, trainer_state: Optional[TrainerState],
                    extra: Mapping[str, Any]) -> None:
-        """A snapshot when one is due (every rank at the same step); failed ones said by rank 0."""
+        """A snapshot when one is due (every rank at the same step); failed ones, and a new interval,
+        said by rank 0. Step times are measured between calls, a snapshot's own stall left out."""
+        now = time.monotonic()
+        if self._last_step_t is not None:
+            self._step_times_s.append(now - self._last_step_t)
         if self.snapshotter.due(step):
-            self.snapshotter.take(step, capture(model, optim, trainer_state, dict(extra, step=step)))
+            every, stall_before = self.snapshotter.every_steps, self.snapshotter.stall_s
+            step_s = statistics.median(self._step_times_s) if self._step_times_s else None
+            self.snapshotter.take(step, capture(model, optim, trainer_state, dict(extra, step=step)), step_s=step_s)
+            if self.snapshotter.every_steps != every and dist.get_rank() == 0:
+                print(f"slurmtools: snapshots every {self.snapshotter.every_steps} steps from now (rank 0's "
+                      f"snapshot stalled training {self.snapshotter.stall_s - stall_before:.3f} s, a step takes "
+                      f"{step_s or 0:.3f} s, at most {self.snapshotter.max_overhead_pct:g}% of training time)",
+                      file=sys.stderr, flush=True)
+        self._last_step_t = time.monotonic()
         for failed, why in self.snapshotter.failures:
             if dist.get_rank() == 0:
                 print(f"slurmtools: snapshot of step {failed} not kept: {why}", file=sys.stderr, flush=True)

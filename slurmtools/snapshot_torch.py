@@ -25,9 +25,10 @@ import torch
 import torch.distributed as dist
 
 from slurmtools.errors import CheckpointError
-from slurmtools.snapshot import Copy, over_limit, peer_of, plan_restore, replicas_kept_by
+from slurmtools.snapshot import Copy, interval_for, over_limit, peer_of, plan_restore, replicas_kept_by
 from slurmtools.snapshot_io import SnapshotStore, open_regular
-from slurmtools.snapshot_wire import ViewReader, exchange, exchange_sizes, first_rank_over, pull, serve
+from slurmtools.snapshot_wire import (ViewReader, agree_max, exchange, exchange_sizes, first_rank_over, pull,
+                                      serve)
 
 STATE_FILE = "state.pt"
 
@@ -125,9 +126,12 @@ class Snapshotter:
     """One rank's snapshots: take() at a step boundary every rank reaches at the same step."""
 
     def __init__(self, store: SnapshotStore, rank: int, hosts: Mapping[int, str], every_steps: int, group: Any,
-                 limit_bytes: Optional[int] = None) -> None:
-        """limit_bytes: this rank's share of node memory for its snapshots and the replicas it keeps."""
+                 limit_bytes: Optional[int] = None, max_overhead_pct: float = 0.0) -> None:
+        """limit_bytes: this rank's share of node memory for its snapshots and the replicas it keeps;
+        max_overhead_pct: the share of training time a snapshot's stall may take (0: the interval
+        stays every_steps), the interval agreed by the ranks at each snapshot (snapshot.interval_for)."""
         self.store, self.rank, self.world, self.every_steps, self.group = store, rank, len(hosts), every_steps, group
+        self.min_every_steps, self.max_overhead_pct = every_steps, max_overhead_pct
         self.limit_bytes = limit_bytes
         self.peer = peer_of(rank, hosts)
         self.sources = replicas_kept_by(rank, hosts)
@@ -141,9 +145,10 @@ class Snapshotter:
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and step > 0 and step % self.every_steps == 0
 
-    def take(self, step: int, state: Any) -> None:
+    def take(self, step: int, state: Any, step_s: Optional[float] = None) -> None:
         """Copy state to host memory now; seal and replicate it in the background. A snapshot
-        still replicating is waited for first: the next never overtakes it on the wire."""
+        still replicating is waited for first: the next never overtakes it on the wire. step_s:
+        this rank's training step time, for the interval (with max_overhead_pct)."""
         started = time.monotonic()
         self.wait()                 # the previous copy is serialized: its buffers are free again
         try:
@@ -154,6 +159,10 @@ class Snapshotter:
             return
         host_state = to_host(state, self._host)
         self._host = host_state
+        if self.max_overhead_pct > 0:       # every rank, in the training thread: the group is free
+            stall_s = time.monotonic() - started
+            self.every_steps = agree_max(interval_for(stall_s, step_s or 0.0, self.min_every_steps,
+                                                      self.max_overhead_pct), self.group)
         self.stall_s += time.monotonic() - started
         errors: List[str] = []
         thread = threading.Thread(target=self._run, args=(step, host_state, errors), name="snapshot", daemon=True)

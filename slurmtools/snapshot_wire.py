@@ -66,6 +66,13 @@ def first_rank_over(over: bool, rank: int, group: Any) -> Optional[int]:
     return None if lowest == 1 << 62 else lowest
 
 
+def agree_max(value: int, group: Any) -> int:
+    """Collective: the largest value any rank of the group proposes (every rank learns it)."""
+    proposed = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(proposed, op=dist.ReduceOp.MAX, group=group)
+    return int(proposed.item())
+
+
 def serve(handle: Optional[io.FileIO], size: int, digest: Tuple[str, str], target: int, group: Any) -> None:
     """Send a copy's file (handle, size bytes, its recorded digest) to target in chunks; handle None:
     the copy cannot be read here, and target is told so (it never waits for bytes that will not

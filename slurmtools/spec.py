@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 from slurmtools.errors import SpecError
 from slurmtools.schema import attach_line, build, check_limits, doc, err, load_yaml_with_lines
 from slurmtools.schema import field_docs as _field_docs
-from slurmtools.snapshot import DEFAULT_MEMORY_GB
+from slurmtools.snapshot import DEFAULT_MAX_OVERHEAD_PCT, DEFAULT_MEMORY_GB
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MIN_MEM_GB = 0.1
@@ -139,6 +139,11 @@ class DistributedSpec:
     snapshot_memory_gb: float = doc("Each rank's share of node memory for its snapshots and the replicas it keeps "
                                     "(two of each); one that does not fit is not kept, and the job's output says "
                                     "so (SLURMTOOLS_SNAPSHOT_MEMORY_GB).", DEFAULT_MEMORY_GB, min=0.001, max=100000.0)
+    snapshot_max_overhead_pct: float = doc("The share of training time, in percent, a snapshot's stall of training "
+                                           "may take: at each snapshot the ranks measure it against their step "
+                                           "time and space snapshots out to a multiple of snapshot_every_steps "
+                                           "when needed (SLURMTOOLS_SNAPSHOT_MAX_OVERHEAD_PCT). 0: the interval "
+                                           "stays as set.", DEFAULT_MAX_OVERHEAD_PCT, min=0.0, max=100.0)
 
     def __post_init__(self) -> None:
         check_limits(self, ())

@@ -110,7 +110,7 @@ def test_a_two_nodes_killed_at_once_are_both_replaced_by_spares(cluster, workdir
     """With in-memory snapshots every step: the first victim's replica was kept by the second
     (snapshot.peer_of: the next node of the ring), so both members of its pair are lost and every
     rank resumes from the persistent checkpoint, the ledger saying why."""
-    spec = _spec(workdir, "twospares", spare_nodes=2, distributed={"snapshot_every_steps": 1, "snapshot_memory_gb": 1})
+    spec = _spec(workdir, "twospares", spare_nodes=2, distributed=training.SNAPSHOTS_EVERY_STEP)
     job, nodes = _at_step_6(spec)
     victims = nodes[1:]
     with _killed(cluster, victims):

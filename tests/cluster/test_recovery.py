@@ -239,7 +239,7 @@ def test_h_a_killed_nodes_ranks_resume_on_the_spare_from_their_peer_snapshots(cl
     spec = training.training_spec(workdir, "snapshots", processes_per_node=2,
                                   extra=["--step-sleep-s", "0.5", "--checkpoint-every", "100"],
                                   requeue={"spare_nodes": 1},
-                                  distributed={"snapshot_every_steps": 1, "snapshot_memory_gb": 1})
+                                  distributed=training.SNAPSHOTS_EVERY_STEP)
     with _second_node_killed(cluster, spec) as (job, nodes, victim, evts):
         resumed = training.trainer_events(evts, "resumed")
         assert len(resumed) == 1, resumed
@@ -290,7 +290,7 @@ def test_i_spoiled_replicas_fall_back_to_the_persistent_checkpoint_with_the_same
     spec = training.training_spec(workdir, "snapspoiled", processes_per_node=2,
                                   extra=["--step-sleep-s", "0.5"],
                                   requeue={"spare_nodes": 1},
-                                  distributed={"snapshot_every_steps": 1, "snapshot_memory_gb": 1})
+                                  distributed=training.SNAPSHOTS_EVERY_STEP)
     spoiled: List[str] = []
     with _second_node_killed(cluster, spec, lambda job, nodes: spoiled.extend(_spoil_replicas(cluster, nodes[0], job))) \
             as (job, nodes, victim, evts):
@@ -316,7 +316,7 @@ def test_j_a_requeue_onto_the_node_that_kept_the_replicas_restores_from_them(clu
     the requeued run restores from them (ranks 2,3 pulled onto node3), not from a checkpoint."""
     spec = training.training_spec(workdir, "snaprequeue", processes_per_node=2,
                                   extra=["--step-sleep-s", "0.5", "--checkpoint-every", "100"],
-                                  distributed={"snapshot_every_steps": 1, "snapshot_memory_gb": 1})
+                                  distributed=training.SNAPSHOTS_EVERY_STEP)
     job = training.submit(spec)
     training.wait_step(spec, job, 6)
     victim = _expand(training.supervisor_events(training.events(spec, job), "start")[0]["nodes"])[1]

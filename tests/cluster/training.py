@@ -42,6 +42,9 @@ def node_cpus() -> int:
     return mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR).cpus_per_node
 
 
+# in-memory snapshots at every step, exactly: the default bound on a snapshot's stall (1% of training
+# time) would space these tiny steps' snapshots out (tests/unit/test_snapshot_gloo.py tests the bound)
+SNAPSHOTS_EVERY_STEP = {"snapshot_every_steps": 1, "snapshot_memory_gb": 1, "snapshot_max_overhead_pct": 0}
 # sacct states of a job that has not ended yet (its accounting row still changes)
 UNENDED_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "COMPLETING", ""})
 

@@ -33,16 +33,21 @@ group = snapshot_torch.side_group()
 if sys.argv[1] == "train":
     weights = torch.zeros(5000 if os.environ.get("BIG_RANK") == str(rank) else 1000) + rank
     limit = int(os.environ["LIMIT"]) if os.environ.get("LIMIT") else None
-    snaps = snapshot_torch.Snapshotter(store, rank, hosts, 5, group, limit_bytes=limit)
+    overhead = float(os.environ.get("OVERHEAD") or 0)
+    snaps = snapshot_torch.Snapshotter(store, rank, hosts, 5, group, limit_bytes=limit, max_overhead_pct=overhead)
+    step_s = 1e-6 if rank == 0 else 1000.0      # rank 0's steps too short for any stall: it asks for a longer interval
+    taken = []
     for step in range(1, 13):
         weights += step                     # the training: each step changes the state in place
         if snaps.due(step):
-            snaps.take(step, {"weights": weights, "step": step})
+            taken.append(step)
+            snaps.take(step, {"weights": weights, "step": step}, step_s=step_s)
     snaps.close()
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
     sharded = distribute_tensor(torch.zeros(8, 4), init_device_mesh("cpu", (dist.get_world_size(),)), [Shard(0)])
     print(json.dumps({"rank": rank, "failures": snaps.failures, "host_bytes": snaps.host_bytes(),
+                      "taken": taken, "every": snaps.every_steps,
                       "dtensor_bytes": snapshot_torch.tensor_bytes({"w": sharded})}))
 else:
     step, state, why = snapshot_torch.restore(store, rank, hosts, int(sys.argv[2]), group)
@@ -54,10 +59,10 @@ dist.destroy_process_group()
 
 
 def _run(tmp_path: Path, hosts: dict, *args: str, limit: str = "", memory_full: bool = False,
-         big_rank: str = "") -> list:
+         big_rank: str = "", overhead: str = "") -> list:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(len(hosts)),
                HOSTS=json.dumps(hosts), MEMORY=str(tmp_path / "memory"), LIMIT=limit,
-               NODE_MEMORY_FULL="1" if memory_full else "", BIG_RANK=big_rank)
+               NODE_MEMORY_FULL="1" if memory_full else "", BIG_RANK=big_rank, OVERHEAD=overhead)
     procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, *args], env=dict(env, RANK=str(rank)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in hosts]
     outs = [proc.communicate(timeout=120) for proc in procs]
@@ -74,6 +79,7 @@ def trained_once(tmp_path_factory):
         (base / "memory" / node).mkdir(parents=True)
     results = _run(base, {0: "n1", 1: "n1", 2: "n2", 3: "n2"}, "train")
     assert [r["failures"] for r in results] == [[]] * 4
+    assert [(r["taken"], r["every"]) for r in results] == [([5, 10], 5)] * 4      # no bound: every 5 steps
     assert [r["host_bytes"] for r in results] == [4000] * 4          # 1,000 float32 each, one copy kept
     assert [r["dtensor_bytes"] for r in results] == [32] * 4         # an 8x4 DTensor over 4 ranks: its 2x4 shard
     return base
@@ -190,3 +196,16 @@ def test_one_ranks_snapshot_over_the_limit_is_skipped_by_every_rank_before_it_is
         assert result["failures"] == [[5, over.get(result["rank"], skipped)], [10, over.get(result["rank"], skipped)]]
     assert [r["host_bytes"] for r in results] == [0] * 4        # agreed before the host copy: none taken
     assert not list((tmp_path / "memory").glob("*/slurmtools-*/snapshots/77-job/*/step_*"))
+
+
+def test_snapshots_are_spaced_out_when_one_would_stall_more_than_its_share_of_training(tmp_path):
+    """At most 1% of training time: rank 0's steps (1 us) are far too short for any snapshot's stall,
+    the others' (1,000 s) long enough for it. The ranks agree at the first snapshot (the largest
+    interval any rank needs, a multiple of 5), so every rank skips step 10 alike."""
+    for node in ("n1", "n2"):
+        (tmp_path / "memory" / node).mkdir(parents=True)
+    results = _run(tmp_path, {0: "n1", 1: "n1", 2: "n2", 3: "n2"}, "train", overhead="1")
+    assert [r["failures"] for r in results] == [[]] * 4
+    assert [r["taken"] for r in results] == [[5]] * 4
+    every = {r["every"] for r in results}
+    assert len(every) == 1 and min(every) > 10 and min(every) % 5 == 0, every

@@ -101,3 +101,18 @@ def test_a_snapshot_and_its_replicas_must_fit_the_ranks_share_of_node_memory():
     assert snapshot.over_limit(10**9, [10**9], 4 * 10**9) is None
     assert snapshot.over_limit(10**9, [10**9, 10**9], 4 * 10**9) == (
         "2 snapshots of 1 GB and 2 replica(s) of 2 GB need 6 GB of node memory, over this rank's 4 GB")
+
+
+def test_the_interval_grows_to_a_multiple_of_the_set_one_when_a_snapshot_stalls_too_long():
+    # 40 ms of stall at most 1% of 1-s steps: 4 steps would do, so every 10 stays
+    assert snapshot.interval_for(0.04, 1.0, 10, 1.0) == 10
+    # a GPU's 1-s device-to-host copy of a 17-GB shard, 1-s steps: 100 steps, at most 1%
+    assert snapshot.interval_for(1.0, 1.0, 10, 1.0) == 100
+    assert snapshot.interval_for(1.0, 1.0, 10, 2.0) == 50
+    assert snapshot.interval_for(1.01, 1.0, 10, 1.0) == 110         # a multiple of 10: the same steps
+    assert snapshot.interval_for(1.0, 1.0, 30, 1.0) == 120
+    # off (0 %), or nothing measured: as set
+    assert snapshot.interval_for(1.0, 1.0, 10, 0.0) == 10
+    assert snapshot.interval_for(0.0, 1.0, 10, 1.0) == 10
+    assert snapshot.interval_for(1.0, 0.0, 10, 1.0) == 10
+    assert snapshot.interval_for(5.0, 1e-9, 1, 1.0) == snapshot.MAX_INTERVAL_STEPS

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurmtools.requeue import ledger
+from slurmtools.runtime import SNAPSHOT_MAX_OVERHEAD_ENV
 from slurmtools.snapshot import SNAPSHOTS_SUBDIR, job_key
 from tests.unit.test_flight_recorder import _free_port
 
@@ -24,7 +25,10 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_fsdp" / "trai
 def _train(tmp_path: Path, name: str, *args: str, attempt: str = "5.0") -> list:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2",
                SLURMTOOLS_CONTROL_DIR=str(tmp_path / name / "control"), SLURMTOOLS_ATTEMPT_ID=attempt,
-               SLURMTOOLS_NODE_LOCAL_DIR=str(tmp_path / "memory"), SLURM_JOB_ID="5")
+               SLURMTOOLS_NODE_LOCAL_DIR=str(tmp_path / "memory"), SLURM_JOB_ID="5",
+               # every 3 steps exactly: the default bound (1% of training time) would space these tiny
+               # steps' snapshots out (test_snapshot_gloo.py tests the bound)
+               **{SNAPSHOT_MAX_OVERHEAD_ENV: "0"})
     argv = [sys.executable, str(EXAMPLE), "--steps", "10", "--checkpoint-every", "100", "--checkpoint-dir",
             str(tmp_path / name / "ckpt"), "--loader-workers", "0", *args]
     procs = [subprocess.Popen(argv, env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)), stdout=subprocess.PIPE,
