@@ -1,10 +1,10 @@
 #!/bin/bash
 # The type check and the whole test suite, set-up included (fresh Debian 12, as root): bootstrap .venv,
 # mypy, then three lanes side by side, each a list of pytest runs one after another, each run on a
-# named cluster of its own. A cluster test mostly waits on Slurm's timers and its scenario (a lane of
-# 2 x 1 jobs keeps the 2 CPUs about 28% busy, three lanes 55%, measured 2026-12-03 in R48), but its
-# start-ups contend, so a third lane gains less than a third (R48: lanes 34:41 / 37:12 / ~44 against
-# two lanes' 45:23 / 45:21 in R47; docs/minicluster.md):
+# named cluster of its own. The test jobs take their nodes' CPUs (tests/cluster/training.py:
+# node_cpus; with 1 CPU per task every job process of every lane ran on CPU 0, and three lanes kept
+# the 2 CPUs only 55-65% busy): three lanes keep them 83% busy on average (R54, 2026-12-04, 33:04;
+# docs/minicluster.md), so a fourth lane would mostly slow the other three:
 #   lane 1: the cluster suite's part b (suite-b: every module not in SUITE_A_MODULES) on the
 #           machine's own Slurm (cluster `bhost`), then the unit tests (they keep both CPUs busy:
 #           last, in the lane whose cluster tests end first);

@@ -265,17 +265,6 @@ def drain_node(node: str, reason: str) -> None:
     run_slurm(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
 
 
-def down_node(node: str, reason: str) -> None:
-    """Set node DOWN now: Slurm ends what it still waits for there (a requeued job's completion,
-    a --no-kill job's share of the node) instead of waiting SlurmdTimeout to find it dead."""
-    run_slurm(["scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={reason}"])
-
-
-def jobs_on_node(node: str) -> List[str]:
-    """Ids of the jobs Slurm has on node now (running or completing)."""
-    return run_slurm(["squeue", "-h", "-w", node, "-o", "%A"]).split()       # %A: an array task's own id
-
-
 def reboot_node(node: str, reason: str) -> None:
     """Drain node now and reboot it once its jobs end (ASAP), then return it to service when its
     slurmd registers again (nextstate=RESUME); Slurm runs the cluster's RebootProgram."""

@@ -2,9 +2,7 @@
 spool claims the waiting reports, has munged verify each one's user, asks Slurm whose job it is
 and where it ran, decides (model.decide) and drains with a structured reason
 (`slurmtools: CRITICAL <check> <evidence> user=<u> job=<j>`, e.g. job.hang, preflight.canary). A node already drained -- by a
-person or by us -- is left exactly as it is. A node a job reported dead whose slurmd does not answer
-from here either is also set DOWN at once (model.down_now), so its job is released without waiting
-SlurmdTimeout. Every report gets a record in done/ and one line."""
+person or by us -- is left exactly as it is. Every report gets a record in done/ and one line."""
 from __future__ import annotations
 
 import time
@@ -12,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from slurmtools import drain, slurm, slurmd_probe
+from slurmtools import drain, slurm
 from slurmtools.blame import model, munge, spool
 from slurmtools.blame.config import BlameSettings
 from slurmtools.errors import SlurmCommandError, one_line
@@ -104,26 +102,6 @@ def _one(name: str, raw: Optional[bytes], settings: BlameSettings, cluster: str,
     except SlurmCommandError as exc:
         return Handled(name, "refuse", f"the drain failed: {exc}", blame.node, blame.job), entry
     entry["reason"] = reason.render()
-    if not drained:
-        return Handled(name, "drained-already", f"{decision.why}; the node was drained already and is left as it is",
-                       blame.node, blame.job), entry
-    entry["down"], released = _down_if_dead(blame, entry["reason"])
-    why = f"{decision.why}; {released}" if released else decision.why
-    return Handled(name, "drain", why, blame.node, blame.job), entry
-
-
-def _down_if_dead(blame: model.Blame, reason: str) -> Tuple[bool, str]:
-    """A node just drained for its death: set DOWN now when its slurmd does not answer from here
-    either (model.down_now); (whether it was, why). Our own failure here leaves the drain as it is."""
-    if blame.kind != "node_death":
-        return False, ""
-    try:
-        endpoint = slurm.slurmd_endpoints(blame.node).get(blame.node)
-        answers = None if endpoint is None else slurmd_probe.slurmd_answers(*endpoint)
-        others = [job for job in slurm.jobs_on_node(blame.node) if job != blame.job] if answers is False else []
-        down, why = model.down_now(blame.kind, True, answers, others)
-        if down:
-            slurm.down_node(blame.node, reason)
-    except SlurmCommandError as exc:
-        return False, f"left drained: Slurm could not be asked whether it is gone or set it DOWN ({exc})"
-    return down, why
+    action = "drain" if drained else "drained-already"
+    why = decision.why if drained else f"{decision.why}; the node was drained already and is left as it is"
+    return Handled(name, action, why, blame.node, blame.job), entry

@@ -169,25 +169,6 @@ def decide(found: Verified, cluster: str, earlier: Sequence[Accepted], rules: Bl
                               f"to drain; {len(jobs)} so far")
 
 
-def down_now(kind: str, drained_now: bool, answers: Optional[bool], other_jobs: Sequence[str]) -> Tuple[bool, str]:
-    """Whether a node just drained for a job's report of its death is also set DOWN at once, and
-    the words that say why (none where nothing was asked). A dead node holds its job until Slurm's
-    own ping finds it gone (SlurmdTimeout: 300 s by default; a requeued job waits that long to
-    start again, R52: 30 s of the mini-cluster's 30 each time), so the root side asks the node's
-    slurmd itself (answers: None when the controller could not say where it listens) and sets it
-    DOWN when it does not answer and no other job runs there (DOWN would end those)."""
-    if kind != "node_death" or not drained_now:
-        return False, ""
-    if answers is None:
-        return False, "where its slurmd listens is not known here: Slurm's SlurmdTimeout decides"
-    if answers:
-        return False, "its slurmd answers from here: Slurm's SlurmdTimeout decides"
-    if other_jobs:
-        return False, (f"its slurmd does not answer, but job(s) {', '.join(sorted(other_jobs))} also run there: "
-                       "left to Slurm's SlurmdTimeout")
-    return True, "its slurmd does not answer from here either: set DOWN now, not after SlurmdTimeout"
-
-
 def accepted_from(records: Sequence[Mapping[str, Any]]) -> List[Accepted]:
     """The done/ records (written by the root side itself) as Accepted; others are skipped."""
     out = []

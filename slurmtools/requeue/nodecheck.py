@@ -5,6 +5,7 @@ answer either is gone (the same question Slurm asks, without waiting SlurmdTimeo
 """
 from __future__ import annotations
 
+import socket
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -12,10 +13,19 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError
 from slurmtools.requeue import watchdog
-from slurmtools.slurmd_probe import CONNECT_TIMEOUT_S, slurmd_answers
 
+CONNECT_TIMEOUT_S = 2.0
 PROBE_INTERVAL_S = 2.0
 PROBE_THREADS = 8
+
+
+def slurmd_answers(address: str, port: int, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
+    """True when the slurmd at address:port accepts a TCP connection."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)

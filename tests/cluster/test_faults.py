@@ -127,11 +127,6 @@ def test_c_node_killed_mid_step_requeues_without_it_and_resumes(cluster, workdir
     assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
     records = (Path(spec.checkpoint_dir) / ".slurmtools" / str(job) / "ledger.jsonl").read_text()
     assert '"cause": "node_failure"' in records
-    # the root side found the node's slurmd silent too and set it DOWN at once: the requeued job
-    # did not wait SlurmdTimeout for Slurm's own ping to release it
-    drains = training.drain_records(victim, job)
-    assert [(r["down"], r["why"].split("; ")[-1]) for r in drains] == [
-        (True, "its slurmd does not answer from here either: set DOWN now, not after SlurmdTimeout")], drains
 
 
 def _expand(nodes: str):

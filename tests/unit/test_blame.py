@@ -88,23 +88,6 @@ def test_the_decision_table():
     assert decide(node_death, "mini", [], ignoring, NOW).action == "record"
 
 
-def test_a_node_reported_dead_is_set_down_only_when_its_slurmd_does_not_answer_here_either():
-    """DOWN ends what Slurm still waits for on the node (a requeued job starts SlurmdTimeout
-    sooner); never for another kind of evidence, a node drained before (a person's), a slurmd
-    that answers or cannot be found, or a node where another job runs (DOWN would end it)."""
-    gone = "its slurmd does not answer from here either: set DOWN now, not after SlurmdTimeout"
-    assert model.down_now("node_death", True, False, []) == (True, gone)
-    assert model.down_now("node_death", True, True, []) == (
-        False, "its slurmd answers from here: Slurm's SlurmdTimeout decides")
-    assert model.down_now("node_death", True, None, []) == (
-        False, "where its slurmd listens is not known here: Slurm's SlurmdTimeout decides")
-    assert model.down_now("node_death", True, False, ["7", "12"]) == (
-        False, "its slurmd does not answer, but job(s) 12, 7 also run there: left to Slurm's SlurmdTimeout")
-    assert model.down_now("node_death", False, False, []) == (False, "")
-    for kind in ("xid", "sdc", "preflight", "straggler", "hang"):
-        assert model.down_now(kind, True, False, []) == (False, "")
-
-
 def test_the_admins_settings_are_checked():
     assert BlameSettings(actions={"straggler": "drain"}).rules().actions["straggler"] == "drain"
     assert BlameSettings().rules().actions == model.DEFAULT_ACTIONS
