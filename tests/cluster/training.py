@@ -223,6 +223,8 @@ def blamed_reason(node: str, job: int, timeout_s: float = 30) -> str:
     the cluster's HealthCheckProgram or the next prolog/epilog drains): it names the job's user
     and the job, and the report was handled as the job's user's."""
     import pwd
+    from slurmtools.minicluster import cluster as mc
+    from slurmtools.blame import spool
 
     info = wait_for(lambda: [n for n in slurm.nodes(node) if n.drained and n.reason.startswith("slurmtools:")],
                     timeout_s, f"{node} drained by the blame path")[0]
@@ -232,15 +234,8 @@ def blamed_reason(node: str, job: int, timeout_s: float = 30) -> str:
     from slurmtools import drain
     reason = drain.without_slurm_notes(info.reason)     # 24.11+ append " : Not responding" to a dead node's
     assert reason.endswith(f" user={user} job={job}"), info.reason
-    records = drain_records(node, job)
+    layout = mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR)
+    records = [r for r in spool.records(layout.blame_spool / spool.DONE_DIR)
+               if r.get("job") == str(job) and r.get("node") == node and r.get("action") == "drain"]
     assert records and records[0]["uid"] == uid, records
     return reason
-
-
-def drain_records(node: str, job: int) -> List[Dict[str, Any]]:
-    """The root side's records (the blame spool's done/) of its drains of node for job."""
-    from slurmtools.blame import spool
-    from slurmtools.minicluster import cluster as mc
-    layout = mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR)
-    return [r for r in spool.records(layout.blame_spool / spool.DONE_DIR)
-            if r.get("job") == str(job) and r.get("node") == node and r.get("action") == "drain"]
