@@ -226,6 +226,22 @@ def requeue_excluding(job_id: int, fields: Mapping[str, str], attempts: int = 3)
                     raise
 
 
+def give_back_nodes(job_id: int, nodes: Sequence[str]) -> Optional[str]:
+    """Shrink a running job by nodes (`scontrol update NodeList=` the rest, open to the job's own
+    user): Slurm kills the job's steps there and the nodes are no longer the job's. Returns the
+    nodes left, None when none of nodes was the job's any more. Run inside a job, scontrol writes
+    slurm_job_<id>_resize.{sh,csh} into its working directory after a resize unless SLURM_JOBID is
+    unset: unset here (the supervisor names each step's nodes itself)."""
+    from ClusterShell.NodeSet import NodeSet
+    held = NodeSet(_hostlists([(show_job(job_id) or {}).get("NodeList", "")]))
+    keep = held.difference(NodeSet(",".join(nodes)))
+    if len(keep) == len(held):
+        return None
+    env = {name: value for name, value in os.environ.items() if name not in ("SLURM_JOBID", "SLURM_JOB_ID")}
+    run_slurm(["scontrol", "update", f"JobId={job_id}", f"NodeList={keep}"], env=env)
+    return str(keep)
+
+
 def job_steps(job_id: int) -> List[str]:
     """The job's running parallel steps as `JOB.STEP` (not its batch or extern step)."""
     out = run_slurm(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i"])
@@ -288,27 +304,22 @@ _USER_ID = re.compile(r"\((\d+)\)$")
 
 
 def job_owner(job_id: int) -> Optional[Tuple[int, str]]:
-    """(uid, hostlist of every node the job was given, in this run or a run before a requeue) of a
-    job, from slurmctld while it knows the job, else from accounting (a blame may come a little
-    after the job ended, or from the run after the one whose node died); None when neither knows it."""
+    """(uid, hostlist of every node the job was given) of a job, from slurmctld while it knows the
+    job, and from accounting: its runs before a requeue, and its steps, which name the nodes the
+    job gave back (a dead node it shrank itself by); a blame may come a little after the job ended,
+    or from the run after the one whose node died. None when neither knows the job."""
+    try:
+        rows = sacct_rows(job_id, ("JobID", "UID", "NodeList"), all_attempts=True)
+    except SlurmCommandError:
+        rows = []
+    given = [row["NodeList"] for row in rows if row["JobID"].split(".")[0] == str(job_id)]
     record = show_job(job_id)
     if record is not None:
         uid = _USER_ID.search(record.get("UserId", ""))
         if uid:
-            nodes = [record.get("NodeList", "")]
-            if record.get("Restarts", "0") not in ("", "0"):
-                try:
-                    nodes += [row["NodeList"] for row in sacct_rows(job_id, ("JobID", "NodeList"), all_attempts=True)
-                              if row["JobID"] == str(job_id)]
-                except SlurmCommandError:
-                    pass            # this run's nodes are still known
-            return int(uid.group(1)), _hostlists(nodes)
-    try:
-        rows = sacct_rows(job_id, ("JobID", "UID", "NodeList"), all_attempts=True)
-    except SlurmCommandError:
-        return None
+            return int(uid.group(1)), _hostlists([record.get("NodeList", ""), *given])
     mine = [r for r in rows if r["JobID"] == str(job_id) and r["UID"].isdigit()]
-    return (int(mine[-1]["UID"]), _hostlists([r["NodeList"] for r in mine])) if mine else None
+    return (int(mine[-1]["UID"]), _hostlists(given)) if mine else None
 
 
 def _hostlists(lists: Sequence[str]) -> str:

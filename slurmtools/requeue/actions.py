@@ -65,11 +65,9 @@ def restart_in_place(job_id: Optional[int], attempt_id: str, this_run: Run, diag
     """Drain a blamed node and leave it out of the next steps, wait the backoff; False when
     Slurm began ending the run meanwhile (the caller requeues instead).
 
-    The node stays in the job (Slurm removes a dead one itself under --no-kill, once it marks
-    it down): a step that counted a dead node stays open in Slurm's books, holding its live
-    nodes' CPUs, until then, whatever is cancelled; so the next steps run with --overlap. A
-    shrink (`scontrol update NodeList=`) does not help: the step then stays open for good
-    (measured on 22.05)."""
+    A dead node is given back (the job shrunk by it, give_back). A step that counted it stays
+    open in Slurm's books, holding its live nodes' CPUs, whatever is cancelled (measured on
+    22.05); so the next steps run with --overlap."""
     node = verdict.exclude_node
     if node is not None and job_id is not None:
         for blamed in verdict.drained:
@@ -77,6 +75,8 @@ def restart_in_place(job_id: Optional[int], attempt_id: str, this_run: Run, diag
         this_run.lost.extend(verdict.excluded)
         for error in step.kill_steps(job_id):
             emit("step_kill_failed", attempt_id, error=error)
+        if diag.cause is policy.Cause.NODE_FAILURE:
+            give_back(job_id, attempt_id, list(verdict.excluded))
         emit("replace_node", attempt_id, node=node, also=list(verdict.also_nodes),
              spares_left=this_run.topology.spares(this_run.lost), nodes=this_run.topology.pick(this_run.lost))
     deadline = time.time() + verdict.backoff_s
@@ -86,6 +86,20 @@ def restart_in_place(job_id: Optional[int], attempt_id: str, this_run: Run, diag
         return False
     emit("restart", attempt_id, backoff_s=verdict.backoff_s, in_allocation=True)
     return True
+
+
+def give_back(job_id: int, attempt_id: str, dead: List[str]) -> None:
+    """Shrink the job by its dead nodes before the next step starts. Slurm removes a dead node from
+    a --no-kill job itself once it marks it DOWN (SlurmdTimeout after the death, 300 s by default),
+    at a moment of its own; when that fell on the next step's launch, the launch failed across the
+    step (the 128-node test: "Task launch ... failed: Communication connection failure", twice in a
+    row). Given back first, the node is no longer the job's when Slurm marks it down. A refused
+    shrink leaves things as before (Slurm's own removal, later)."""
+    try:
+        left = slurm.give_back_nodes(job_id, dead)
+        emit("give_back", attempt_id, nodes=dead, applied=left is not None)
+    except SlurmCommandError as exc:
+        emit("give_back_failed", attempt_id, nodes=dead, error=str(exc))
 
 
 def requeue(job_id: int, attempt_id: str, diag: policy.Diagnosis, verdict: policy.Verdict,
