@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 from slurmtools.errors import SpecError
 from slurmtools.schema import attach_line, build, check_limits, doc, err, load_yaml_with_lines
 from slurmtools.schema import field_docs as _field_docs
-from slurmtools.snapshot import DEFAULT_MAX_OVERHEAD_PCT, DEFAULT_MEMORY_GB
+from slurmtools.snapshot import DEFAULT_EVERY_STEPS, DEFAULT_MAX_OVERHEAD_PCT, DEFAULT_MEMORY_GB
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MIN_MEM_GB = 0.1
@@ -135,7 +135,8 @@ class DistributedSpec:
                                     "and a rank of another node keeps a replica; a restart in the allocation "
                                     "restores from them, a spare pulls a lost node's state from its replicas "
                                     "(docs/snapshots.md; SLURMTOOLS_SNAPSHOT_EVERY, for trainers that use "
-                                    "slurmtools.snapshot_fsdp). 0: off.", 0, min=0, max=1000000000)
+                                    "slurmtools.snapshot_fsdp). 0: off; the default from bench/snapshot.py.",
+                                    DEFAULT_EVERY_STEPS, min=0, max=1000000000)
     snapshot_memory_gb: float = doc("Each rank's share of node memory for its snapshots and the replicas it keeps "
                                     "(two of each); one that does not fit is not kept, and the job's output says "
                                     "so (SLURMTOOLS_SNAPSHOT_MEMORY_GB).", DEFAULT_MEMORY_GB, min=0.001, max=100000.0)

@@ -68,6 +68,9 @@ def training_spec(workdir: Path, name: str, *, steps: int = STEPS, extra: Sequen
         "output_dir": str(workdir / "logs"), "checkpoint_dir": str(workdir / "ckpt"), "time_limit_min": 10,
         "requeue": {"hang_timeout_s": 120, "backoff_s": 0, "warning_lead_s": 60, "checkpoint_grace_s": 30},
         "preflight": preflight,
+        # in-memory snapshots (on by default) off: these tests assert resumes from checkpoints; the
+        # snapshot tests turn them on (SNAPSHOTS_EVERY_STEP)
+        "distributed": {"snapshot_every_steps": 0},
     }
     merged = _merge(data, over)
     if "cpus_per_task" not in merged:       # the whole node: torchrun's one task, or srun's task per process
