@@ -233,12 +233,21 @@ def give_back_nodes(job_id: int, nodes: Sequence[str]) -> Optional[str]:
     slurm_job_<id>_resize.{sh,csh} into its working directory after a resize unless SLURM_JOBID is
     unset: unset here (the supervisor names each step's nodes itself)."""
     from ClusterShell.NodeSet import NodeSet
-    held = NodeSet(_hostlists([(show_job(job_id) or {}).get("NodeList", "")]))
-    keep = held.difference(NodeSet(",".join(nodes)))
-    if len(keep) == len(held):
+
+    def held() -> "NodeSet":
+        return NodeSet(_hostlists([(show_job(job_id) or {}).get("NodeList", "")]))
+    gone = NodeSet(",".join(nodes))
+    before = held()
+    keep = before.difference(gone)
+    if len(keep) == len(before):
         return None
     env = {name: value for name, value in os.environ.items() if name not in ("SLURM_JOBID", "SLURM_JOB_ID")}
-    run_slurm(["scontrol", "update", f"JobId={job_id}", f"NodeList={keep}"], env=env)
+    try:
+        run_slurm(["scontrol", "update", f"JobId={job_id}", f"NodeList={keep}"], env=env)
+    except SlurmCommandError:
+        if held().intersection(gone):
+            raise
+        return None            # Slurm removed them itself meanwhile (it marked them down)
     return str(keep)
 
 

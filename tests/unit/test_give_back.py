@@ -5,6 +5,8 @@ test_scale)."""
 import json
 import signal
 
+import pytest
+
 from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError
 from slurmtools.requeue import actions, policy, topology
@@ -37,6 +39,26 @@ def test_a_node_no_longer_the_jobs_is_not_given_back_again(monkeypatch):
     calls = _commands(monkeypatch, node_list="node[1,3-4]")
     assert slurm.give_back_nodes(7, ["node2"]) is None
     assert calls == []
+
+
+def test_nodes_slurm_removed_itself_meanwhile_are_not_an_error(monkeypatch):
+    answers = iter(["node[1-4]", "node[1,3-4]"])
+    monkeypatch.setattr(slurm, "show_job", lambda job: {"NodeList": next(answers)})
+
+    def refused(argv, timeout_s, input_text, env, survive_sigterm):
+        raise SlurmCommandError(argv, 1, "Invalid node name specified")
+    monkeypatch.setattr(slurm, "_run_once", refused)
+    assert slurm.give_back_nodes(7, ["node2"]) is None
+
+
+def test_a_refusal_while_the_job_still_holds_the_node_is_raised(monkeypatch):
+    monkeypatch.setattr(slurm, "show_job", lambda job: {"NodeList": "node[1-4]"})
+
+    def refused(argv, timeout_s, input_text, env, survive_sigterm):
+        raise SlurmCommandError(argv, 1, "Access/permission denied")
+    monkeypatch.setattr(slurm, "_run_once", refused)
+    with pytest.raises(SlurmCommandError, match="permission denied"):
+        slurm.give_back_nodes(7, ["node2"])
 
 
 def _restart(monkeypatch, capsys, diag, verdict, give_back=None):
