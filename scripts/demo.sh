@@ -65,9 +65,12 @@ import json, pathlib, sys, time
 beats, host, step = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 deadline = time.time() + 240
 while time.time() < deadline:
+    seen = []
     try:
-        seen = [json.loads(p.read_text()) for p in beats.glob("*.json")]
-    except (OSError, ValueError):
+        for path in beats.glob("*.json"):     # node-<host>.json: its ranks' beats, gathered per node
+            beat = json.loads(path.read_text())
+            seen += beat.get("ranks", [beat])
+    except (OSError, ValueError, AttributeError):
         seen = []
     if any(b.get("host") == host and b.get("step", 0) >= step for b in seen):
         sys.exit(0)
