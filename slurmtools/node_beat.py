@@ -6,8 +6,8 @@ Here every rank writes its heartbeat into a directory in its node's memory
 (`$SLURMTOOLS_NODE_LOCAL_DIR`, default /dev/shm:
 `slurmtools-<uid>/<attempt>-<control dir's digest>/<host>/`), and one
 process of the node, its local rank 0 (which empties the directory when it starts: no record of an
-earlier launch is ever gathered; and removes this user's directories nobody wrote for 10 minutes:
-ended jobs leave no litter), gathers them (with each of its own beats, at least every
+earlier launch is ever gathered; and removes this user's launch directories nobody wrote for 10
+minutes whose job Slurm no longer lists: ended jobs leave no litter, node_sweep), gathers them (with each of its own beats, at least every
 heartbeat interval) into one file of the control dir, `heartbeat/node-<host>.json`: the per-rank
 records as they are, so the laggard rank, its phase and its busy time stay visible. The same
 process mirrors the control dir's request markers into the node directory, so the ranks poll
@@ -24,13 +24,13 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import stat
 import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from slurmtools import node_sweep
 from slurmtools.fsutil import read_small_regular, write_json_atomic
 
 NODE_LOCAL_DIR_ENV = "SLURMTOOLS_NODE_LOCAL_DIR"
@@ -42,8 +42,9 @@ MAX_RANKS_PER_NODE = 256
 FLIGHT_RECORDS_SUBDIR = "flight-recorder"
 # in a node directory: the ranks' step lines, taken by local rank 0 (node_steps.py)
 STEPS_SUBDIR = "steps"
-# a node directory of this user untouched this long belongs to no running launch (its ranks rewrite
-# their records every heartbeat interval): local rank 0 removes it when it starts
+# a launch directory of this user untouched this long, whose job Slurm no longer lists, belongs to
+# no running launch (its ranks rewrite their records every heartbeat interval): local rank 0
+# removes it when it starts (node_sweep)
 STALE_AFTER_S = 600.0
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -129,27 +130,13 @@ def clear(directory: Path) -> None:
                 Path(entry.path).unlink(missing_ok=True)
 
 
-def sweep_stale(directory: Path, now: float, stale_after_s: float = STALE_AFTER_S) -> None:
+def sweep_stale(directory: Path, now: float, stale_after_s: float = STALE_AFTER_S,
+                live_jobs: Optional[node_sweep.LiveJobs] = None) -> List[str]:
     """Remove the other launch directories beside directory's (this user's, per attempt) that no
-    rank has written for stale_after_s: ended jobs leave no litter in node memory."""
-    remove_stale_dirs(directory.parent, now, stale_after_s)
-
-
-def remove_stale_dirs(keep: Path, now: float, stale_after_s: float) -> None:
-    """Remove the directories beside keep (not keep, nor a link) in which nothing was written
-    (itself, its entries, theirs) for stale_after_s."""
-    try:
-        others = [Path(entry.path) for entry in os.scandir(keep.parent)
-                  if entry.is_dir(follow_symlinks=False) and entry.name != keep.name]
-    except OSError:
-        return
-    for other in others:
-        try:
-            newest = max([other.stat().st_mtime] + [path.stat().st_mtime for path in other.glob("*/*")])
-        except OSError:
-            continue
-        if now - newest > stale_after_s:
-            shutil.rmtree(other, ignore_errors=True)
+    rank wrote for stale_after_s and whose job Slurm no longer lists (node_sweep): ended jobs leave
+    no litter in node memory, a live one (hung, requeued and waiting) keeps its own."""
+    launch = directory.parent
+    return node_sweep.sweep(launch.parent, node_sweep.ATTEMPT_DIR, launch.name, now, stale_after_s, live_jobs)
 
 
 def mirror_markers(control_dir: Path, directory: Path, names: Sequence[str]) -> None:

@@ -41,6 +41,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from slurmtools.fsutil import write_json_atomic
 from slurmtools.node_beat import NodeBeats
+from slurmtools.node_sweep import LOCAL_JOB_ID as LOCAL_JOB_ID    # one source: the sweep reads job ids from names
 from slurmtools.signals import SignalFlags
 
 CONTROL_DIR_ENV = "SLURMTOOLS_CONTROL_DIR"
@@ -51,7 +52,6 @@ COLLECTIVE_TIMEOUT_ENV = "SLURMTOOLS_COLLECTIVE_TIMEOUT_S"
 CHECKPOINT_GRACE_ENV = "SLURMTOOLS_CHECKPOINT_GRACE_S"
 WARNING_LEAD_ENV = "SLURMTOOLS_WARNING_LEAD_S"      # notebook path: rank 0 keeps the warning clock
 CONTROL_SUBDIR = ".slurmtools"
-LOCAL_JOB_ID = "local"
 
 HEARTBEAT_DIR = "heartbeat"
 HEARTBEAT_INTERVAL_S = 1.0     # a rank's keep-alive thread: how often `alive` is refreshed and markers looked at

@@ -251,6 +251,14 @@ def give_back_nodes(job_id: int, nodes: Sequence[str]) -> Optional[str]:
     return str(keep)
 
 
+def user_job_ids(uid: int, timeout_s: float = 10.0) -> "frozenset[int]":
+    """The ids of every job of this user that Slurm still lists (pending, running, completing,
+    requeued and waiting): what a node-memory sweep must leave alone. One query, no retries past
+    timeout_s (a sweep that cannot ask removes nothing)."""
+    out = run_slurm(["squeue", "--noheader", f"--user={uid}", "--format=%A"], timeout_s=timeout_s, retry=None)
+    return frozenset(int(ln.strip()) for ln in out.splitlines() if ln.strip().isdigit())
+
+
 def job_steps(job_id: int) -> List[str]:
     """The job's running parallel steps as `JOB.STEP` (not its batch or extern step)."""
     out = run_slurm(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i"])

@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from slurmtools.agreement import agree
 from slurmtools.checkpoint import CheckpointManager
 from slurmtools.node_beat import NODE_LOCAL_DIR_ENV, local_rank, memory_root
-from slurmtools.runtime import SNAPSHOT_EVERY_ENV, SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV
+from slurmtools.runtime import LOCAL_JOB_ID, SNAPSHOT_EVERY_ENV, SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV
 from slurmtools.snapshot import DEFAULT_MAX_OVERHEAD_PCT, DEFAULT_MEMORY_GB, job_key, refused_after
 from slurmtools.snapshot_io import SnapshotStore
 from slurmtools.snapshot_torch import Snapshotter, restore, side_group
@@ -89,7 +89,7 @@ class Session:
         names: List[Any] = [None] * world
         dist.all_gather_object(names, host)
         root = memory_root(environ)
-        key = job_key(environ.get("SLURM_JOB_ID") or "local", control_dir or Path.cwd())
+        key = job_key(environ.get("SLURM_JOB_ID") or LOCAL_JOB_ID, control_dir or Path.cwd())
         store = SnapshotStore(root, key, host)
         if agree(not store.usable()):
             if rank == 0:

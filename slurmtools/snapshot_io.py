@@ -16,10 +16,10 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from slurmtools import digests
+from slurmtools import digests, node_sweep
 from slurmtools.checkpoint import CheckpointManager, open_regular_fd, verify_dir
 from slurmtools.errors import CheckpointError
-from slurmtools.node_beat import own_private_dir, remove_stale_dirs, user_root
+from slurmtools.node_beat import own_private_dir, user_root
 from slurmtools.snapshot import KEEP, SNAPSHOTS_SUBDIR, Copy, own_dir, parse_copy_dir, replica_dir
 
 
@@ -97,10 +97,13 @@ class SnapshotStore:
         except OSError:
             pass                  # another rank of this node still removes its own
 
-    def sweep_stale(self, now: float, stale_after_s: float = STALE_AFTER_S) -> None:
+    def sweep_stale(self, now: float, stale_after_s: float = STALE_AFTER_S,
+                    live_jobs: Optional[node_sweep.LiveJobs] = None) -> List[str]:
         """Remove this user's other jobs' snapshots on this node that nobody wrote for
-        stale_after_s (a job that crashed or was cancelled never finished to remove them)."""
-        remove_stale_dirs(self.root, now, stale_after_s)
+        stale_after_s and whose job Slurm no longer lists (a job that crashed or was cancelled
+        never finished to remove them; one waiting in the queue after a requeue still needs them)."""
+        return node_sweep.sweep(self.root.parent, node_sweep.JOB_KEY_DIR, self.root.name, now, stale_after_s,
+                                live_jobs)
 
     def inventory(self, checksums: bool = True) -> List[Copy]:
         """Every verified copy on this node (own and replicas), newest first per rank."""

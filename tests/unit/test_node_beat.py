@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from slurmtools import node_beat
+from slurmtools import node_beat, node_sweep
 from slurmtools.requeue import watchdog
 from slurmtools.runtime import FLIGHT_RECORDER_REQUEST_FILE, HEARTBEAT_DIR, REQUEST_FILE, TrainingControl
 
@@ -108,6 +108,8 @@ def test_a_malformed_node_file_is_no_evidence(tmp_path, content):
 
 def test_local_rank_0_removes_this_users_launch_directories_nobody_wrote_for_ten_minutes(tmp_path, node_memory,
                                                                                           monkeypatch):
+    # job 5 is gone from Slurm (node_sweep: age alone never removes a Slurm job's directory)
+    monkeypatch.setattr(node_sweep, "this_users_live_jobs", lambda: frozenset({6, 7}))
     old = node_beat.node_dir(node_memory, tmp_path / "ended", "5.0", "node1")
     fresh = node_beat.node_dir(node_memory, tmp_path / "running", "6.0", "node2")
     (old / "0.json").write_text("{}")

@@ -12,7 +12,7 @@ import xxhash
 
 from slurmtools import snapshot
 from slurmtools.errors import CheckpointError
-from slurmtools.snapshot import Copy
+from slurmtools.snapshot import Copy, job_key
 from slurmtools.snapshot_io import SnapshotStore, open_regular
 from slurmtools.snapshot_torch import deserialize, serialize
 from slurmtools.snapshot_wire import ViewReader
@@ -86,14 +86,15 @@ def test_a_finished_rank_removes_its_copies_and_stale_jobs_are_swept(store, tmp_
     assert sorted(path.name for path in store.root.iterdir()) == ["rank1"]
     store.remove(1, [])
     assert not store.root.exists()                       # the last one takes the job's directory
-    ended = SnapshotStore(tmp_path, "41-ended", "n1")
+    ended = SnapshotStore(tmp_path, job_key("41", tmp_path / "a"), "n1")
     ended.save_own(0, 5, {"state.pt": b"x"})
-    running = SnapshotStore(tmp_path, "42-running", "n1")
+    running = SnapshotStore(tmp_path, job_key("42", tmp_path / "b"), "n1")
     running.save_own(0, 5, {"state.pt": b"x"})
     day_ago = ended.root.stat().st_mtime - 25 * 3600
     for path in [ended.root, *ended.root.rglob("*")]:
         os.utime(path, (day_ago, day_ago))
-    SnapshotStore(tmp_path, "43-new", "n1").sweep_stale(now=running.root.stat().st_mtime + 60)
+    SnapshotStore(tmp_path, job_key("43", tmp_path / "c"), "n1").sweep_stale(
+        now=running.root.stat().st_mtime + 60, live_jobs=lambda: frozenset({42, 43}))
     assert not ended.root.exists() and running.inventory() == [Copy(0, 5, "n1", True, 0)]
 
 
