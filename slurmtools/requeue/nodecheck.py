@@ -1,14 +1,18 @@
 """Is a silent node dead? Asked from outside the job: does its slurmd accept a connection.
 
 Ranks that stop beating may only be stuck on a slow filesystem; a node whose slurmd does not
-answer either is gone (the same question Slurm asks, without waiting SlurmdTimeout for it).
+answer either is gone (the same question Slurm asks, without waiting SlurmdTimeout for it). One
+failed connect proves little (a dropped SYN, a blip at our own node): a node is declared dead
+only when a second probe, CONFIRM_GAP_S or more later, fails too, and only when a minority of
+the step's nodes fail them (a majority says more about our own node's network).
 """
 from __future__ import annotations
 
 import socket
+import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError
@@ -17,6 +21,7 @@ from slurmtools.requeue import watchdog
 CONNECT_TIMEOUT_S = 2.0
 PROBE_INTERVAL_S = 2.0
 PROBE_THREADS = 8
+CONFIRM_GAP_S = 2.0          # between the two failed probes that declare a node dead
 
 
 def slurmd_answers(address: str, port: int, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
@@ -43,15 +48,19 @@ class NodeWatch:
     node that does not answer never holds up the supervisor's loop (warning signals, hangs)."""
 
     def __init__(self, node_timeout_s: int, nodes: Sequence[str], batch_host: Optional[str],
-                 launched_s: float) -> None:
+                 launched_s: float, job_nodes: int = 0) -> None:
         self.configured_s = node_timeout_s
         self.candidates = [node for node in nodes if node != batch_host]   # our own node dies with us
+        self.job_nodes = job_nodes or len(self.candidates) + 1    # the allocation's, spares and our own included
+        self.controller_answers: Callable[[], bool] = slurm.ping   # the witness for a job of two (lost_for_sure)
         self.launched_s = launched_s
         self.step_times_s: List[float] = []
         self.last_step: Optional[int] = None
         self.last_change_t = 0.0
         self.probed_at: Dict[str, float] = {}
         self.probes: Dict[str, "Future[bool]"] = {}
+        self.failed_since: Dict[str, float] = {}   # host -> when the first of its failed probes in a row began
+        self.reprobe_after_s = CONFIRM_GAP_S        # unreachable(): the wait before the confirming probe
         self.endpoints: Dict[str, "tuple[str, int]"] = {}    # asked of the controller once per node
         self.pool = ThreadPoolExecutor(max_workers=PROBE_THREADS, thread_name_prefix="slurmd-probe")
 
@@ -102,7 +111,8 @@ class NodeWatch:
 
     def dead(self, beats: List[watchdog.Beat], now: float) -> Optional[Death]:
         """Start a probe of each silent node (at most one in flight per node, one per
-        PROBE_INTERVAL_S); a Death once one did not answer, with every node of the step probed."""
+        PROBE_INTERVAL_S); a Death once one did not answer twice CONFIRM_GAP_S apart, with every
+        node of the step probed, when they are lost for sure (watchdog.lost_for_sure)."""
         timeout = watchdog.node_timeout_s(self.configured_s, self.step_times_s)
         silent = dict(watchdog.silent_step_nodes(beats, self.candidates, self.launched_s, now, timeout))
         for host in silent:
@@ -113,19 +123,32 @@ class NodeWatch:
         for host, probe in list(self.probes.items()):
             if probe.done():
                 del self.probes[host]
-                if not _answered(probe) and host in silent:
+                if _answered(probe) or host not in silent:
+                    self.failed_since.pop(host, None)
+                    continue
+                began = self.failed_since.setdefault(host, self.probed_at[host])
+                if self.probed_at[host] - began >= CONFIRM_GAP_S:      # a second failed probe, later
                     found.append(host)
         if not found:
             return None
         # a second node lost at the same moment need not be silent past the timeout yet: ask them all
         also = self.unreachable([node for node in self.candidates if node not in found])
+        if not watchdog.lost_for_sure(found + also, self.job_nodes, self.controller_answers):
+            return None          # most of the job unreachable: our own node's network, nobody named
         first = max(found, key=lambda host: silent[host])
         return Death((first, *sorted(set(found + also) - {first})), silent[first], timeout)
 
     def unreachable(self, nodes: Optional[Sequence[str]] = None) -> List[str]:
-        """Of nodes (default: the step's, but our own), those whose slurmd does not answer now,
-        probed together (at most CONNECT_TIMEOUT_S + 1 s)."""
-        probes = {node: self.pool.submit(self.answers, node) for node in (self.candidates if nodes is None else nodes)}
+        """Of nodes (default: the step's, but our own), those whose slurmd does not answer now nor
+        reprobe_after_s later: each round probed together (at most CONNECT_TIMEOUT_S + 1 s)."""
+        first = self._probe_round(self.candidates if nodes is None else nodes)
+        if not first:
+            return first
+        time.sleep(self.reprobe_after_s)
+        return self._probe_round(first)
+
+    def _probe_round(self, nodes: Sequence[str]) -> List[str]:
+        probes = {node: self.pool.submit(self.answers, node) for node in nodes}
         wait(list(probes.values()), timeout=CONNECT_TIMEOUT_S + 1.0)
         return sorted(node for node, probe in probes.items() if probe.done() and not _answered(probe))
 

@@ -129,12 +129,13 @@ def lost_with_step(node_watch: nodecheck.NodeWatch, exit_code: Optional[int], ta
     """After a step failed on its own (a non-zero exit we did not cause): the nodes that went with
     it, and the detail. Slurm needs SlurmdTimeout to notice a dead node and the ranks may not have
     beaten yet (a node lost while the step launches: srun's "Task launch ... failed on node X"),
-    so each slurmd of the step is asked now. A minority that does not answer is lost (the node
-    srun named first); a majority says more about our own node (watchdog.minority_unreachable)."""
+    so each slurmd of the step is asked now (twice: NodeWatch.unreachable). Nodes lost for sure
+    (watchdog.lost_for_sure: a minority of the job's) are named, the one srun named first; a
+    majority says more about our own node."""
     if exit_code in (None, 0):
         return None
     gone = node_watch.unreachable()
-    if not watchdog.minority_unreachable(gone, len(node_watch.candidates) + 1):
+    if not watchdog.lost_for_sure(gone, node_watch.job_nodes, node_watch.controller_answers):
         return None
     named = [match.group(1) for match in _LAUNCH_FAILED_ON.finditer(tail) if match.group(1) in gone]
     first = named[0] if named else gone[0]

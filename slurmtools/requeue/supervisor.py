@@ -260,7 +260,7 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
         return 1
     # without a spare too: a dead node then means a requeue without it now, not after SlurmdTimeout
     node_watch = (nodecheck.NodeWatch(config.requeue.node_timeout_s, nodes or this_run.topology.allocation,
-                                      this_run.topology.batch_host, start_t)
+                                      this_run.topology.batch_host, start_t, len(this_run.topology.allocation))
                   if attempt.job_id is not None else None)
     if node_watch is not None:
         node_watch.resolve_endpoints()

@@ -12,7 +12,7 @@ import statistics
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from slurmtools.fsutil import read_small_regular
 from slurmtools.node_beat import MAX_RANK_RECORD_BYTES, MAX_RANKS_PER_NODE, NODE_FILE_PREFIX
@@ -225,6 +225,16 @@ def minority_unreachable(unreachable: Sequence[str], step_nodes: int) -> bool:
     """Some of the step's nodes do not answer, but fewer than half: they are the ones lost. A
     majority unreachable says more about our own node (its network), so nobody is named."""
     return bool(unreachable) and 2 * len(unreachable) < step_nodes
+
+
+def lost_for_sure(unreachable: Sequence[str], job_nodes: int, controller_answers: Callable[[], bool]) -> bool:
+    """Whether nodes whose slurmd does not answer (twice) are lost: a minority of the job's nodes;
+    or a single node where that is no minority (a job of two) and the controller answers us, so our
+    own network is sound. Otherwise nobody is named: a blip at our own node would make every
+    node look dead and exclude the whole job. The controller is asked only in that last case."""
+    if minority_unreachable(unreachable, job_nodes):
+        return True
+    return len(unreachable) == 1 and controller_answers()
 
 
 def cut_off(stall: Stall, beats: List[Beat], unreachable: List[str], step_nodes: int) -> Stall:

@@ -83,9 +83,11 @@ def test_a_warning_that_ends_a_run_cleanly_is_a_preemption_even_with_a_node_fail
 class FakeWatch(nodecheck.NodeWatch):
     """The node watch with its slurmd probe answered from a table."""
 
-    def __init__(self, dead_nodes, *args):
+    def __init__(self, dead_nodes, *args, controller=True):
         super().__init__(*args)
         self.dead_nodes = set(dead_nodes)
+        self.reprobe_after_s = 0.01
+        self.controller_answers = lambda: controller
 
     def answers(self, node):
         return node not in self.dead_nodes
@@ -107,12 +109,15 @@ def settle(watch, beats, now):
 
 def test_the_watch_finds_every_dead_node_of_the_step_together():
     """node3 is silent past the timeout; node2 died a moment later (still within the timeout) but
-    its slurmd does not answer either: both leave together."""
-    watch = FakeWatch({"node2", "node3"}, 10, ["node1", "node2", "node3", "node4"], "node1", 100.0)
+    its slurmd does not answer either: both leave together, once node3's second probe failed too."""
+    nodes = ["node1", "node2", "node3", "node4", "node5"]
+    watch = FakeWatch({"node2", "node3"}, 10, nodes, "node1", 100.0)
     try:
-        beats = [beat(0, "node1", 129.0), beat(1, "node2", 125.0), beat(2, "node3", 118.0), beat(3, "node4", 129.0)]
-        death = settle(watch, beats, 130.0)
-        assert death == nodecheck.Death(("node3", "node2"), 12.0, 10.0)
+        beats = [beat(0, "node1", 129.0), beat(1, "node2", 125.0), beat(2, "node3", 118.0), beat(3, "node4", 129.0),
+                 beat(4, "node5", 129.0)]
+        assert settle(watch, beats, 130.0) is None                   # one failed probe proves little
+        death = settle(watch, beats, 132.0)
+        assert death == nodecheck.Death(("node3", "node2"), 14.0, 10.0)
     finally:
         watch.close()
 
@@ -122,8 +127,9 @@ def test_a_node_that_never_beat_is_probed_after_the_timeout_since_the_launch():
     try:
         beats = [beat(0, "node1", 109.0), beat(1, "node2", 109.0)]
         assert settle(watch, beats, 109.0) is None                   # 9 s after the launch: not yet
-        death = settle(watch, beats, 111.0)
-        assert death is not None and death.nodes == ("node3",) and death.silent_s == 11.0
+        assert settle(watch, beats, 111.0) is None                   # the first failed probe
+        death = settle(watch, beats, 113.0)
+        assert death is not None and death.nodes == ("node3",) and death.silent_s == 13.0
     finally:
         watch.close()
 
@@ -143,3 +149,68 @@ def test_the_batch_host_is_never_declared_dead_by_its_own_supervisor():
         assert settle(watch, [beat(0, "node1", 100.0), beat(1, "node2", 129.0)], 130.0) is None
     finally:
         watch.close()
+
+
+class FlakyWatch(FakeWatch):
+    """node2's slurmd misses one connect, then answers."""
+
+    def __init__(self, *args):
+        super().__init__(set(), *args)
+        self.misses = {"node2": 1}
+
+    def answers(self, node):
+        if self.misses.get(node):
+            self.misses[node] -= 1
+            return False
+        return True
+
+
+def test_one_missed_connect_is_no_death_and_an_answer_starts_the_count_again():
+    watch = FlakyWatch(10, ["node1", "node2", "node3"], "node1", 100.0)
+    try:
+        beats = [beat(0, "node1", 129.0), beat(1, "node2", 100.0), beat(2, "node3", 129.0)]
+        assert settle(watch, beats, 130.0) is None and watch.failed_since == {"node2": 130.0}
+        assert settle(watch, beats, 132.0) is None and watch.failed_since == {}
+    finally:
+        watch.close()
+
+
+def test_a_majority_of_the_job_unreachable_names_nobody():
+    """A blip at the batch host: every other node's slurmd looks gone. Nobody is declared dead
+    (the job would exclude itself whole)."""
+    nodes = ["node1", "node2", "node3", "node4"]
+    watch = FakeWatch({"node2", "node3", "node4"}, 10, nodes, "node1", 100.0)
+    try:
+        beats = [beat(0, "node1", 129.0)] + [beat(i, n, 100.0) for i, n in enumerate(nodes[1:], 1)]
+        assert settle(watch, beats, 130.0) is None
+        assert settle(watch, beats, 132.0) is None
+    finally:
+        watch.close()
+
+
+@pytest.mark.parametrize("controller, dead", [(True, True), (False, False)])
+def test_in_a_job_of_two_the_controller_witnesses_that_our_network_is_sound(controller, dead):
+    watch = FakeWatch({"node2"}, 10, ["node1", "node2"], "node1", 100.0, controller=controller)
+    try:
+        beats = [beat(0, "node1", 129.0), beat(1, "node2", 100.0)]
+        assert settle(watch, beats, 130.0) is None
+        death = settle(watch, beats, 132.0)
+        assert (death is not None) is dead
+    finally:
+        watch.close()
+
+
+@pytest.mark.parametrize("unreachable, job_nodes, controller, lost", [
+    (["n2"], 3, False, True),              # a minority: lost, the controller not asked
+    (["n2", "n3"], 5, False, True),
+    (["n2", "n3"], 4, True, False),        # half the job: nobody named
+    (["n2"], 2, True, True),               # a job of two: the controller answers us
+    (["n2"], 2, False, False),
+    ([], 3, True, False),
+])
+def test_lost_for_sure(unreachable, job_nodes, controller, lost):
+    def ask():
+        if job_nodes > 2:
+            raise AssertionError("the controller is asked only where the minority rule cannot decide")
+        return controller
+    assert watchdog.lost_for_sure(unreachable, job_nodes, ask) is lost

@@ -17,6 +17,7 @@ LAUNCH_TAIL = ("srun: error: Task launch for StepId=100004.1 failed on node node
 @pytest.fixture
 def watch() -> Iterator[nodecheck.NodeWatch]:
     node_watch = nodecheck.NodeWatch(30, ["node1", "node2", "node3", "node4", "node5"], "node1", 0.0)
+    node_watch.reprobe_after_s = 0.01
     yield node_watch
     node_watch.close()
 
@@ -48,6 +49,18 @@ def test_every_slurmd_answering_leaves_a_crash(watch, monkeypatch):
 def test_a_majority_unreachable_names_nobody(watch, monkeypatch):
     """Three of the five nodes silent says more about our own node's network."""
     _down(monkeypatch, watch, {"node2", "node3", "node4"})
+    assert observe.lost_with_step(watch, 1, LAUNCH_TAIL) is None
+
+
+def test_a_slurmd_that_answers_the_second_probe_is_not_lost(watch, monkeypatch):
+    missed = {"node3"}
+
+    def answers(node: str) -> bool:
+        if node in missed:
+            missed.discard(node)
+            return False
+        return True
+    monkeypatch.setattr(watch, "answers", answers)
     assert observe.lost_with_step(watch, 1, LAUNCH_TAIL) is None
 
 
