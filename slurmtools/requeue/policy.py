@@ -157,6 +157,12 @@ _NODE_FAIL = re.compile(r"Node failure on (\S+)")
 # NOT_RESPONDING flag, whatever the base state)
 NOT_RESPONDING = "not_responding"
 DOWN_STATES = ("down", "fail", "failing", NOT_RESPONDING)
+# slurm_view gives a node with Slurm's DRAIN flag this state (down and not responding rank first):
+# a health check (the site's, or our gate) drained it while the step ran, the GPU fault that
+# crashed a rank, say, whose XID is only in that node's kernel log
+DRAINED = "drained"
+# srun's line for each task that ended badly, in order: the first names the first failing node
+_FAILED_TASK = re.compile(r"^srun: error: ([A-Za-z0-9][\w.-]*): tasks? [\d,-]+: ", re.MULTILINE)
 _HOST_IN_LINE = re.compile(r"\b(?:host|node)[=: ]+([A-Za-z][\w.-]*)")
 
 
@@ -198,6 +204,14 @@ def classify(evidence: Evidence) -> Diagnosis:
         node = node_fail.group(1).rstrip(":,") if node_fail else down[0]
         return Diagnosis(Cause.NODE_FAILURE, node=node, detail=f"node {node} failed",
                          also_nodes=tuple(n for n in down if n != node))
+    drained = sorted(node for node, state in ev.node_states.items() if state == DRAINED)
+    if drained and ev.exit_code not in (None, 0):
+        # replaced like a lost node, not drained again by us (the drain and its reason are theirs)
+        first = first_failed_node(ev.log_tail)
+        node = first if first in drained else drained[0]
+        return Diagnosis(Cause.NODE_FAILURE, node=node, detail=f"node {node} was drained in Slurm while the step ran "
+                         f"(a health check's verdict); the step failed (exit {ev.exit_code})",
+                         also_nodes=tuple(n for n in drained if n != node))
     fatal = node_fault_xids(ev.log_tail)     # drain- or reboot-class in NVIDIA's catalogue
     if fatal:
         return Diagnosis(Cause.GPU_FATAL, node=_blamed_host(ev.log_tail, XID_LINE), detail=f"xid={fatal[0]}",
@@ -229,6 +243,13 @@ def classify(evidence: Evidence) -> Diagnosis:
         # reports no progress may have trained: its crash counts, within the budget)
         return Diagnosis(Cause.USER_ERROR, detail=f"exit {ev.exit_code} before the first step")
     return Diagnosis(Cause.CRASH, detail=f"exit {ev.exit_code}" + ("" if ev.progressed else " before the first step"))
+
+
+def first_failed_node(text: str) -> Optional[str]:
+    """The node of the first task srun reported as failed (a rank under the srun launcher, a
+    node's torchrun agent under torchrun): where the step's failure began."""
+    match = _FAILED_TASK.search(text)
+    return match.group(1) if match else None
 
 
 def _platform_failure(tail: str) -> "Optional[re.Match[str]]":

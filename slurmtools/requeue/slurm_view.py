@@ -11,15 +11,23 @@ from slurmtools.errors import SlurmCommandError
 from slurmtools.requeue import ledger, policy, step, watchdog
 
 def node_states(nodelist: str) -> Dict[str, str]:
-    """Each node's base state, or not_responding when Slurm flags it so (an allocated node whose
-    slurmd missed its pings is evidence, whatever its base state says)."""
+    """Each node's base state; not_responding when Slurm flags it so (an allocated node whose
+    slurmd missed its pings is evidence, whatever its base state says); else drained when it has
+    the DRAIN flag (a health check drained it while the step ran: evidence too)."""
     if not nodelist:
         return {}
     try:
-        return {node.name: policy.NOT_RESPONDING if "NOT_RESPONDING" in node.flags else node.state
-                for node in slurm.nodes(nodelist)}
+        return {node.name: _state(node) for node in slurm.nodes(nodelist)}
     except SlurmCommandError:
         return {}
+
+
+def _state(node: slurm.NodeInfo) -> str:
+    if "NOT_RESPONDING" in node.flags:
+        return policy.NOT_RESPONDING
+    if node.drained and node.state not in policy.DOWN_STATES:
+        return policy.DRAINED
+    return node.state
 
 
 def ended_for_good(job_id: Optional[int], restart: int) -> bool:

@@ -1,10 +1,12 @@
-"""One job step's process and files: launch it with its output pumped (the tail kept as
-evidence), stop it, and the control-dir markers it leaves. Effects only; no decisions."""
+"""One job step's process and files: launch it with its output pumped (its first error lines and
+its tail kept as evidence), stop it, and the control-dir markers it leaves. Effects only; no
+decisions."""
 from __future__ import annotations
 
 import collections
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -22,22 +24,44 @@ from slurmtools.runtime import (COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, HEA
                                 REQUEST_FILE, SDC_FILE, STOPPED_FILE)
 
 TAIL_LINES = 300
+# The first error lines of the step are kept beside its tail: at thousands of ranks the cascade
+# (every rank's traceback, srun's line per task) pushes the first failing rank and its first error,
+# what a decision and a person need, out of any tail.
+FIRST_ERROR_LINES = 40
+NOTABLE_LINE = re.compile(r"error|exception|traceback|killed|terminated|cancelled|fail|xid|timed? ?out|"
+                          r"signal|abort|segmentation|oom", re.IGNORECASE)
+EVIDENCE_LINE_CHARS = 4096        # a line kept as evidence, at most (the job's output keeps it whole)
+READ_CHUNK_BYTES = 1 << 20        # one read of the step's output: a line longer comes in pieces
+FIRST_ERRORS_MARK = "[slurmtools: the step's first error lines; its last lines follow]\n"
+
+
+def evidence_text(first_errors: Sequence[str], tail: Sequence[str]) -> str:
+    """The step's output as evidence: its first error lines not already in the tail, then the tail."""
+    in_tail = set(tail)
+    early = [line for line in first_errors if line not in in_tail]
+    return (FIRST_ERRORS_MARK + "".join(early) if early else "") + "".join(tail)
 
 
 class _Pump(threading.Thread):
-    """Copy a child's stream to ours, keeping the last lines as evidence."""
+    """Copy a child's stream to ours, keeping its first error lines and its last lines as evidence."""
 
-    def __init__(self, src: IO[bytes], dst: IO[str], tail: Deque[str],
-                 on_line: Optional[Callable[[str], None]] = None) -> None:
+    def __init__(self, src: IO[bytes], dst: IO[str], tail: Deque[str], first_errors: List[str],
+                 lock: threading.Lock, on_line: Optional[Callable[[str], None]] = None) -> None:
         super().__init__(daemon=True)
         self.src, self.dst, self.tail, self.on_line = src, dst, tail, on_line
+        self.first_errors, self.lock = first_errors, lock
 
     def run(self) -> None:
-        for raw in iter(self.src.readline, b""):
+        for raw in iter(lambda: self.src.readline(READ_CHUNK_BYTES), b""):
             line = raw.decode(errors="replace")
-            self.tail.append(line)
+            kept = line if len(line) <= EVIDENCE_LINE_CHARS else line[:EVIDENCE_LINE_CHARS] + "\n"
+            self.tail.append(kept)
+            if len(self.first_errors) < FIRST_ERROR_LINES and NOTABLE_LINE.search(kept):
+                with self.lock:
+                    if len(self.first_errors) < FIRST_ERROR_LINES:
+                        self.first_errors.append(kept)
             if self.on_line is not None:
-                self.on_line(line)
+                self.on_line(kept)
             try:
                 self.dst.write(line)
                 self.dst.flush()
@@ -50,6 +74,11 @@ class Step:
     child: "subprocess.Popen[bytes]"
     pumps: List[_Pump]
     tail: Deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    first_errors: List[str] = field(default_factory=list)
+
+    def evidence(self) -> str:
+        """Its first error lines and its tail (evidence_text)."""
+        return evidence_text(list(self.first_errors), list(self.tail))
 
     def finish(self, stop_timeout_s: float) -> None:
         """Whatever happened, the step (in its own session) does not outlive us; its output is drained."""
@@ -69,10 +98,13 @@ def launch(argv: Sequence[str], env: Mapping[str, str], on_line: Optional[Callab
                              stdin=subprocess.DEVNULL, start_new_session=True)
     assert child.stdout is not None and child.stderr is not None
     tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
-    pumps = [_Pump(child.stdout, sys.stdout, tail, on_line), _Pump(child.stderr, sys.stderr, tail, on_line)]
+    first_errors: List[str] = []
+    lock = threading.Lock()
+    pumps = [_Pump(child.stdout, sys.stdout, tail, first_errors, lock, on_line),
+             _Pump(child.stderr, sys.stderr, tail, first_errors, lock, on_line)]
     for pump in pumps:
         pump.start()
-    return Step(child, pumps, tail)
+    return Step(child, pumps, tail, first_errors)
 
 
 def stop(child: "subprocess.Popen[bytes]", timeout_s: float) -> None:

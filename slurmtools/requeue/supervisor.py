@@ -282,7 +282,7 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
         if watch.stopped_on_term:
             return _judge_then_finish(config, attempt, launched, watch, flags, resume, inferred, events, manager,
                                       start_t)
-        lost = (observe.lost_with_step(node_watch, watch.exit_code, "".join(launched.tail))
+        lost = (observe.lost_with_step(node_watch, watch.exit_code, launched.evidence())
                 if node_watch is not None and not watch.killed_by_us and watch.dead_node is None else None)
         if lost is not None:
             (watch.dead_node, *also), watch.dead_detail = lost
@@ -292,7 +292,7 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
         if node_watch is not None:
             node_watch.close()
     emit("step_end", attempt.attempt_id, exit_code=watch.exit_code, run_s=round(time.time() - start_t, 3))
-    evidence, beats = judge.evidence(config, attempt, watch, flags, "".join(launched.tail), resume, inferred)
+    evidence, beats = judge.evidence(config, attempt, watch, flags, launched.evidence(), resume, inferred)
     capacity = _capacity(attempt, this_run, nodes, flags)
     diag, verdict, checkpoint_step = judge.decide(config, attempt, evidence, beats, events, manager,
                                                   watch.exit_code, capacity, inferred)
@@ -305,7 +305,7 @@ def _judge_then_finish(config: SupervisorConfig, attempt: Attempt, launched: ste
                        ) -> "tuple[policy.Diagnosis, policy.Verdict, Optional[int], List[ledger.Event]]":
     """Slurm is ending the run and the ranks have checkpointed and stopped: decide (a cancel or a
     preemption) and record it now, then let the step end (stopped if it has not within stop_timeout_s)."""
-    evidence, beats = judge.evidence(config, attempt, watch, flags, "".join(launched.tail), resume, inferred)
+    evidence, beats = judge.evidence(config, attempt, watch, flags, launched.evidence(), resume, inferred)
     diag, verdict, checkpoint_step = judge.decide(config, attempt, evidence, beats, events, manager, None,
                                                   policy.Capacity(), inferred)
     try:

@@ -214,3 +214,46 @@ def test_lost_for_sure(unreachable, job_nodes, controller, lost):
             raise AssertionError("the controller is asked only where the minority rule cannot decide")
         return controller
     assert watchdog.lost_for_sure(unreachable, job_nodes, ask) is lost
+
+
+# the GPU fault of a rank: its XID only in node3's kernel log; the site's health check drained node3
+GPU_FAULT_TAIL = ("[rank2]: RuntimeError: CUDA error: an illegal memory access was encountered\n"
+                  "srun: error: node3: task 2: Exited with exit code 1\n"
+                  "srun: error: node2: task 1: Exited with exit code 1\n")
+
+
+def test_a_node_drained_while_the_step_ran_is_blamed_and_replaced_not_drained_again():
+    diag = classify(Evidence(exit_code=1, log_tail=GPU_FAULT_TAIL, progressed=True,
+                             node_states={"node1": "allocated", "node2": "drained", "node3": "drained"}))
+    assert (diag.cause, diag.node, diag.also_nodes, diag.fatal_for_node) == (Cause.NODE_FAILURE, "node3", ("node2",),
+                                                                             False)
+    topology = Topology(("node1", "node2", "node3", "node4", "node5"), 3, 3)
+    verdict = decide(diag, [], LIMITS, 8, Capacity(True, frozenset({"node2", "node3"}), topology.slack([])), now_s=1.0)
+    assert (verdict.action, verdict.excluded, verdict.drained) == (Action.RESTART, ("node3", "node2"), ())
+
+
+def test_without_a_drained_node_the_same_failure_stays_a_crash():
+    diag = classify(Evidence(exit_code=1, log_tail=GPU_FAULT_TAIL, progressed=True,
+                             node_states={"node1": "allocated", "node2": "allocated", "node3": "allocated"}))
+    assert (diag.cause, diag.node) == (Cause.CRASH, None)
+
+
+def test_the_first_failed_task_names_its_node():
+    from slurmtools.requeue.policy import first_failed_node
+    assert first_failed_node(GPU_FAULT_TAIL) == "node3"
+    assert first_failed_node("srun: error: node7: tasks 0-3: Killed\n") == "node7"
+    assert first_failed_node("all well\n") is None
+
+
+def test_slurms_drain_flag_reads_as_drained_unless_down_or_not_responding(monkeypatch):
+    from slurmtools import slurm
+    from slurmtools.requeue import slurm_view
+    from slurmtools.slurm_parse import NodeInfo
+
+    def info(name, state, flags):
+        return NodeInfo(name, state, flags, "", "", "", "")
+    monkeypatch.setattr(slurm, "nodes", lambda names=None: [
+        info("node1", "allocated", ()), info("node2", "allocated", ("DRAIN",)),
+        info("node3", "down", ("DRAIN",)), info("node4", "allocated", ("DRAIN", "NOT_RESPONDING"))])
+    assert slurm_view.node_states("node[1-4]") == {"node1": "allocated", "node2": "drained", "node3": "down",
+                                                   "node4": "not_responding"}

@@ -1,0 +1,45 @@
+"""The step's evidence keeps its first error lines beside its tail: at scale the cascade (every
+rank's traceback, srun's line per task) pushed the first failing rank and its error out of the
+300-line tail, and the decision read only the fallout."""
+from __future__ import annotations
+
+import sys
+
+from slurmtools.requeue import step
+from slurmtools.requeue.policy import Cause, Evidence, classify
+
+FIRST = "[rank5]: RuntimeError: CUDA error: uncorrectable ECC error encountered\n"
+CASCADE = "[rank{0}]: torch.distributed.DistNetworkError: failed to recv, got 0 bytes [node{0}]\n"
+
+
+def _run(code: str) -> step.Step:
+    launched = step.launch([sys.executable, "-c", code], {"PATH": "/usr/bin:/bin"})
+    launched.child.wait(timeout=60)
+    launched.finish(5.0)
+    return launched
+
+
+def test_the_first_failing_ranks_error_survives_a_cascade_of_a_thousand_lines():
+    code = (f"import sys\nsys.stderr.write({FIRST!r})\nsys.stderr.flush()\n"
+            f"for r in range(600):\n    print({CASCADE!r}.format(r), flush=True)\nsys.exit(1)\n")
+    launched = _run(code)
+    assert FIRST not in launched.tail                        # pushed out of the tail...
+    text = launched.evidence()
+    assert text.startswith(step.FIRST_ERRORS_MARK + FIRST)   # ...but kept first
+    assert len(launched.first_errors) == step.FIRST_ERROR_LINES
+    # the rank's own error before the platform's fallout: a crash, not an infrastructure failure
+    diag = classify(Evidence(exit_code=1, log_tail=text, progressed=True))
+    assert (diag.cause, diag.detail) == (Cause.CRASH, "exit 1")
+    tail_only = classify(Evidence(exit_code=1, log_tail="".join(launched.tail), progressed=True))
+    assert "infrastructure" in tail_only.detail              # what the tail alone said
+
+
+def test_a_huge_line_is_kept_capped_and_a_quiet_step_adds_nothing():
+    launched = _run("print('x' * 3_000_000 + ' error'); print('done')")
+    assert max(len(line) for line in launched.tail) <= step.EVIDENCE_LINE_CHARS + 1
+    assert _run("print('all well')").evidence() == "all well\n"
+
+
+def test_evidence_text_leaves_out_first_errors_already_in_the_tail():
+    assert step.evidence_text(["a error\n"], ["a error\n", "b\n"]) == "a error\nb\n"
+    assert step.evidence_text(["a error\n"], ["b\n"]) == step.FIRST_ERRORS_MARK + "a error\nb\n"
