@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checkpoint costs on CPU/gloo: blocking time of sync vs async DCP saves, and the overhead of
 the atomic commit (manifest of the digests computed while writing + rename) and of verifying
-on resume (each rank hashes its share of the files, checkpoint_torch.verified_latest).
+on resume (each rank hashes its share of the files, checkpoint_resume.verified_latest).
 
     .venv/bin/python bench/checkpoint.py [--procs 2] [--saves 5] [--dim 256 --layers 4]
     .venv/bin/python bench/checkpoint.py --sizes-gb 0.5,1,2,4 --worlds 2,4 [--saves 3]
@@ -34,7 +34,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from slurmtools import checkpoint_torch
+    from slurmtools import checkpoint_resume, checkpoint_torch
     from slurmtools.checkpoint import CheckpointManager
     from slurmtools.tiny_fsdp import TinyLM, TrainConfig, batch_for
 
@@ -109,7 +109,7 @@ def worker(args: argparse.Namespace) -> None:
             sync.append(managed_save(i))
         dist.barrier()
         t0 = time.perf_counter()
-        checkpoint_torch.verified_latest(manager)      # as on resume: every rank hashes its share
+        checkpoint_resume.verified_latest(manager)      # as on resume: every rank hashes its share
         verify.append(time.perf_counter() - t0)
         step(i + 1)
 

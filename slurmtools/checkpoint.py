@@ -12,6 +12,7 @@ a callable writes files into a directory (torch DCP lives in checkpoint_torch.py
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -158,16 +159,30 @@ def _member_problem(step_dir: Path, rel: Any, info: Any) -> Optional[str]:
     return None
 
 
+# errors of a read that say nothing of the file: the storage (a target failing over, a lost mount)
+TRANSIENT_READ_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.EAGAIN, errno.ENOTCONN,
+                                   errno.ECONNRESET, errno.EHOSTDOWN, errno.EHOSTUNREACH, errno.EREMOTEIO,
+                                   errno.ENOLINK, errno.ECOMM})
+TRANSIENT_READ_MARK = "storage error: "
+
+
 def verify_files(path: Path, files: Mapping[str, Any], names: Iterable[str]) -> Optional[str]:
     """Why some of these members of a complete checkpoint do not match their digest, or None
-    (each rank of a resume checks its share: every file is read once, by one rank)."""
+    (each rank of a resume checks its share: every file is read once, by one rank). A read failed
+    for a transient error is said so (is_transient_read): the storage, not the file."""
     for rel in names:
         try:
             if not _matches(path / rel, files[rel]):
                 return f"checksum mismatch in {rel}"
         except OSError as exc:
-            return f"cannot read {rel} ({exc})"
+            mark = TRANSIENT_READ_MARK if exc.errno in TRANSIENT_READ_ERRNOS else ""
+            return f"{mark}cannot read {rel} ({exc})"
     return None
+
+
+def is_transient_read(problem: str) -> bool:
+    """Whether verify_files' problem is a transient read error (retry; never quarantine)."""
+    return problem.startswith(TRANSIENT_READ_MARK)
 
 
 def _matches(path: Path, info: Mapping[str, Any]) -> bool:

@@ -14,6 +14,7 @@ trainer-state file beside its shards and seals it with them.
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -34,7 +35,9 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from slurmtools.agreement import agree, barrier
 from slurmtools import trainer_state as trainer_state_files
 from slurmtools.checkpoint import (Checkpoint, CheckpointManager, mark_seal_failed, seal_failures, seal_own_files,
-                                   verify_dir, verify_files, why_save_failed, writers_sealed)
+                                   verify_dir, why_save_failed, writers_sealed)
+from slurmtools.checkpoint_resume import (broadcast, first_problem, rank, refuse_fresh_start, verified_latest,
+                                          world)
 from slurmtools.errors import CheckpointError
 from slurmtools.hashing_fs import HashingFileSystem
 from slurmtools.trainer_state import TrainerState
@@ -56,18 +59,6 @@ def _commit(manager: CheckpointManager, step: int, meta: Dict[str, Any]) -> Chec
     return ckpt
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _broadcast(obj: Any) -> Any:
-    if not dist.is_initialized():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def _complete_or_quarantine(manager: CheckpointManager, step: int) -> bool:
     """True when step is already saved and verifies; a corrupt one is moved aside so it is rewritten."""
     final = manager.final_dir(step)
@@ -77,19 +68,6 @@ def _complete_or_quarantine(manager: CheckpointManager, step: int) -> bool:
     if not ok:
         manager.quarantine(final, why)
     return ok
-
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def _first_problem(problem: Optional[str]) -> Optional[str]:
-    """Collective: the first rank's problem, the same on every rank (None when none has one)."""
-    problems = [problem]
-    if dist.is_initialized():
-        problems = [None] * _world()
-        dist.all_gather_object(problems, problem)
-    return next((p for p in problems if p), None)
 
 
 def own_shards(staging: Path, rank: int) -> List[str]:
@@ -121,9 +99,9 @@ def hashing_writer(staging: str) -> FileSystemWriter:
 def _stage(manager: CheckpointManager, step: int) -> Optional[str]:
     """Collective: the staging directory every rank writes step's shards into, or None when step
     is already saved and verifies (rank 0 decides and tells the others)."""
-    if _broadcast(_complete_or_quarantine(manager, step) if _rank() == 0 else None):
+    if broadcast(_complete_or_quarantine(manager, step) if rank() == 0 else None):
         return None
-    tmp = _broadcast(str(manager.begin(step)) if _rank() == 0 else None)
+    tmp = broadcast(str(manager.begin(step)) if rank() == 0 else None)
     return str(tmp)
 
 
@@ -145,56 +123,23 @@ def save(manager: CheckpointManager, step: int, model: Any, optim: Any, extra: O
     try:
         writer = hashing_writer(tmp)
         dcp_save(state, storage_writer=writer)
-        seal_own(tmp, _rank(), snapshot, writer)
+        seal_own(tmp, rank(), snapshot, writer)
     except (OSError, CheckpointException, RuntimeError) as exc:    # a full or failing file system
         problem = why_save_failed(exc) if isinstance(exc, CheckpointException) else \
-            f"rank {_rank()}: {why_save_failed(exc)}"   # DCP's own error names the ranks already
-    failed = _first_problem(problem)
+            f"rank {rank()}: {why_save_failed(exc)}"   # DCP's own error names the ranks already
+    failed = first_problem(problem)
     if failed is not None:
-        if _rank() == 0:
+        if rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)      # the previous complete checkpoint stays the newest
         raise CheckpointError(f"checkpoint of step {step} not saved: {failed}")
     if before_commit is not None:
         before_commit()
     barrier()
     ckpt = None
-    if _rank() == 0:
-        ckpt = _commit(manager, step, dict(meta or {}, world_size=_world()))
+    if rank() == 0:
+        ckpt = _commit(manager, step, dict(meta or {}, world_size=world()))
     barrier()
     return ckpt
-
-
-def verified_latest(manager: CheckpointManager, refused: Optional[List[Tuple[str, str]]] = None) -> Optional[str]:
-    """Collective: the newest checkpoint every rank verified its share of (files i with
-    i % world == rank); one that fails anywhere (a flipped byte, an unreadable file) is
-    quarantined by rank 0 (left in place when even that fails) and the next tried. refused, when
-    given, gets (path, why) of each one passed over."""
-    rank, world = _rank(), _world()
-    passed_over: Dict[str, str] = {}
-    while True:
-        newest = next((c for c in manager.complete() if str(c.path) not in passed_over), None) if rank == 0 else None
-        chosen = _broadcast((str(newest.path), newest.manifest["files"]) if newest else None)
-        if chosen is None:
-            return None
-        path, files = chosen
-        names = sorted(files)[rank::world]
-        problem = verify_files(Path(path), files, names)
-        problems = [problem]
-        if dist.is_initialized():
-            problems = [None] * world
-            dist.all_gather_object(problems, problem)
-        bad = next((p for p in problems if p), None)
-        if bad is None:
-            return str(path)
-        passed_over[str(path)] = bad
-        if refused is not None:
-            refused.append((str(path), bad))
-        if rank == 0:
-            try:
-                manager.quarantine(Path(path), bad)
-            except OSError:
-                pass              # cannot be moved aside (a read-only directory): skipped all the same
-        barrier()
 
 
 def _saved_extras(reader: FileSystemReader) -> Dict[str, Any]:
@@ -208,8 +153,8 @@ def _restore_trainer_state(chosen: str, trainer_state: TrainerState, skip: Tuple
     another world size: the shared parts come from rank 0's file, the RNG streams are not taken."""
     directory = Path(chosen)
     saved_ranks = {path.name for path in directory.glob(f"{trainer_state_files.STATE_FILE_PREFIX}*")}
-    same_world = saved_ranks == {trainer_state_files.state_file_name(r) for r in range(_world())}
-    snapshot = trainer_state_files.read(directory, _rank() if same_world else 0)
+    same_world = saved_ranks == {trainer_state_files.state_file_name(r) for r in range(world())}
+    snapshot = trainer_state_files.read(directory, rank() if same_world else 0)
     if snapshot is None:
         return sorted(trainer_state.parts) + (["rng"] if trainer_state.rng else [])
     return trainer_state.restore(snapshot, rng=same_world, skip=skip)
@@ -227,6 +172,7 @@ def load_latest(manager: CheckpointManager, model: Any, optim: Any, trainer_stat
     refused: List[Tuple[str, str]] = []
     chosen = verified_latest(manager, refused)
     if chosen is None:
+        refuse_fresh_start(refused, os.environ)
         return None
     reader = FileSystemReader(chosen)
     msd, osd = get_state_dict(model, optim)
@@ -305,8 +251,8 @@ class AsyncCheckpointer:
         response = dcp_async_save(state, storage_writer=writer, process_group=self.group, async_stager=self.stager)
         upload = cast("Future[Any]", getattr(response, "upload_completion", response))
         self._staging = getattr(response, "staging_completion", None)
-        sealed = self._sealer.submit(_seal_when_written, upload, tmp, _rank(), _world(), snapshot, writer)
-        self._pending = (step, sealed, dict(meta or {}, world_size=_world()), tmp)
+        sealed = self._sealer.submit(_seal_when_written, upload, tmp, rank(), world(), snapshot, writer)
+        self._pending = (step, sealed, dict(meta or {}, world_size=world()), tmp)
 
     def wait_staged(self) -> None:
         """Return once the state of the save in flight is copied: the weights may change now."""
@@ -333,10 +279,10 @@ class AsyncCheckpointer:
         except (OSError, CheckpointException, CheckpointError, RuntimeError) as exc:
             # a failed background save: training goes on, the previous checkpoint stays the newest
             self.failures.append((step, why_save_failed(exc) if not isinstance(exc, CheckpointError) else str(exc)))
-            if _rank() == 0:
+            if rank() == 0:
                 shutil.rmtree(staging, ignore_errors=True)
             return None
-        if _rank() == 0:
+        if rank() == 0:
             return _commit(self.manager, step, meta)
         return None
 

@@ -50,6 +50,9 @@ ATTEMPT_NUMBER_ENV = "SLURMTOOLS_ATTEMPT_NUMBER"
 CHECKPOINT_DIR_ENV = "SLURMTOOLS_CHECKPOINT_DIR"
 COLLECTIVE_TIMEOUT_ENV = "SLURMTOOLS_COLLECTIVE_TIMEOUT_S"
 CHECKPOINT_GRACE_ENV = "SLURMTOOLS_CHECKPOINT_GRACE_S"
+# the newest checkpoint step the job's ledger records (the supervisor sets it): a resume that finds
+# none verifiable fails rather than train again from step 0 (checkpoint_resume.refuse_fresh_start)
+EXPECTED_CHECKPOINT_ENV = "SLURMTOOLS_EXPECTED_CHECKPOINT_STEP"
 WARNING_LEAD_ENV = "SLURMTOOLS_WARNING_LEAD_S"      # notebook path: rank 0 keeps the warning clock
 CONTROL_SUBDIR = ".slurmtools"
 

@@ -2,6 +2,7 @@
 gloo ranks running the reference trainer), and a checkpoint file that cannot be read on resume."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -14,8 +15,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from slurmtools import checkpoint  # noqa: E402
+from slurmtools import checkpoint, checkpoint_resume  # noqa: E402
 from slurmtools.checkpoint import CheckpointManager  # noqa: E402
+from slurmtools.errors import CheckpointError  # noqa: E402
+from slurmtools.runtime import EXPECTED_CHECKPOINT_ENV  # noqa: E402
 
 RANK_SCRIPT = """
 import datetime, json, sys, threading, torch.distributed as dist
@@ -96,23 +99,76 @@ def test_with_on_save_error_stop_the_first_failed_save_stops_every_rank_with_the
     assert CheckpointManager(small_fs).latest().step == 4
 
 
-def test_a_file_unreadable_on_resume_passes_to_the_previous_checkpoint_and_says_why(tmp_path, monkeypatch):
+def _two_checkpoints(tmp_path):
     root = tmp_path / "ckpt"
     manager = CheckpointManager(root)
     for step in (2, 4):
         manager.save(step, lambda d: (d / "w.bin").write_bytes(b"x" * 10))
+    return root, manager
+
+
+def _failing_reads(monkeypatch, errno_value: int, times: int) -> list:
+    """step_4's reads fail with errno_value the first `times` times (then succeed); the failures seen."""
     real = checkpoint.file_digest
+    seen: list = []
 
     def failing_disk(path: Path, algorithm: str = "xxh3_128") -> str:
-        if path.parent.name == "step_4":
-            raise OSError(5, "Input/output error")
+        if path.parent.name == "step_4" and len(seen) < times:
+            seen.append(path.name)
+            raise OSError(errno_value, os.strerror(errno_value))
         return real(path, algorithm)
     monkeypatch.setattr(checkpoint, "file_digest", failing_disk)
-    from slurmtools import checkpoint_torch
+    return seen
+
+
+def _quarantined(root: Path) -> list:
+    return [p.name.split(".bad-")[0] for p in root.iterdir() if ".bad-" in p.name]
+
+
+def test_a_transient_read_error_on_resume_is_read_again_not_taken_for_a_corrupt_checkpoint(tmp_path, monkeypatch):
+    root, manager = _two_checkpoints(tmp_path)
+    seen = _failing_reads(monkeypatch, errno.EIO, 2)        # a storage target failing over, then back
+    slept: list = []
     refused: list = []
-    assert checkpoint_torch.verified_latest(manager, refused) == str(root / "step_2")
-    assert refused == [(str(root / "step_4"), "cannot read w.bin ([Errno 5] Input/output error)")]
-    assert [p.name.split(".bad-")[0] for p in root.iterdir() if ".bad-" in p.name] == ["step_4"]
+    assert checkpoint_resume.verified_latest(manager, refused, sleep=slept.append) == str(root / "step_4")
+    assert seen == ["w.bin", "w.bin"] and slept == list(checkpoint_resume.READ_RETRY_DELAYS_S[:2])
+    assert refused == [] and _quarantined(root) == []
+
+
+def test_storage_unreadable_past_the_retries_fails_the_resume_and_leaves_the_checkpoint(tmp_path, monkeypatch):
+    root, manager = _two_checkpoints(tmp_path)
+    _failing_reads(monkeypatch, errno.ESTALE, 100)
+    slept: list = []
+    with pytest.raises(checkpoint_resume.StorageUnavailable, match=r"step_4: storage error: cannot read w.bin "
+                                                                  r"\(\[Errno 116\] Stale file handle\), still after 5 "
+                                                                  r"retries over 30 s: the storage failed"):
+        checkpoint_resume.verified_latest(manager, sleep=slept.append)
+    assert slept == list(checkpoint_resume.READ_RETRY_DELAYS_S)
+    assert _quarantined(root) == [] and (root / "step_4").is_dir()     # never an older one, never step 0
+
+
+def test_a_file_unreadable_for_good_is_passed_over_and_only_a_digest_mismatch_is_quarantined(tmp_path, monkeypatch):
+    root, manager = _two_checkpoints(tmp_path)
+    _failing_reads(monkeypatch, errno.EACCES, 100)
+    refused: list = []
+    assert checkpoint_resume.verified_latest(manager, refused, sleep=lambda s: None) == str(root / "step_2")
+    assert refused == [(str(root / "step_4"), "cannot read w.bin ([Errno 13] Permission denied)")]
+    assert _quarantined(root) == []
+    monkeypatch.undo()
+    (root / "step_4" / "w.bin").write_bytes(b"y" * 10)      # a flipped byte: the digest does not match
+    refused = []
+    assert checkpoint_resume.verified_latest(manager, refused) == str(root / "step_2")
+    assert refused == [(str(root / "step_4"), "checksum mismatch in w.bin")] and _quarantined(root) == ["step_4"]
+
+
+def test_a_job_whose_ledger_shows_a_checkpoint_never_starts_again_from_step_0():
+    refused = [("/ckpt/step_8", "checksum mismatch in w.bin")]
+    with pytest.raises(CheckpointError, match=r"^no checkpoint verifies although this job checkpointed step 8 "
+                                              r"before \(step_8: checksum mismatch in w.bin\): not starting again "
+                                              r"from step 0$"):
+        checkpoint_resume.refuse_fresh_start(refused, {EXPECTED_CHECKPOINT_ENV: "8"})
+    checkpoint_resume.refuse_fresh_start([], {})                 # a first run: step 0 is right
+    checkpoint_resume.refuse_fresh_start([], {EXPECTED_CHECKPOINT_ENV: "x"})
 
 
 def test_the_example_trainer_stopped_by_a_failed_save_ends_in_one_line_per_rank_not_a_traceback(tmp_path, small_fs):
@@ -133,3 +189,12 @@ def test_the_example_trainer_stopped_by_a_failed_save_ends_in_one_line_per_rank_
         assert err.strip().splitlines()[-1] == (f"train.py: error: rank {rank}: a periodic checkpoint was not saved "
                                                 "(on_save_error: stop); see the checkpoint_failed event")
     assert CheckpointManager(small_fs).latest().step == 4
+
+
+def test_the_supervisor_tells_the_ranks_the_newest_checkpoint_its_ledger_records():
+    from slurmtools.requeue import ledger
+    from slurmtools.requeue.supervisor import checkpointed_step
+    assert checkpointed_step([]) is None
+    assert checkpointed_step([ledger.AttemptStart("7.0", 1.0), ledger.AttemptEnd("7.0", 2.0, "crash")]) is None
+    assert checkpointed_step([ledger.AttemptStart("7.0", 1.0), ledger.AttemptEnd("7.0", 2.0, "crash", checkpoint_step=8),
+                              ledger.AttemptStart("7.0.1", 3.0, resume_step=4)]) == 8
