@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, FrozenSet, List, Optional
 
 from slurmtools import drain, slurm
 from slurmtools.errors import SlurmCommandError
@@ -23,6 +23,8 @@ class Run:
     topology: Topology
     lost: List[str] = field(default_factory=list)
     direct_drain: bool = False               # drain with the job's rights (RequeueSpec.direct_drain)
+    # nodes whose exclusions by this job ran out (exclusions.expired): they leave ExcNodeList
+    expired_exclusions: FrozenSet[str] = frozenset()
 
 
 def emit(event: str, attempt_id: str, **fields: object) -> None:
@@ -131,8 +133,9 @@ def requeue(job_id: int, attempt_id: str, diag: policy.Diagnosis, verdict: polic
 
 
 def requeue_fields(job_id: int, verdict: policy.Verdict, this_run: Run) -> Dict[str, str]:
-    """ExcNodeList (the blamed and lost nodes added to what is already excluded), NumNodes (the
-    allocation's size again, when nodes were given back) and StartTime (backoff)."""
+    """ExcNodeList (the blamed and lost nodes added to what is already excluded, less the nodes
+    whose exclusions by this job ran out), NumNodes (the allocation's size again, when nodes were
+    given back) and StartTime (backoff)."""
     fields: Dict[str, str] = {}
     blamed = [*verdict.excluded, *this_run.lost]
     if blamed:
@@ -142,7 +145,10 @@ def requeue_fields(job_id: int, verdict: policy.Verdict, this_run: Run) -> Dict[
             "ExcNodeList", "(null)")
         nodeset = NodeSet(",".join(blamed))
         if excluded not in ("", "(null)"):
-            nodeset.update(excluded)
+            kept = NodeSet(excluded)
+            if this_run.expired_exclusions:
+                kept.difference_update(",".join(sorted(this_run.expired_exclusions)))
+            nodeset.update(kept)
         fields["ExcNodeList"] = str(nodeset)
     if this_run.lost and this_run.topology.allocation:
         fields["NumNodes"] = str(len(this_run.topology.allocation))

@@ -129,7 +129,8 @@ def decide(config: SupervisorConfig, attempt: Attempt, evidence: policy.Evidence
         attempt_id=attempt.attempt_id, time_s=time.time(), cause=diag.cause.value, counted=verdict.counted,
         action=verdict.action.value, detail=diag.detail, reason=verdict.reason, node=diag.node,
         exit_code=exit_code, last_step=last_step, first_step_t=watchdog.first_progress(beats),
-        checkpoint_step=checkpoint_step, last_step_t=watchdog.last_progress(beats)))
+        checkpoint_step=checkpoint_step, last_step_t=watchdog.last_progress(beats),
+        excluded=",".join(verdict.excluded)))
     metrics.write_job_metrics(config.control_dir, attempt.attempt_id.split(".", 1)[0], os.environ)
     emit("decision", attempt.attempt_id, cause=diag.cause.value, action=verdict.action.value, reason=verdict.reason,
          node=diag.node, exclude=verdict.exclude_node, drain=verdict.drain_node, also=list(verdict.also_nodes),

@@ -57,6 +57,7 @@ class AttemptEnd:
     first_step_t: Optional[float] = None
     checkpoint_step: Optional[int] = None
     last_step_t: Optional[float] = None      # when its newest step was done (absent in older ledgers)
+    excluded: str = ""                       # the nodes the decision excluded, comma-separated (exclusions.py)
 
 
 @dataclass(frozen=True)

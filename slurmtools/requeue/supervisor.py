@@ -25,8 +25,8 @@ from slurmtools import metrics
 from slurmtools.checkpoint import Checkpoint, CheckpointManager
 from slurmtools.deadline import WarningClock
 from slurmtools.preflight import launch as preflight
-from slurmtools.requeue import (actions, judge, ledger, nodecheck, observe, policy, progress, slurm_view, step,
-                                straggler, watchdog)
+from slurmtools.requeue import (actions, exclusions, judge, ledger, nodecheck, observe, policy, progress, slurm_view,
+                                step, straggler, watchdog)
 from slurmtools.requeue.actions import Run, emit
 # re-exported: `slurmtools run` and the tests build a supervisor.SupervisorConfig
 from slurmtools.requeue.judge import Attempt as Attempt, SupervisorConfig as SupervisorConfig, Watch as Watch
@@ -196,6 +196,7 @@ def run(config: SupervisorConfig, argv: Sequence[str], environ: Optional[Mapping
         if isinstance(outcome, int):
             return outcome
         diag, verdict, checkpoint_step, events = outcome
+        this_run.expired_exclusions = exclusions.expired(events, time.time())
         if verdict.action is policy.Action.COMPLETE:
             return 0
         if verdict.action is policy.Action.STOP:

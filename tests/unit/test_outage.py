@@ -71,3 +71,34 @@ def test_the_exclusion_list_read_before_a_requeue_rides_the_outage_too(monkeypat
     verdict = policy.Verdict(policy.Action.REQUEUE, "node failure", exclude_node="node2", drain_node="node2")
     assert actions.requeue_fields(7, verdict, run) == {"ExcNodeList": "node[2,5]"}
     assert calls[-1] >= 120.0
+
+
+def test_our_exclusions_age_out_of_the_requeues_list_and_the_users_own_stay(monkeypatch):
+    """Over weeks the exclusion list only grew (hang and straggler blames too) until the job could
+    pend for ever: this job's exclusions last a time by cause; a node the user excluded stays."""
+    from slurmtools.requeue import actions, exclusions, ledger, policy, topology
+
+    hour = 3600.0
+    events = [ledger.AttemptEnd("7.0", 0.0, "hang", excluded="node3"),
+              ledger.AttemptEnd("7.1", 1 * hour, "straggler", excluded="node4"),
+              ledger.AttemptEnd("7.2", 2 * hour, "node_failure", excluded="node5,node6"),
+              ledger.AttemptEnd("7.3", 3 * hour, "crash")]
+    assert exclusions.excluded_until(events) == {"node3": 6 * hour, "node4": 7 * hour, "node5": 74 * hour,
+                                                 "node6": 74 * hour}
+    assert exclusions.expired(events, 6.5 * hour) == frozenset({"node3"})
+    assert exclusions.expired(events, 80 * hour) == frozenset({"node3", "node4", "node5", "node6"})
+    # blamed again later: the later exclusion counts
+    again = events + [ledger.AttemptEnd("7.4", 10 * hour, "hang", excluded="node3")]
+    assert "node3" not in exclusions.expired(again, 8 * hour)
+
+    monkeypatch.setattr(slurm, "show_job", lambda job_id, **kw: {"ExcNodeList": "node[1,3-6]"})
+    run = actions.Run(topology.topology_of(["node7", "node8"], RequeueSpec()),
+                      expired_exclusions=exclusions.expired(events, 6.5 * hour))
+    verdict = policy.Verdict(policy.Action.REQUEUE, "hang", exclude_node="node8")
+    assert actions.requeue_fields(7, verdict, run) == {"ExcNodeList": "node[1,4-6,8]"}    # node1: the user's
+
+
+def test_the_decision_records_the_nodes_it_excluded_in_the_ledger(tmp_path):
+    from slurmtools.requeue import ledger
+    ledger.append(tmp_path, ledger.AttemptEnd("7.0", 1.0, "node_failure", excluded="node2,node3"))
+    assert [e.excluded for e in ledger.read(tmp_path) if isinstance(e, ledger.AttemptEnd)] == ["node2,node3"]
