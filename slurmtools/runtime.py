@@ -73,6 +73,10 @@ SNAPSHOT_MEMORY_GB_ENV = "SLURMTOOLS_SNAPSHOT_MEMORY_GB"   # distributed.snapsho
 SNAPSHOT_MAX_OVERHEAD_ENV = "SLURMTOOLS_SNAPSHOT_MAX_OVERHEAD_PCT"   # distributed.snapshot_max_overhead_pct
 PREFLIGHT_ENV = "SLURMTOOLS_PREFLIGHT"   # notebook path: the spec's preflight settings (JSON); unset: off
 STOPPED_FILE = "stopped-for-requeue"
+# the supervisor's record that Slurm's SIGTERM came (a preemption, a person's requeue), written the
+# moment it arrives, before any save: an attempt whose supervisor KillWait then killed is closed as
+# preempted, not counted (slurm_view.close_dangling_attempt)
+TERM_FILE = "term-received"
 # made by every TrainingControl: the program reports its progress (heartbeats, completion); without
 # it the supervisor takes the program's exit 0 for completion (slurmtools/requeue/progress.py)
 REPORTS_PROGRESS_FILE = "reports-progress"

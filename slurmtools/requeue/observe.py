@@ -16,7 +16,17 @@ from slurmtools.fr_dump import Reduced
 from slurmtools.fsutil import write_json_atomic
 from slurmtools.requeue import flightrec, ledger, nodecheck, straggler, watchdog
 from slurmtools.requeue.actions import emit
-from slurmtools.runtime import REQUEST_FILE
+from slurmtools.runtime import REQUEST_FILE, TERM_FILE
+
+
+def record_term(control: Path, attempt_id: str, now: float) -> None:
+    """Slurm's SIGTERM came: say so in the control dir at once, durably, before any save is asked
+    for (runtime.TERM_FILE): KillWait may kill the supervisor before the attempt's end is recorded."""
+    try:
+        write_json_atomic(control / TERM_FILE, {"t": now, "attempt_id": attempt_id})
+    except OSError as exc:
+        emit("control_error", attempt_id, error=f"cannot write {TERM_FILE}: {exc}")
+    emit("term_received", attempt_id)
 
 
 def request_checkpoint(control: Path, attempt_id: str, now: float, **why: object) -> None:

@@ -54,20 +54,23 @@ def close_dangling_attempt(control: Path, events: List[ledger.Event],
     Slurm's KillWait ran out): record its end from the heartbeats it left, before they are cleared.
     When its ranks had checkpointed on request and stopped (a person's requeue, a preemption: Slurm
     SIGKILLed the supervisor KillWait after its SIGTERM, before the ranks' exit reached it, R46),
-    it ended preempted, not counted."""
+    or its supervisor had recorded Slurm's SIGTERM (a save longer than KillWait) and no node of it
+    is down, it ended preempted, not counted."""
     last = ledger.open_attempt(events)
     if last is None:
         return None
     beats = watchdog.read_heartbeats(control)
     states = node_states(last.nodes)
     down = sorted(node for node, state in states.items() if state in policy.DOWN_STATES)
-    stopped = step.stopped_for_requeue_by(control, last.attempt_id)
+    stopped = step.stopped_for_requeue_by(control, last.attempt_id) or (
+        step.term_received_by(control, last.attempt_id) and not down)
     cause = (policy.Cause.PREEMPTED if stopped else policy.Cause.NODE_FAILURE if down else policy.Cause.CRASH)
     end = ledger.AttemptEnd(
         attempt_id=last.attempt_id, time_s=max((beat.time_s for beat in beats), default=last.time_s),
         cause=cause.value, counted=not stopped, action=policy.Action.REQUEUE.value,
-        detail="supervisor was killed before recording the end" + (" (the ranks had stopped for the requeue)"
-                                                                   if stopped else ""),
+        detail="supervisor was killed before recording the end" + (
+            " (the ranks had stopped for the requeue)" if step.stopped_for_requeue_by(control, last.attempt_id)
+            else " (Slurm's SIGTERM had come: a preemption or a requeue)" if stopped else ""),
         node=down[0] if down and not stopped else None,
         last_step=max((beat.step for beat in beats), default=None),
         first_step_t=watchdog.first_progress(beats), checkpoint_step=checkpoint_step,

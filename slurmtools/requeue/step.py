@@ -21,7 +21,7 @@ from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError, UsageError
 from slurmtools.fsutil import read_small_regular
 from slurmtools.runtime import (COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, HEARTBEAT_DIR, REPORTS_PROGRESS_FILE,
-                                REQUEST_FILE, SDC_FILE, STOPPED_FILE)
+                                REQUEST_FILE, SDC_FILE, STOPPED_FILE, TERM_FILE)
 
 TAIL_LINES = 300
 # The first error lines of the step are kept beside its tail: at thousands of ranks the cascade
@@ -164,7 +164,7 @@ def prepare_control_dir(control_dir: Path) -> None:
     """Markers and heartbeats belong to one attempt: clear the previous attempt's."""
     ensure_control_dir(control_dir)
     for name in (REQUEST_FILE, STOPPED_FILE, COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, SDC_FILE,
-                 REPORTS_PROGRESS_FILE):
+                 REPORTS_PROGRESS_FILE, TERM_FILE):
         _remove(control_dir / name)
     heartbeats = control_dir / HEARTBEAT_DIR
     if heartbeats.is_symlink() or (heartbeats.exists() and not heartbeats.is_dir()):
@@ -186,6 +186,12 @@ def sdc_record(control_dir: Path) -> Optional[Tuple[Optional[str], str, Tuple[st
     listed: List[object] = raw_nodes if isinstance(raw_nodes, list) else []
     also = tuple(name for name in listed[:64] if isinstance(name, str) and name and name != node)
     return node, data["detail"][:500], also if node else ()
+
+
+def term_received_by(control_dir: Path, attempt_id: str) -> bool:
+    """The supervisor recorded Slurm's SIGTERM for this attempt (record_term)."""
+    data = _json_object(control_dir / TERM_FILE, 4096)
+    return data is not None and data.get("attempt_id") == attempt_id
 
 
 def stopped_for_requeue_by(control_dir: Path, attempt_id: str) -> bool:

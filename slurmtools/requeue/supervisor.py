@@ -91,9 +91,13 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
     invalid_seen = 0
     reported: List[str] = []
     dumps = observe.DumpRequest(control, attempt.attempt_id, attempt.recorder_dir, node_watch)
+    term_recorded = False
     while child.poll() is None:
         keep_clock()
         now, pass_cpu_t = time.time(), time.thread_time()
+        if flags.seen(signal.SIGTERM) and not term_recorded:
+            observe.record_term(control, attempt.attempt_id, now)       # first: before any save
+            term_recorded = True
         if flags.any() and requested_at is None:
             requested_at = now
             observe.request_checkpoint(control, attempt.attempt_id, now, signals=flags.names())

@@ -202,3 +202,24 @@ def test_an_attempt_whose_supervisor_was_killed_is_closed_as_its_ranks_left_it(t
     assert end is not None and (end.attempt_id, end.cause, end.counted, end.action, end.node) == (
         "77.0", cause, counted, "requeue", None)
     assert [e for e in ledger.read(tmp_path) if isinstance(e, ledger.AttemptEnd)] == [end]
+
+
+@pytest.mark.parametrize("states, cause, counted", [
+    ({"node1": "allocated", "node2": "allocated"}, "preempted", False),
+    ({"node1": "allocated", "node2": "down"}, "node_failure", True),      # Slurm's SIGTERM for a node failure
+])
+def test_a_sigterm_recorded_before_the_save_makes_a_killed_supervisors_attempt_a_preemption(tmp_path, monkeypatch,
+                                                                                           states, cause, counted):
+    """A preemption or a person's requeue whose save outlasts KillWait: the supervisor is SIGKILLed
+    before the ranks stop, so no stopped marker; its record of the SIGTERM, written the moment it
+    came, still makes the attempt not counted (two counted ones with no newer checkpoint stopped the job)."""
+    from slurmtools.requeue import observe, slurm_view, step
+    monkeypatch.setattr(slurm_view, "node_states", lambda nodelist: states)
+    ledger.append(tmp_path, ledger.AttemptStart("78.0", 1000.0, 0, "node[1-2]", None))
+    observe.record_term(tmp_path, "78.0", 1010.0)
+    assert step.term_received_by(tmp_path, "78.0") and not step.term_received_by(tmp_path, "78.1")
+    end = slurm_view.close_dangling_attempt(tmp_path, ledger.read(tmp_path), 6)
+    assert end is not None and (end.cause, end.counted) == (cause, counted)
+    assert ("SIGTERM had come" in end.detail) is (not counted)
+    step.prepare_control_dir(tmp_path)                                   # the next attempt starts clean
+    assert not step.term_received_by(tmp_path, "78.0")
