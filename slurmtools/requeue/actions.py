@@ -22,6 +22,7 @@ class Run:
 
     topology: Topology
     lost: List[str] = field(default_factory=list)
+    given_back: List[str] = field(default_factory=list)   # the dead ones among lost (policy.slurm_removal_aftermath)
     direct_drain: bool = False               # drain with the job's rights (RequeueSpec.direct_drain)
     # nodes whose exclusions by this job ran out (exclusions.expired): they leave ExcNodeList
     expired_exclusions: FrozenSet[str] = frozenset()
@@ -79,6 +80,7 @@ def restart_in_place(job_id: Optional[int], attempt_id: str, this_run: Run, diag
             emit("step_kill_failed", attempt_id, error=error)
         if diag.cause is policy.Cause.NODE_FAILURE:
             give_back(job_id, attempt_id, list(verdict.excluded))
+            this_run.given_back.extend(verdict.excluded)
         emit("replace_node", attempt_id, node=node, also=list(verdict.also_nodes),
              spares_left=this_run.topology.spares(this_run.lost), nodes=this_run.topology.pick(this_run.lost))
     deadline = time.time() + verdict.backoff_s

@@ -8,7 +8,7 @@ import signal
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from slurmtools import metrics
 from slurmtools.checkpoint import Checkpoint, CheckpointManager
@@ -65,7 +65,7 @@ class Watch:
 
 
 def evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: SignalFlags, tail: str,
-              resume: Optional[Checkpoint], inferred: progress.ProgressWatch
+              resume: Optional[Checkpoint], inferred: progress.ProgressWatch, handled: Sequence[str] = ()
               ) -> "tuple[policy.Evidence, List[watchdog.Beat]]":
     control = config.control_dir
     beats = watchdog.read_heartbeats(control)
@@ -104,6 +104,7 @@ def evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: Si
         sdc_also=corruption[2] if corruption else (),
         straggler_node=watch.straggler.node if watch.straggler else None,
         straggler_detail=watch.straggler.detail if watch.straggler else "",
+        handled_nodes=tuple(handled),
     )
     return evidence, beats
 

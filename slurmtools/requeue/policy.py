@@ -17,11 +17,11 @@ place and requeues share that one budget.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Dict, FrozenSet, List, Optional, Pattern, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
+from slurmtools.requeue import output_signs as signs
 from slurmtools.spec import RequeueSpec
 from slurmtools.xid import XID_LINE, node_fault_xids
 
@@ -81,6 +81,7 @@ class Evidence:
     preflight_node: Optional[str] = None     # the preflight before training named it
     preflight_check: str = ""                # e.g. preflight.busbw
     preflight_detail: str = ""
+    handled_nodes: Tuple[str, ...] = ()      # dead nodes this run already replaced and gave back
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Diagnosis:
     fatal_for_node: bool = False     # evidence strong enough to drain the node
     check: str = ""                  # the drain reason's check (default: job.<cause>)
     also_nodes: Tuple[str, ...] = ()  # lost together with node, on the same evidence
+    aftermath: bool = False          # Slurm's own removal of a node failure already handled ended the step
 
 
 @dataclass(frozen=True)
@@ -132,27 +134,6 @@ class Verdict:
         return (self.drain_node, *self.also_nodes) if self.drain_node else ()
 
 
-_COLLECTIVE = re.compile(
-    r"(Watchdog caught collective operation timeout|collective operation timeout|NCCL.*[Tt]imeout|"
-    r"ProcessGroupNCCL.*timed out|Timed out waiting \d+ms for (recv|send) operation|"
-    r"gloo.*(Connection closed by peer|Connection reset by peer|Timed out)|DistBackendError)")
-_OOM = re.compile(r"(CUDA out of memory|OutOfMemoryError|torch\.OutOfMemoryError|oom-kill|oom_kill|OOM Killed|"
-                  r"Out Of Memory|"
-                  r"Killed process \d+ .*out of memory|OUT_OF_MEMORY)", re.IGNORECASE)
-_USER = re.compile(r"\b(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|NameError|"
-                   r"unrecognized arguments|No such file or directory: '[^']*\.py')\b")
-# the platform failed the attempt, not the program: rendezvous and store, step launch, transport,
-# storage I/O (a checkpoint read). Retried and counted like a crash, also before the first step.
-_INFRA = re.compile(
-    r"(RendezvousTimeoutError|RendezvousConnectionError|RendezvousClosedError|DistNetworkError|DistStoreError|"
-    r"The server socket has failed to (listen|bind)|"
-    r"srun: error: Task launch for \S+ failed|Communication connection failure|"
-    r"srun: error: Unable to create step|Unable to contact slurm controller|"
-    r"slurmstepd: error: .*(Connection refused|Connection timed out)|"
-    r"\[Errno (5|110|111|113|116|121)\]|Input/output error|Stale file handle|Remote I/O error)")
-# a rank's own exception as torchrun reports it ("[rank3]: RuntimeError: ...")
-_RANK_EXCEPTION = re.compile(r"^\[rank\d+\]: [A-Za-z_][\w.]*(?:Error|Exception)\b.*$", re.MULTILINE)
-_NODE_FAIL = re.compile(r"Node failure on (\S+)")
 # a node's Slurm state that is evidence of its failure (slurm_view adds not_responding: Slurm's
 # NOT_RESPONDING flag, whatever the base state)
 NOT_RESPONDING = "not_responding"
@@ -161,16 +142,13 @@ DOWN_STATES = ("down", "fail", "failing", NOT_RESPONDING)
 # a health check (the site's, or our gate) drained it while the step ran, the GPU fault that
 # crashed a rank, say, whose XID is only in that node's kernel log
 DRAINED = "drained"
-# srun's line for each task that ended badly, in order: the first names the first failing node
-_FAILED_TASK = re.compile(r"^srun: error: ([A-Za-z0-9][\w.-]*): tasks? [\d,-]+: ", re.MULTILINE)
-_HOST_IN_LINE = re.compile(r"\b(?:host|node)[=: ]+([A-Za-z][\w.-]*)")
 
 
 def classify(evidence: Evidence) -> Diagnosis:
     """The cause of an attempt's end, and the node to blame when the evidence names one."""
     ev = evidence
     down = sorted(node for node, state in ev.node_states.items() if state in DOWN_STATES)
-    node_fail = _NODE_FAIL.search(ev.log_tail)
+    node_fail = signs.NODE_FAIL.search(ev.log_tail)
     if ev.preflight_node:
         return Diagnosis(Cause.PREFLIGHT, node=ev.preflight_node, detail=ev.preflight_detail,
                          fatal_for_node=True, check=ev.preflight_check)
@@ -197,6 +175,9 @@ def classify(evidence: Evidence) -> Diagnosis:
     if ev.dead_node:
         return Diagnosis(Cause.NODE_FAILURE, node=ev.dead_node, detail=ev.dead_detail or f"node {ev.dead_node} died",
                          fatal_for_node=True, also_nodes=tuple(n for n in ev.dead_also if n != ev.dead_node))
+    if slurm_removal_aftermath(ev):
+        return Diagnosis(Cause.NODE_FAILURE, detail=f"the step ended (exit {ev.exit_code}) as Slurm removed "
+                         f"{','.join(ev.handled_nodes)} (dead, already replaced) from the job", aftermath=True)
     if ev.sdc_found:
         return Diagnosis(Cause.SDC, node=ev.sdc_node, detail=ev.sdc_detail or "silent data corruption",
                          fatal_for_node=ev.sdc_node is not None, also_nodes=ev.sdc_also if ev.sdc_node else ())
@@ -207,35 +188,35 @@ def classify(evidence: Evidence) -> Diagnosis:
     drained = sorted(node for node, state in ev.node_states.items() if state == DRAINED)
     if drained and ev.exit_code not in (None, 0):
         # replaced like a lost node, not drained again by us (the drain and its reason are theirs)
-        first = first_failed_node(ev.log_tail)
+        first = signs.first_failed_node(ev.log_tail)
         node = first if first in drained else drained[0]
         return Diagnosis(Cause.NODE_FAILURE, node=node, detail=f"node {node} was drained in Slurm while the step ran "
                          f"(a health check's verdict); the step failed (exit {ev.exit_code})",
                          also_nodes=tuple(n for n in drained if n != node))
     fatal = node_fault_xids(ev.log_tail)     # drain- or reboot-class in NVIDIA's catalogue
     if fatal:
-        return Diagnosis(Cause.GPU_FATAL, node=_blamed_host(ev.log_tail, XID_LINE), detail=f"xid={fatal[0]}",
+        return Diagnosis(Cause.GPU_FATAL, node=signs.blamed_host(ev.log_tail, XID_LINE), detail=f"xid={fatal[0]}",
                          fatal_for_node=True)
     if ev.hang_detected:
         return Diagnosis(Cause.HANG, node=ev.hang_node,
                          detail=ev.hang_detail or (f"no heartbeat from rank {ev.hang_rank}" if ev.hang_rank is not None
                                                    else "no heartbeat from any rank"),
                          fatal_for_node=ev.hang_node is not None)
-    if _OOM.search(ev.log_tail):
+    if signs.OOM.search(ev.log_tail):
         return Diagnosis(Cause.OOM, detail="out of memory")
-    if _COLLECTIVE.search(ev.log_tail):
+    if signs.COLLECTIVE.search(ev.log_tail):
         if ev.collective_laggard_node:
             return Diagnosis(Cause.COLLECTIVE_TIMEOUT, node=ev.collective_laggard_node,
                              detail=f"collective timeout: {ev.collective_laggard_detail}")
-        return Diagnosis(Cause.COLLECTIVE_TIMEOUT, node=_blamed_host(ev.log_tail, _COLLECTIVE),
+        return Diagnosis(Cause.COLLECTIVE_TIMEOUT, node=signs.blamed_host(ev.log_tail, signs.COLLECTIVE),
                          detail="collective timeout")
     if ev.exit_code == 0:
         # clean exit without the complete marker: the program ended early on its own
         return Diagnosis(Cause.USER_ERROR, detail="exited 0 before training completed")
-    user = _USER.search(ev.log_tail)
+    user = signs.USER.search(ev.log_tail)
     if user:
         return Diagnosis(Cause.USER_ERROR, detail=user.group(1))
-    infra = _platform_failure(ev.log_tail)
+    infra = signs.platform_failure(ev.log_tail)
     if infra:
         return Diagnosis(Cause.CRASH, detail=f"exit {ev.exit_code}, infrastructure: {infra.group(1)}")
     if not ev.progressed and not ev.earlier_progress and ev.reports_progress:
@@ -245,31 +226,21 @@ def classify(evidence: Evidence) -> Diagnosis:
     return Diagnosis(Cause.CRASH, detail=f"exit {ev.exit_code}" + ("" if ev.progressed else " before the first step"))
 
 
-def first_failed_node(text: str) -> Optional[str]:
-    """The node of the first task srun reported as failed (a rank under the srun launcher, a
-    node's torchrun agent under torchrun): where the step's failure began."""
-    match = _FAILED_TASK.search(text)
-    return match.group(1) if match else None
-
-
-def _platform_failure(tail: str) -> "Optional[re.Match[str]]":
-    """The first platform line of the tail, unless ranks had already failed with an exception of
-    their own: torchrun's agents then fail to shut the rendezvous down (DistNetworkError once the
-    store's host exited), fallout of the program's error, not its cause."""
-    infra = _INFRA.search(tail)
-    if infra is None:
-        return None
-    own = [line for line in _RANK_EXCEPTION.findall(tail, 0, infra.start()) if not _INFRA.search(line)]
-    return None if own else infra
-
-
-def _blamed_host(text: str, pattern: Pattern[str]) -> Optional[str]:
-    for line in text.splitlines():
-        if pattern.search(line):
-            host = _HOST_IN_LINE.search(line)
-            if host:
-                return host.group(1)
-    return None
+def slurm_removal_aftermath(ev: Evidence) -> bool:
+    """The step failed the way Slurm's own removal of a dead node ends one (SlurmdTimeout after
+    the death, at a moment of its own): a node this run already replaced is named failed, the
+    launch failed, or the first task to end was killed by a signal; and no new node is down, no
+    rank ran out of memory. Part of that node failure, not a crash of the program."""
+    if not ev.handled_nodes or ev.exit_code in (None, 0) or signs.OOM.search(ev.log_tail):
+        return False
+    if any(node not in ev.handled_nodes for node, state in ev.node_states.items() if state in DOWN_STATES):
+        return False
+    named = signs.NODE_FAIL.search(ev.log_tail)
+    if named:
+        return named.group(1).rstrip(":,") in ev.handled_nodes
+    first = signs.FAILED_TASK.search(ev.log_tail)
+    return bool(signs.LAUNCH_FAILED.search(ev.log_tail)) or (
+        first is not None and first.group(2).strip() in ("Killed", "Terminated"))
 
 
 def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: RequeueSpec,
@@ -288,6 +259,11 @@ def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: RequeueSpe
         return Verdict(Action.REQUEUE, reason, exclude_node=diag.node, drain_node=diag.node)
     if diag.cause is Cause.CANCELLED:
         return Verdict(Action.STOP, "cancelled or out of time: Slurm ended the job and is not requeueing it")
+    if diag.aftermath and history and history[-1].cause is Cause.NODE_FAILURE and history[-1].counted:
+        # once per node failure: a second such end in a row is counted as the failure it then is
+        reason = f"node_failure ({diag.detail}); part of the node failure before, not counted"
+        in_place = capacity.in_allocation and limits.in_allocation
+        return Verdict(Action.RESTART if in_place else Action.REQUEUE, reason)
     if diag.cause is Cause.USER_ERROR:
         return Verdict(Action.STOP, f"user error ({diag.detail}): a requeue would fail the same way")
     if diag.cause is Cause.OOM and not limits.retry_oom:

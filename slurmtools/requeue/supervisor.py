@@ -308,7 +308,8 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
         if node_watch is not None:
             node_watch.close()
     emit("step_end", attempt.attempt_id, exit_code=watch.exit_code, run_s=round(time.time() - start_t, 3))
-    evidence, beats = judge.evidence(config, attempt, watch, flags, launched.evidence(), resume, inferred)
+    evidence, beats = judge.evidence(config, attempt, watch, flags, launched.evidence(), resume, inferred,
+                                     this_run.given_back)
     capacity = _capacity(attempt, this_run, nodes, flags)
     diag, verdict, checkpoint_step = judge.decide(config, attempt, evidence, beats, events, manager,
                                                   watch.exit_code, capacity, inferred)

@@ -75,10 +75,15 @@ def test_a_straggler_and_a_killed_node_at_128_nodes_are_replaced_by_spares(clust
         info = training.wait_finished(job, 420)
         evts = training.events(spec, job)
         assert info.state == "COMPLETED", training.describe(spec, job)
-        decisions = [(d["cause"], d["action"]) for d in training.supervisor_events(evts, "decision")]
+        made = training.supervisor_events(evts, "decision")
+        # Slurm's own removal of the dead node (SlurmdTimeout after the kill, at a moment of its own)
+        # can still end the replacement step: part of that node failure, restarted, not counted, once
+        aftermath = [d for d in made if d["reason"].endswith("part of the node failure before, not counted")]
+        assert len(aftermath) <= 1 and all((d["cause"], d["action"]) == ("node_failure", "restart")
+                                           for d in aftermath), training.describe(spec, job)
+        decisions = [(d["cause"], d["action"]) for d in made if d not in aftermath]
         assert decisions == [("straggler", "restart"), ("node_failure", "restart"), ("completed", "complete")], (
-            decisions, [d.get("reason") for d in training.supervisor_events(evts, "decision")],
-            training.describe(spec, job))
+            decisions, [d.get("reason") for d in made], training.describe(spec, job))
         found = training.supervisor_events(evts, "straggler")
         assert [(s["node"], s["action"]) for s in found] == [("node5", "swap")] and found[0]["slowdown"] >= 1.5
         lost = [d for d in training.supervisor_events(evts, "decision") if d["cause"] == "node_failure"]
@@ -93,6 +98,7 @@ def test_a_straggler_and_a_killed_node_at_128_nodes_are_replaced_by_spares(clust
         assert starts[0] == [f"node{n}" for n in range(1, TRAIN_NODES + 1)]
         assert sorted(starts[1]) == sorted([n for n in starts[0] if n != "node5"] + spares[:1])
         assert sorted(starts[2]) == sorted([n for n in starts[1] if n != victim] + spares[1:])
+        assert all(later == starts[2] for later in starts[3:])          # the aftermath's restart: the same nodes
         assert training.trainer_events(evts, "final")[-1]["step"] == STEPS
         assert slurm.job_state(job).restarts == 0
         assert training.leftover_trainers(job, LIGHT) == []

@@ -239,7 +239,7 @@ def test_without_a_drained_node_the_same_failure_stays_a_crash():
 
 
 def test_the_first_failed_task_names_its_node():
-    from slurmtools.requeue.policy import first_failed_node
+    from slurmtools.requeue.output_signs import first_failed_node
     assert first_failed_node(GPU_FAULT_TAIL) == "node3"
     assert first_failed_node("srun: error: node7: tasks 0-3: Killed\n") == "node7"
     assert first_failed_node("all well\n") is None
