@@ -13,6 +13,7 @@ the training's collectives (an NCCL group in production) and run from a backgrou
 """
 from __future__ import annotations
 
+import datetime
 import io
 import sys
 import threading
@@ -33,9 +34,16 @@ from slurmtools.snapshot_wire import (ViewReader, agree_max, exchange, exchange_
 STATE_FILE = "state.pt"
 
 
-def side_group() -> Any:
-    """A gloo group of every rank, for snapshots only (collective: every rank calls it, in order)."""
-    return dist.new_group(backend="gloo")
+# a transfer's wait on its peer at most: a rank that failed to serialize (or died) leaves its peer
+# waiting this long, not the collective timeout (30 minutes by default); a chunk of a pull takes
+# well under a second
+EXCHANGE_TIMEOUT_S = 120.0
+
+
+def side_group(timeout_s: float = EXCHANGE_TIMEOUT_S) -> Any:
+    """A gloo group of every rank, for snapshots only (collective: every rank calls it, in order);
+    its own timeout bounds every wait on a peer (EXCHANGE_TIMEOUT_S)."""
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def to_host(state: Any, reuse: Any = None) -> Any:

@@ -209,3 +209,35 @@ def test_snapshots_are_spaced_out_when_one_would_stall_more_than_its_share_of_tr
     assert [r["taken"] for r in results] == [[5]] * 4
     every = {r["every"] for r in results}
     assert len(every) == 1 and min(every) > 10 and min(every) % 5 == 0, every
+
+
+STALL_SCRIPT = r"""
+import json, os, sys, time, torch.distributed as dist, datetime
+from slurmtools import snapshot_torch, snapshot_wire
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+group = snapshot_torch.side_group(timeout_s=3.0)
+if dist.get_rank() == 0:
+    t0 = time.monotonic()
+    try:
+        snapshot_wire.exchange(b"x" * 1000, 1, [1], group)
+        result = "received"
+    except Exception as exc:          # the peer never sent: given up after the group's timeout
+        result = type(exc).__name__
+    print(json.dumps({"result": result, "waited_s": time.monotonic() - t0}), flush=True)
+else:
+    time.sleep(12)                    # rank 1 failed to serialize: it never joins the exchange
+    print(json.dumps({"result": "idle"}), flush=True)
+"""
+
+
+def test_a_peer_that_never_sends_its_snapshot_is_given_up_after_the_side_groups_timeout(tmp_path):
+    """One rank failing to serialize left its peer waiting the collective timeout (30 minutes)."""
+    pytest.importorskip("torch")
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
+    procs = [subprocess.Popen([sys.executable, "-c", STALL_SCRIPT], env=dict(env, RANK=str(rank)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outs = [proc.communicate(timeout=120) for proc in procs]
+    first = json.loads(outs[0][0].strip().splitlines()[-1])
+    assert first["result"] != "received" and 2.5 <= first["waited_s"] < 11, (first, outs[0][1][-2000:])
+    from slurmtools.snapshot_torch import EXCHANGE_TIMEOUT_S
+    assert EXCHANGE_TIMEOUT_S == 120.0
