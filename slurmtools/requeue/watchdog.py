@@ -229,12 +229,13 @@ def minority_unreachable(unreachable: Sequence[str], step_nodes: int) -> bool:
 
 def lost_for_sure(unreachable: Sequence[str], job_nodes: int, controller_answers: Callable[[], bool]) -> bool:
     """Whether nodes whose slurmd does not answer (twice) are lost: a minority of the job's nodes;
-    or a single node where that is no minority (a job of two) and the controller answers us, so our
-    own network is sound. Otherwise nobody is named: a blip at our own node would make every
-    node look dead and exclude the whole job. The controller is asked only in that last case."""
-    if minority_unreachable(unreachable, job_nodes):
-        return True
-    return len(unreachable) == 1 and controller_answers()
+    or more (a job of two or three losing nodes together) when the controller answers us, so our
+    own network is sound. A blip at our own node makes every node look dead, and it cuts us off
+    from the controller too: then nobody is named (the whole job would be excluded). The
+    controller is asked only when the minority rule cannot decide."""
+    if not unreachable:
+        return False
+    return minority_unreachable(unreachable, job_nodes) or controller_answers()
 
 
 def cut_off(stall: Stall, beats: List[Beat], unreachable: List[str], step_nodes: int) -> Stall:

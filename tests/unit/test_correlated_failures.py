@@ -175,15 +175,19 @@ def test_one_missed_connect_is_no_death_and_an_answer_starts_the_count_again():
         watch.close()
 
 
-def test_a_majority_of_the_job_unreachable_names_nobody():
-    """A blip at the batch host: every other node's slurmd looks gone. Nobody is declared dead
-    (the job would exclude itself whole)."""
+@pytest.mark.parametrize("controller, dead", [(False, False), (True, True)])
+def test_a_majority_of_the_job_unreachable_is_named_only_when_the_controller_answers(controller, dead):
+    """A blip at the batch host: every other node's slurmd looks gone, and so is the controller.
+    Nobody is declared dead (the job would exclude itself whole). With the controller answering
+    our network is sound: the nodes are gone (two of a job of three killed at once, the fault matrix)."""
     nodes = ["node1", "node2", "node3", "node4"]
-    watch = FakeWatch({"node2", "node3", "node4"}, 10, nodes, "node1", 100.0)
+    watch = FakeWatch({"node2", "node3", "node4"}, 10, nodes, "node1", 100.0, controller=controller)
     try:
         beats = [beat(0, "node1", 129.0)] + [beat(i, n, 100.0) for i, n in enumerate(nodes[1:], 1)]
         assert settle(watch, beats, 130.0) is None
-        assert settle(watch, beats, 132.0) is None
+        death = settle(watch, beats, 132.0)
+        assert (death is not None) is dead
+        assert death is None or death.nodes == ("node2", "node3", "node4")
     finally:
         watch.close()
 
@@ -203,14 +207,15 @@ def test_in_a_job_of_two_the_controller_witnesses_that_our_network_is_sound(cont
 @pytest.mark.parametrize("unreachable, job_nodes, controller, lost", [
     (["n2"], 3, False, True),              # a minority: lost, the controller not asked
     (["n2", "n3"], 5, False, True),
-    (["n2", "n3"], 4, True, False),        # half the job: nobody named
-    (["n2"], 2, True, True),               # a job of two: the controller answers us
+    (["n2", "n3"], 4, False, False),       # half the job and no controller: our own network, nobody named
+    (["n2", "n3"], 3, True, True),         # the controller answers: they are gone
+    (["n2"], 2, True, True),               # a job of two
     (["n2"], 2, False, False),
     ([], 3, True, False),
 ])
 def test_lost_for_sure(unreachable, job_nodes, controller, lost):
     def ask():
-        if job_nodes > 2:
+        if 2 * len(unreachable) < job_nodes:
             raise AssertionError("the controller is asked only where the minority rule cannot decide")
         return controller
     assert watchdog.lost_for_sure(unreachable, job_nodes, ask) is lost
