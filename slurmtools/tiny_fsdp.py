@@ -329,7 +329,10 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
         if sealing and manager is not None:
             t0 = time.monotonic()
             if saver is not None and not requested and step != cfg.steps:
-                saver.save(step, model, optim, meta=meta, trainer_state=trainer_state)  # training goes on
+                # training goes on; the save first waits for the previous one, which on a slow store
+                # can take minutes: work, not a hang (outside a phase it was killed as one, again and again)
+                with control.phase("saving"):
+                    saver.save(step, model, optim, meta=meta, trainer_state=trainer_state)
             else:
                 with control.phase("saving"):                 # a requested or final save is blocking
                     if saver is not None:

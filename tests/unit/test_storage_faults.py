@@ -198,3 +198,32 @@ def test_the_supervisor_tells_the_ranks_the_newest_checkpoint_its_ledger_records
     assert checkpointed_step([ledger.AttemptStart("7.0", 1.0), ledger.AttemptEnd("7.0", 2.0, "crash")]) is None
     assert checkpointed_step([ledger.AttemptStart("7.0", 1.0), ledger.AttemptEnd("7.0", 2.0, "crash", checkpoint_step=8),
                               ledger.AttemptStart("7.0.1", 3.0, resume_step=4)]) == 8
+
+
+PHASE_SCRIPT = """
+import json, sys, torch.distributed as dist
+from slurmtools import checkpoint_torch
+from slurmtools.runtime import TrainingControl
+from slurmtools.tiny_fsdp import TrainConfig, train
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0, world_size=1)
+control = TrainingControl(rank=0)
+seen = []
+real = checkpoint_torch.AsyncCheckpointer.save
+def save(self, *args, **kwargs):
+    seen.append(control._phase[0] if control._phase else None)
+    return real(self, *args, **kwargs)
+checkpoint_torch.AsyncCheckpointer.save = save
+train(TrainConfig(steps=8, checkpoint_every=4, checkpoint_dir=sys.argv[1], loader_workers=0), control, lambda r: None)
+dist.destroy_process_group()
+print(json.dumps(seen))
+"""
+
+
+def test_an_async_save_waiting_for_the_previous_one_is_work_not_a_hang(tmp_path):
+    """AsyncCheckpointer.save waits for the save before it first: on a slow store that wait was
+    outside the saving phase, judged a hang and the save killed, again and again."""
+    from tests.unit.test_flight_recorder import _free_port
+    out = subprocess.run([sys.executable, "-c", PHASE_SCRIPT, str(tmp_path / "ckpt"), str(_free_port())],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["saving"]
