@@ -53,6 +53,9 @@ CHECKPOINT_GRACE_ENV = "SLURMTOOLS_CHECKPOINT_GRACE_S"
 # the newest checkpoint step the job's ledger records (the supervisor sets it): a resume that finds
 # none verifiable fails rather than train again from step 0 (checkpoint_resume.refuse_fresh_start)
 EXPECTED_CHECKPOINT_ENV = "SLURMTOOLS_EXPECTED_CHECKPOINT_STEP"
+# in the control dir: the job's node count at its first run, spares included (the supervisor writes
+# it): after the job gave dead nodes back, a requeue Slurm starts keeps the shrunk count
+JOB_NODES_FILE = "job-nodes"
 WARNING_LEAD_ENV = "SLURMTOOLS_WARNING_LEAD_S"      # notebook path: rank 0 keeps the warning clock
 CONTROL_SUBDIR = ".slurmtools"
 

@@ -127,7 +127,25 @@ def requeue(job_id: int, attempt_id: str, diag: policy.Diagnosis, verdict: polic
     except SlurmCommandError as exc:
         print(f"slurmtools: requeue of job {job_id} failed: {exc}", file=sys.stderr, flush=True)
         return 1
-    # Slurm now ends this run; wait to be terminated rather than racing it with an exit code.
+    return _ended_by_slurm(flags)
+
+
+def regrow(job_id: int, attempt_id: str, job_nodes: int, flags: SignalFlags) -> int:
+    """Slurm requeued this job as it last was, shrunk by the dead nodes it gave back, and the
+    allocation cannot hold its training nodes: requeue it asking its full node count again. Not a
+    failure: no attempt is recorded or counted."""
+    emit("regrow", attempt_id, nodes=job_nodes)
+    try:
+        slurm.requeue_excluding(job_id, {"NumNodes": str(job_nodes)})
+    except SlurmCommandError as exc:
+        print(f"slurmtools: requeue of job {job_id} for its {job_nodes} nodes failed: {exc}", file=sys.stderr,
+              flush=True)
+        return 1
+    return _ended_by_slurm(flags)
+
+
+def _ended_by_slurm(flags: SignalFlags) -> int:
+    """Slurm now ends this run; wait to be terminated rather than racing it with an exit code."""
     deadline = time.time() + 60
     while time.time() < deadline and not flags.seen(signal.SIGTERM):
         time.sleep(0.2)

@@ -19,9 +19,9 @@ from typing import IO, Any, Callable, Deque, Dict, List, Mapping, Optional, Sequ
 
 from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError, UsageError
-from slurmtools.fsutil import read_small_regular
+from slurmtools.fsutil import read_small_regular, write_json_atomic
 from slurmtools.runtime import (COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, HEARTBEAT_DIR, REPORTS_PROGRESS_FILE,
-                                REQUEST_FILE, SDC_FILE, STOPPED_FILE, TERM_FILE)
+                                JOB_NODES_FILE, REQUEST_FILE, SDC_FILE, STOPPED_FILE, TERM_FILE)
 
 TAIL_LINES = 300
 # The first error lines of the step are kept beside its tail: at thousands of ranks the cascade
@@ -186,6 +186,21 @@ def sdc_record(control_dir: Path) -> Optional[Tuple[Optional[str], str, Tuple[st
     listed: List[object] = raw_nodes if isinstance(raw_nodes, list) else []
     also = tuple(name for name in listed[:64] if isinstance(name, str) and name and name != node)
     return node, data["detail"][:500], also if node else ()
+
+
+def job_nodes(control_dir: Path, allocated: int, first_run: bool) -> int:
+    """The job's node count at its first run (runtime.JOB_NODES_FILE): recorded by that run,
+    read back by every later one; 0 when unknown (a control dir of an older version)."""
+    if first_run:
+        try:
+            ensure_control_dir(control_dir)
+            write_json_atomic(control_dir / JOB_NODES_FILE, {"nodes": allocated})
+        except (OSError, UsageError):
+            return allocated
+        return allocated
+    data = _json_object(control_dir / JOB_NODES_FILE, 4096)
+    nodes = data.get("nodes") if data is not None else None
+    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and 0 < nodes <= 1_000_000 else 0
 
 
 def term_received_by(control_dir: Path, attempt_id: str) -> bool:

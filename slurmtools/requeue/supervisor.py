@@ -30,7 +30,7 @@ from slurmtools.requeue import (actions, exclusions, judge, ledger, nodecheck, o
 from slurmtools.requeue.actions import Run, emit
 # re-exported: `slurmtools run` and the tests build a supervisor.SupervisorConfig
 from slurmtools.requeue.judge import Attempt as Attempt, SupervisorConfig as SupervisorConfig, Watch as Watch
-from slurmtools.requeue.topology import step_argv, topology_of
+from slurmtools.requeue.topology import shrunk_below_training, step_argv, topology_of
 from slurmtools.runtime import (ATTEMPT_ID_ENV, ATTEMPT_NUMBER_ENV, COMPLETE_FILE, CONTROL_DIR_ENV,
                                 EXPECTED_CHECKPOINT_ENV, FLIGHT_RECORDER_FILE_ENVS, attempt_of,
                                 flight_recorder_prefix)
@@ -185,8 +185,11 @@ def run(config: SupervisorConfig, argv: Sequence[str], environ: Optional[Mapping
     warn_sig = signal_number(config.requeue.warning_signal)
     flags = SignalFlags().install({warn_sig, signal.SIGTERM, signal.SIGINT, signal.SIGUSR2})
     manager = CheckpointManager(config.checkpoint_dir) if config.checkpoint_dir else None
-    this_run = Run(topology_of(_expand(env.get("SLURM_JOB_NODELIST", "")), config.requeue),
-                   direct_drain=config.requeue.direct_drain)
+    allocation = _expand(env.get("SLURM_JOB_NODELIST", ""))
+    job_nodes = step.job_nodes(config.control_dir, len(allocation), first_run=restart == 0) if job_id else 0
+    this_run = Run(topology_of(allocation, config.requeue, job_nodes), direct_drain=config.requeue.direct_drain)
+    if job_id is not None and restart > 0 and shrunk_below_training(this_run.topology, job_nodes):
+        return actions.regrow(job_id, base_id, job_nodes, flags)
     seq = 0
     while True:
         nodes = this_run.topology.pick(this_run.lost) or []

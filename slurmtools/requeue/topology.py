@@ -50,10 +50,19 @@ class Topology:
         return [node for node in self.allocation if node not in lost and node not in active]
 
 
-def topology_of(nodes: Sequence[str], requeue: RequeueSpec) -> Topology:
-    train = max(1, len(nodes) - requeue.spare_nodes)
+def topology_of(nodes: Sequence[str], requeue: RequeueSpec, job_nodes: int = 0) -> Topology:
+    """job_nodes: what the job asked for, spares included (0: the allocation's size). An
+    allocation shrunk by the dead nodes the job gave back, which Slurm's own requeue keeps, still
+    trains on the nodes the job asked for: on fewer only as min_nodes allows."""
+    train = max(1, max(job_nodes, len(nodes)) - requeue.spare_nodes)
     minimum = requeue.min_nodes if 0 < requeue.min_nodes < train else train
     return Topology(tuple(nodes), train, minimum)
+
+
+def shrunk_below_training(topology: Topology, job_nodes: int) -> bool:
+    """The allocation is smaller than the job asked for (nodes given back) and cannot hold its
+    training nodes: the run must requeue asking its full count again."""
+    return job_nodes > len(topology.allocation) and topology.pick(()) is None
 
 
 def step_argv(argv: Sequence[str], nodes: Sequence[str], *, overlap: bool = False) -> List[str]:
