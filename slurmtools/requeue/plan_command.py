@@ -3,6 +3,7 @@ the goodput simulator (slurmtools.requeue.simulate) at that interval."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from slurmtools.cli_args import positive
@@ -57,10 +58,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not 1 <= args.trials <= 100_000 or args.work_days > 3650:
         raise UsageError(f"--trials must be 1 to 100000 and --work-days at most 3650, got {args.trials} and "
                          f"{args.work_days:g}")
-    failures_per_run = args.nodes * 24.0 / args.node_mtbf_h * args.work_days
+    # two simulations: GPU faults named to their node, and not
+    failures_per_run = 2 * args.nodes * 24.0 / args.node_mtbf_h * args.work_days
     if failures_per_run * args.trials > MAX_SIMULATED_FAILURES:
         raise UsageError(f"--simulate: about {failures_per_run * args.trials:.3g} failures to simulate "
-                         f"(nodes x days / node MTBF x trials); at most {MAX_SIMULATED_FAILURES:g}: fewer --trials "
+                         f"(2 simulations x nodes x days / node MTBF x trials); at most {MAX_SIMULATED_FAILURES:g}: fewer --trials "
                          f"or --work-days")
     try:
         scenario = simulate.Scenario(
@@ -71,5 +73,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             snapshot_s=args.snapshot_cost_s, replication_s=args.replication_s)
     except ValueError as exc:
         raise UsageError(f"--simulate: {exc}") from None
-    print(simulate.format_summary(simulate.simulate(scenario, args.trials, args.seed)))
+    named = simulate.simulate(scenario, args.trials, args.seed)
+    print(simulate.format_summary(named))
+    unnamed = simulate.simulate(replace(scenario, kinds=simulate.default_mix(attribute_gpu_faults=False)),
+                                args.trials, args.seed)
+    print(simulate.format_attribution(named, unnamed))
     return 0
