@@ -51,11 +51,14 @@ def test_the_decision_is_recorded_before_the_stopped_step_ends(tmp_path: Path):
     out, err = proc.communicate(timeout=60)
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     kinds = [line.get("slurmtools", "program") for line in lines]
-    assert kinds == ["start", "checkpoint_requested", "decision", "program", "step_end"], (kinds, err[-2000:])
-    decision, exited = lines[2], lines[3]
+    # Slurm's SIGTERM recorded first, before the checkpoint is asked for (a save may outlast KillWait)
+    assert kinds == ["start", "term_received", "checkpoint_requested", "decision", "program", "step_end"], (
+        kinds, err[-2000:])
+    assert lines[1]["t"] <= lines[2]["t"]
+    decision, exited = lines[3], lines[4]
     assert (decision["cause"], decision["action"]) == ("preempted", "stop")
     assert decision["t"] < exited["exited_t"]
     ends = [event for event in ledger.read(tmp_path / "control") if isinstance(event, ledger.AttemptEnd)]
     assert [(end.cause, end.counted) for end in ends] == [("preempted", False)]
     assert ends[0].time_s < exited["exited_t"]
-    assert lines[4]["exit_code"] == 0
+    assert lines[5]["exit_code"] == 0
