@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 from slurmtools import jobs, slurm  # noqa: E402
 from slurmtools.fsutil import json_lines  # noqa: E402
 from slurmtools.minicluster import cluster as mc  # noqa: E402
-from slurmtools.requeue import ledger  # noqa: E402
+from slurmtools.requeue import goodput, ledger  # noqa: E402
 from slurmtools.runtime import control_dir_for  # noqa: E402
 from slurmtools.spec import spec_from_dict  # noqa: E402
 
@@ -224,7 +224,7 @@ def goodput_run(layout, work: Path, name: str, steps: int, faults: bool) -> floa
     else:
         wait(lambda: finished(job), 900, f"{name} run")
     wall = time.time() - t0
-    g = ledger.goodput(ledger.read(control_dir_for(s.checkpoint_dir, s.output_dir, str(job))))
+    g = goodput.goodput(ledger.read(control_dir_for(s.checkpoint_dir, s.output_dir, str(job))))
     print(f"{name}: {steps} steps, submit -> done {wall:.1f} s; ledger: {g.attempts} attempts, steps lost "
           f"{g.steps_lost}, restart latency {', '.join(f'{x:.1f}' for x in g.restart_latency_s) or '-'} s, "
           f"effective training time ratio {g.ratio:.1%}; state {slurm.job_state(job).state}", flush=True)

@@ -127,14 +127,14 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     import json
 
     from slurmtools import jobreport, jobs
-    from slurmtools.requeue import ledger
+    from slurmtools.requeue import goodput, ledger
 
     target = jobs.ledger_location(args.target, args.spec)
     report = jobreport.load(target)           # the report's figures: the step log's step time when kept
     if report is None:
         raise UsageError(f"no ledger records at {target} (a control dir or its ledger.jsonl)")
     result = report.goodput
-    print(json.dumps(result.to_json(), sort_keys=True, allow_nan=False) if args.json else ledger.format_goodput(result))
+    print(json.dumps(result.to_json(), sort_keys=True, allow_nan=False) if args.json else goodput.format_goodput(result))
     return 0
 
 

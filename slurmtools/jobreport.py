@@ -13,8 +13,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from slurmtools import steplog
 from slurmtools.errors import one_line
-from slurmtools.requeue import ledger
-from slurmtools.requeue.ledger import Event, Goodput
+from slurmtools.requeue import goodput, ledger
+from slurmtools.requeue.goodput import Goodput
+from slurmtools.requeue.ledger import Event
 from slurmtools.steplog import StepHistory, StepRecord
 
 Series = List[Tuple[int, float]]          # (step, value)
@@ -139,7 +140,7 @@ def job_step_time_s(history: StepHistory) -> Optional[float]:
 
 def build(job: str, events: Sequence[Event], history: StepHistory) -> JobReport:
     attempts = ledger.attempts(list(events))
-    result = ledger.goodput(list(events), job_step_time_s(history))
+    result = goodput.goodput(list(events), job_step_time_s(history))
     loss, rate = _series_by_attempt(history.steps)
     starts = [a.start_s for a in attempts] + [s.time_s - s.step_s for s in history.steps[:1]]
     by_node, slowest = _step_time_by_node(history.steps)
@@ -158,7 +159,7 @@ def load(target: Path) -> Optional[JobReport]:
 
 def format_text(report: JobReport) -> str:
     """The terminal form: the goodput summary, one line per attempt, the breakdown, the marks."""
-    lines = [f"job {report.job}", *ledger.format_goodput(report.goodput).splitlines(), "", "attempts:"]
+    lines = [f"job {report.job}", *goodput.format_goodput(report.goodput).splitlines(), "", "attempts:"]
     for attempt in report.attempts:
         begin = attempt.start_s - report.start_s
         end = "running" if attempt.end_s is None else f"+{attempt.end_s - report.start_s:.1f} s"

@@ -21,8 +21,9 @@ from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 from prometheus_client import CollectorRegistry, Counter, Gauge, write_to_textfile
 
 from slurmtools.metric_names import JOB_LABELS, JOB_PLACEHOLDER, METRICS, NODE_PLACEHOLDER, TRAIN_LABELS
-from slurmtools.requeue import ledger
-from slurmtools.requeue.ledger import Event, Goodput
+from slurmtools.requeue import goodput, ledger
+from slurmtools.requeue.goodput import Goodput
+from slurmtools.requeue.ledger import Event
 from slurmtools.requeue.policy import Cause
 from slurmtools.metric_names import METRICS_DIR_ENV
 
@@ -169,7 +170,7 @@ def stragglers(events: Sequence[Event]) -> int:
 
 
 def job_registry_from_ledger(events: Sequence[Event], labels: Mapping[str, str]) -> CollectorRegistry:
-    return job_registry(ledger.goodput(list(events)), restarts_by_cause(events), stragglers(events), labels)
+    return job_registry(goodput.goodput(list(events)), restarts_by_cause(events), stragglers(events), labels)
 
 
 # ---- where the files go: a job opts in with its spec's metrics_dir (SLURMTOOLS_METRICS_DIR) ------

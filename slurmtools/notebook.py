@@ -39,7 +39,7 @@ from slurmtools import sbatch, slurm
 from slurmtools.deadline import WarningClock
 from slurmtools.errors import SlurmCommandError, SpecError, UsageError
 from slurmtools.preflight import inprocess
-from slurmtools.requeue import ledger
+from slurmtools.requeue import goodput, ledger
 from slurmtools.runtime import (ATTEMPT_ID_ENV, CHECKPOINT_DIR_ENV, CHECKPOINT_GRACE_ENV, COLLECTIVE_TIMEOUT_ENV,
                                 LOCAL_JOB_ID, PREFLIGHT_ENV, WARNING_LEAD_ENV, TrainingControl, attempt_of,
                                 control_dir_for)
@@ -353,6 +353,6 @@ def status(job: Any, spec: Optional[SpecLike] = None, *, tail_lines: int = 5) ->
     if checkpoint_dir:
         events = ledger.read(control_dir_for(checkpoint_dir, "", job_id))
         if events:
-            result = ledger.goodput(events)
+            result = goodput.goodput(events)
             good = f"goodput {result.ratio:.1%} over {result.attempts} attempt(s), steps lost {result.steps_lost or [0]}"
     return JobStatus(job_id, state, progress_from_log(text), lines[-tail_lines:], good, finished)

@@ -22,6 +22,8 @@ copy on a node of the new allocation (its own where that node lives on, else its
 than the persistent checkpoint; each new rank R takes rank R's copy (a node's own first: a read
 from local memory, not a pull). A changed world size or no common step: the persistent checkpoint,
 and why. After an attempt that ended in silent data corruption, no snapshot (`refused_after`).
+A snapshot is restored only within its timeline (`timeline`: the attempts since the newest that
+began from the persistent checkpoint), never after the checkpoints were rolled back (`rolled_back`).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from slurmtools.node_beat import control_digest
 
@@ -126,6 +128,7 @@ class Copy:
     host: str
     own: bool           # the rank's own (else a replica its peer kept)
     world: int = 0      # the world size it was taken in (its manifest's)
+    attempt: str = ""   # the attempt that took it (its manifest's): its lineage (timeline)
 
 
 @dataclass(frozen=True)
@@ -139,15 +142,20 @@ class Restore:
         return {rank: copy for rank, copy in self.sources.items() if copy.host != hosts.get(rank)}
 
 
-def plan_restore(copies: Sequence[Copy], hosts: Mapping[int, str], checkpoint_step: Optional[int]) -> Restore:
+def plan_restore(copies: Sequence[Copy], hosts: Mapping[int, str], checkpoint_step: Optional[int],
+                 lineage: Optional[FrozenSet[str]] = None) -> Restore:
     """Which snapshot each rank of the new allocation (hosts: rank -> host) restores from, or
-    the persistent checkpoint (see the module's doc)."""
+    the persistent checkpoint (see the module's doc). lineage: the attempts whose snapshots this
+    run's timeline holds (timeline()); a copy taken by any other is never restored."""
     world = len(hosts)
     living = set(hosts.values())
     by_step: Dict[int, Dict[int, List[Copy]]] = {}
     other_worlds = set()
+    abandoned = 0
     for copy in copies:
-        if copy.world != world:
+        if lineage is not None and copy.attempt not in lineage:
+            abandoned += 1
+        elif copy.world != world:
             other_worlds.add(copy.world)
         elif copy.host in living and 0 <= copy.of_rank < world:
             by_step.setdefault(copy.step, {}).setdefault(copy.of_rank, []).append(copy)
@@ -171,7 +179,30 @@ def plan_restore(copies: Sequence[Copy], hosts: Mapping[int, str], checkpoint_st
         return Restore(None, {}, f"the persistent checkpoint (step {checkpoint_step}) is as new as every snapshot")
     if other_worlds:
         return Restore(None, {}, f"the world changed ({max(other_worlds)} -> {world} ranks): snapshots are per rank")
+    if abandoned:
+        return Restore(None, {}, f"{abandoned} snapshot cop{'y' if abandoned == 1 else 'ies'} of another timeline "
+                                 f"(taken before a restart from the persistent checkpoint): never restored")
     return Restore(None, {}, "no verified snapshot on the living nodes")
+
+
+def timeline(restores: Sequence[Tuple[str, Optional[int]]]) -> FrozenSet[str]:
+    """The attempts of the current timeline, from the job's record of how each attempt with
+    snapshots began ((attempt id, the snapshot step it restored, or None: the persistent
+    checkpoint), oldest first): the newest that began from the checkpoint, and every one after it
+    (each restored a snapshot of the timeline). An attempt that ended in silent data corruption,
+    or whose timeline a person abandoned by rolling the checkpoints back, is followed by one that
+    begins from the checkpoint: the snapshots before it are another timeline, never restored."""
+    start = max((index for index, (_, step) in enumerate(restores) if step is None), default=0)
+    return frozenset(attempt for attempt, _ in restores[start:])
+
+
+def rolled_back(newest_checkpoint: Optional[int], recorded: Optional[int]) -> Optional[str]:
+    """Why no snapshot may be restored when the newest checkpoint is older than one the job
+    recorded (a person removed the newer ones to roll the run back), or None."""
+    if recorded is not None and (newest_checkpoint is None or newest_checkpoint < recorded):
+        return (f"the checkpoints were rolled back (newest step {newest_checkpoint}, the job had step {recorded}): "
+                f"the snapshots belong to the abandoned timeline")
+    return None
 
 
 def refused_after(previous_ended_in_sdc: bool) -> Optional[str]:

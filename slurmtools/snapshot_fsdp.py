@@ -25,7 +25,8 @@ from slurmtools.agreement import agree
 from slurmtools.checkpoint import CheckpointManager
 from slurmtools.node_beat import NODE_LOCAL_DIR_ENV, local_rank, memory_root
 from slurmtools.runtime import LOCAL_JOB_ID, SNAPSHOT_EVERY_ENV, SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV
-from slurmtools.snapshot import DEFAULT_MAX_OVERHEAD_PCT, DEFAULT_MEMORY_GB, job_key, refused_after
+from slurmtools.snapshot import (DEFAULT_MAX_OVERHEAD_PCT, DEFAULT_MEMORY_GB, job_key, refused_after, rolled_back,
+                                 timeline)
 from slurmtools.snapshot_io import SnapshotStore
 from slurmtools.snapshot_torch import Snapshotter, restore, side_group
 from slurmtools.trainer_state import TrainerState
@@ -100,7 +101,7 @@ class Session:
             store.sweep_stale(time.time())
         hosts = dict(enumerate(names))
         snapshotter = Snapshotter(store, rank, hosts, every_steps, side_group(), limit_bytes=int(memory_gb * 1e9),
-                                  max_overhead_pct=max_overhead_pct)
+                                  max_overhead_pct=max_overhead_pct, attempt_id=attempt_id)
         return cls(snapshotter, hosts, control_dir, attempt_id)
 
     def restore_into(self, model: Any, optim: Any, trainer_state: Optional[TrainerState],
@@ -113,20 +114,26 @@ class Session:
         started = time.monotonic()
         # rank 0 alone reads the ledger and the checkpoints' manifests (thousands of ranks reading
         # them at once would load the shared file system's metadata server for nothing)
-        decided: List[Optional[Any]] = [None, None]      # [why no snapshot, the newest checkpoint's step]
+        # [why no snapshot, the newest checkpoint's step, the timeline's attempts (None: no record)]
+        decided: List[Optional[Any]] = [None, None, None]
         if dist.get_rank() == 0:
-            if self.control_dir is not None:
-                ends = [event for event in ledger.read(self.control_dir) if isinstance(event, ledger.AttemptEnd)]
-                decided[0] = refused_after(bool(ends) and ends[-1].cause == Cause.SDC.value)
             complete = manager.complete() if manager is not None else []
             decided[1] = complete[0].step if complete else None
+            if self.control_dir is not None:
+                events = ledger.read(self.control_dir)
+                ends = [event for event in events if isinstance(event, ledger.AttemptEnd)]
+                decided[0] = refused_after(bool(ends) and ends[-1].cause == Cause.SDC.value) or rolled_back(
+                    decided[1], ledger.newest_checkpoint_step(events))
+                decided[2] = sorted(timeline([(event.attempt_id, event.step) for event in events
+                                              if isinstance(event, ledger.SnapshotRestore)]))
         dist.broadcast_object_list(decided, src=0, group=self.snapshotter.group)
         step: Optional[int] = None
         state: Any = None
         why = decided[0] or ""
         if not why:
             step, state, why = restore(self.snapshotter.store, dist.get_rank(), self.hosts, decided[1],
-                                       self.snapshotter.group)
+                                       self.snapshotter.group,
+                                       frozenset(decided[2]) if decided[2] is not None else None)
         if state is not None:
             apply(model, optim, trainer_state, state)
         if dist.get_rank() == 0 and self.control_dir is not None:

@@ -118,8 +118,9 @@ class SnapshotStore:
                 continue
             own, rank = parsed
             for checkpoint in CheckpointManager(self.root / name, keep=KEEP).complete(checksums=checksums):
-                world = checkpoint.manifest.get("world")
-                copies.append(Copy(rank, checkpoint.step, self.host, own, world if isinstance(world, int) else 0))
+                world, attempt = checkpoint.manifest.get("world"), checkpoint.manifest.get("attempt")
+                copies.append(Copy(rank, checkpoint.step, self.host, own, world if isinstance(world, int) else 0,
+                                   attempt if isinstance(attempt, str) else ""))
         return copies
 
     def _sealed(self, copy: Copy) -> Tuple[Path, Dict[str, Any]]:

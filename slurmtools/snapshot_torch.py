@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import IO, Any, Dict, List, Mapping, Optional, Tuple, cast
+from typing import IO, Any, Dict, FrozenSet, List, Mapping, Optional, Tuple, cast
 
 import torch
 import torch.distributed as dist
@@ -134,11 +134,13 @@ class Snapshotter:
     """One rank's snapshots: take() at a step boundary every rank reaches at the same step."""
 
     def __init__(self, store: SnapshotStore, rank: int, hosts: Mapping[int, str], every_steps: int, group: Any,
-                 limit_bytes: Optional[int] = None, max_overhead_pct: float = 0.0) -> None:
+                 limit_bytes: Optional[int] = None, max_overhead_pct: float = 0.0, attempt_id: str = "") -> None:
         """limit_bytes: this rank's share of node memory for its snapshots and the replicas it keeps;
         max_overhead_pct: the share of training time a snapshot's stall may take (0: the interval
-        stays every_steps), the interval agreed by the ranks at each snapshot (snapshot.interval_for)."""
+        stays every_steps), the interval agreed by the ranks at each snapshot (snapshot.interval_for);
+        attempt_id: recorded with each copy, its lineage (snapshot.timeline)."""
         self.store, self.rank, self.world, self.every_steps, self.group = store, rank, len(hosts), every_steps, group
+        self.attempt_id = attempt_id
         self.min_every_steps, self.max_overhead_pct = every_steps, max_overhead_pct
         self.limit_bytes = limit_bytes
         self.peer = peer_of(rank, hosts)
@@ -220,13 +222,15 @@ class Snapshotter:
         too_large = over_limit(len(data), [len(payload) for payload in received.values()], self.limit_bytes)
         if too_large:               # the serialized framing alone took it over: rare, and not kept
             raise CheckpointError(too_large)
-        self.store.save_own(self.rank, step, {STATE_FILE: data}, {"world": self.world, "rank": self.rank})
+        self.store.save_own(self.rank, step, {STATE_FILE: data},
+                            {"world": self.world, "rank": self.rank, "attempt": self.attempt_id})
         for source, payload in received.items():
-            self.store.save_replica(source, step, {STATE_FILE: payload}, {"world": self.world, "rank": source})
+            self.store.save_replica(source, step, {STATE_FILE: payload},
+                                    {"world": self.world, "rank": source, "attempt": self.attempt_id})
 
 
 def restore(store: SnapshotStore, rank: int, hosts: Mapping[int, str], checkpoint_step: Optional[int],
-            group: Any) -> Tuple[Optional[int], Any, str]:
+            group: Any, lineage: Optional[FrozenSet[str]] = None) -> Tuple[Optional[int], Any, str]:
     """(step, this rank's state, why) from the snapshots, or (None, None, why): restore from the
     persistent checkpoint. Collective: every rank of the new step calls it at its start.
 
@@ -239,7 +243,7 @@ def restore(store: SnapshotStore, rank: int, hosts: Mapping[int, str], checkpoin
                     key=lambda c: (c.step, c.of_rank, c.host, c.own))
     refused: List[str] = []
     while True:
-        plan = plan_restore(copies, hosts, checkpoint_step)
+        plan = plan_restore(copies, hosts, checkpoint_step, lineage)
         if plan.step is None:
             return None, None, "; ".join(refused + [plan.why])
         data, bad = _fetch(store, rank, hosts, plan, group)

@@ -155,14 +155,6 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
     return watch
 
 
-def checkpointed_step(events: Sequence[ledger.Event]) -> Optional[int]:
-    """The newest checkpoint step the ledger records for this job (resumed from, or newest at an
-    attempt's end); None when the job never had one."""
-    steps = [event.resume_step for event in events if isinstance(event, ledger.AttemptStart)]
-    steps += [event.checkpoint_step for event in events if isinstance(event, ledger.AttemptEnd)]
-    return max((step for step in steps if step is not None), default=None)
-
-
 def _capacity(attempt: Attempt, run: Run, nodes: Sequence[str], flags: SignalFlags) -> policy.Capacity:
     """A new step may follow under Slurm while Slurm is not ending this run (no SIGTERM seen)."""
     if attempt.job_id is None or flags.seen(signal.SIGTERM):
@@ -232,7 +224,7 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
     number = sum(1 for event in events if isinstance(event, ledger.AttemptStart))
     child_env = dict(env, **{CONTROL_DIR_ENV: str(config.control_dir), ATTEMPT_ID_ENV: attempt.attempt_id,
                              ATTEMPT_NUMBER_ENV: str(number)})
-    expected = checkpointed_step(events)
+    expected = ledger.newest_checkpoint_step(events)
     if expected is not None:          # a resume that finds none verifiable fails, never starts at step 0
         child_env[EXPECTED_CHECKPOINT_ENV] = str(expected)
     if not any(name in env for name in FLIGHT_RECORDER_FILE_ENVS) and attempt.recorder_dir is not None:

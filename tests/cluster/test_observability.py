@@ -22,7 +22,7 @@ import pytest
 from slurmtools import runtime
 from slurmtools.metric_names import JOB_PLACEHOLDER, NODE_PLACEHOLDER
 from slurmtools.minicluster import cluster as mc
-from slurmtools.requeue import ledger
+from slurmtools.requeue import goodput, ledger
 from tests import browser
 from tests.cluster import asuser, training
 from tests.cluster.test_faults import _expand
@@ -153,11 +153,11 @@ def test_prometheus_has_the_jobs_training_metrics_restarts_by_cause_and_goodput(
     restarts = wait_for(lambda: stack.query(f'slurmtools_job_restarts_total{{slurm_job="{job}"}}'), 30, "restarts")
     assert [(r["metric"]["cause"], r["value"][1]) for r in restarts] == [("crash", "1")]
     assert restarts[0]["metric"]["node"] == nodes[0]                     # the supervisor runs on the batch host
-    expected = ledger.goodput(crashed_once["events"]).ratio
-    goodput = wait_for(lambda: [g for g in stack.query(f'slurmtools_job_goodput_ratio{{slurm_job="{job}"}}')
-                                if float(g["value"][1]) == pytest.approx(expected, rel=1e-6)], 30,
-                       f"the chain's final goodput {expected:.4f}")
-    assert len(goodput) == 1 and goodput[0]["metric"]["node"] == nodes[0]
+    expected = goodput.goodput(crashed_once["events"]).ratio
+    ratios = wait_for(lambda: [g for g in stack.query(f'slurmtools_job_goodput_ratio{{slurm_job="{job}"}}')
+                               if float(g["value"][1]) == pytest.approx(expected, rel=1e-6)], 30,
+                      f"the chain's final goodput {expected:.4f}")
+    assert len(ratios) == 1 and ratios[0]["metric"]["node"] == nodes[0]
     attempts = stack.query(f'slurmtools_job_attempts_total{{slurm_job="{job}"}}')
     assert [a["value"][1] for a in attempts] == ["2"]
 

@@ -21,7 +21,7 @@ from slurmtools.checkpoint import MANIFEST, CheckpointManager
 from slurmtools.errors import SpecError
 from slurmtools.health import config, gate
 from slurmtools.health.model import Status
-from slurmtools.requeue import ledger, watchdog
+from slurmtools.requeue import goodput, ledger, watchdog
 from slurmtools.runtime import HEARTBEAT_DIR
 from slurmtools.schema import build, load_yaml_with_lines
 from slurmtools.spec import JobSpec, spec_from_dict
@@ -160,9 +160,9 @@ def test_ledger_garbage_never_crashes_goodput(tmp_path_factory: Any, lines: list
     root = tmp_path_factory.mktemp("ledger")
     (root / ledger.LEDGER_FILE).write_text("\n".join(lines) + "\n")
     events = ledger.read(root)
-    result = ledger.goodput(events)
+    result = goodput.goodput(events)
     json.dumps(result.to_json(), allow_nan=False)
-    ledger.format_goodput(result)
+    goodput.format_goodput(result)
     ledger.history(events)
 
 

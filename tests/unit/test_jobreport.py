@@ -7,7 +7,7 @@ import json
 import pytest
 
 from slurmtools import jobreport, steplog
-from slurmtools.requeue import ledger
+from slurmtools.requeue import goodput, ledger
 from slurmtools.steplog import CheckpointRecord, StepHistory, StepLog, StepRecord
 from tests.unit.test_cli import cli, one_line_error
 
@@ -165,6 +165,6 @@ def test_a_refused_checkpoint_is_kept_in_the_ledger_and_marked_in_the_report(tmp
     kept = [e for e in read if isinstance(e, ledger.CheckpointRefused)]
     assert [(e.path, e.why) for e in kept] == refused and read[3] is not None and len(read) == 5
     assert ledger.attempts(read) == ledger.attempts(events)
-    assert ledger.goodput(read) == ledger.goodput(events)
+    assert goodput.goodput(read) == goodput.goodput(events)
     labels = [m.label for m in jobreport.build("9", read, history).marks if m.kind == "refused"]
     assert labels == ["checkpoint step_8 refused: checksum mismatch in __1_0.distcp"]

@@ -8,7 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurmtools import metrics
-from slurmtools.requeue import ledger
+from slurmtools.requeue import goodput, ledger
 
 LABELS = {"slurm_job": "42", "attempt": "42.1", "node": "node2", "rank": "3"}
 
@@ -78,7 +78,7 @@ def test_the_supervisor_writes_restarts_by_cause_and_goodput_from_the_ledger(tmp
     assert found[("slurmtools_job_stragglers_total", tuple(sorted(job)))] == 1
     assert found[("slurmtools_job_final_step", tuple(sorted(job)))] == 100
     assert found[("slurmtools_job_goodput_ratio", tuple(sorted(job)))] == pytest.approx(
-        ledger.goodput(events).ratio)
+        goodput.goodput(events).ratio)
 
 
 def test_textfile_names_are_safe():

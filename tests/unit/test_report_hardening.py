@@ -11,7 +11,7 @@ import tracemalloc
 import pytest
 
 from slurmtools import fr_dump, fsutil, jobreport, steplog
-from slurmtools.requeue import flightrec, ledger
+from slurmtools.requeue import flightrec, goodput, ledger
 from slurmtools.steplog import StepHistory, StepRecord
 from tests.unit.test_cli import cli, one_line_error
 from tests.unit.test_jobreport import T0, _chain, chain_control_dir
@@ -127,7 +127,7 @@ def test_restart_latency_runs_from_the_last_step_to_the_next_first_step_and_step
     assert "median step time by node: n1 1.000 s (slowest rank 0)" in text
     assert "restart latency (last step -> next first step): 10.0 s" in text
     assert report.breakdown.restarts_s == 10.0
-    assert ledger.goodput(_chain()[0]).step_time_source == "heartbeats"
+    assert goodput.goodput(_chain()[0]).step_time_source == "heartbeats"
 
 
 def test_the_page_write_never_follows_a_link_and_leaves_no_temp_file(tmp_path):

@@ -116,3 +116,36 @@ def test_the_interval_grows_to_a_multiple_of_the_set_one_when_a_snapshot_stalls_
     assert snapshot.interval_for(0.0, 1.0, 10, 1.0) == 10
     assert snapshot.interval_for(1.0, 0.0, 10, 1.0) == 10
     assert snapshot.interval_for(5.0, 1e-9, 1, 1.0) == snapshot.MAX_INTERVAL_STEPS
+
+
+def test_the_timeline_begins_at_the_newest_attempt_that_began_from_the_checkpoint():
+    # A took snapshots, B restored A's, B ended in silent data corruption, C began from the checkpoint
+    records = [("9.0", None), ("9.0.1", 150), ("9.0.2", None)]
+    assert snapshot.timeline(records) == frozenset({"9.0.2"})
+    assert snapshot.timeline(records[:2]) == frozenset({"9.0", "9.0.1"})
+    assert snapshot.timeline([]) == frozenset()
+
+
+def _tagged(step, hosts, attempt):
+    return [Copy(c.of_rank, c.step, c.host, c.own, c.world, attempt) for c in _copies(step, hosts)]
+
+
+def test_a_restore_never_crosses_timelines():
+    """After an attempt ended in SDC the next began from the checkpoint (step 100) and crashed at
+    step 130, before the corrupt timeline's last snapshot step (150): the one after restores the
+    new timeline's step 130, never the corrupt 150 (which, newest, it took before)."""
+    copies = _tagged(150, TWO_BY_TWO, "9.0.1") + _tagged(130, TWO_BY_TWO, "9.0.2")
+    plan = plan_restore(copies, TWO_BY_TWO, 100, frozenset({"9.0.2"}))
+    assert plan.step == 130 and {copy.attempt for copy in plan.sources.values()} == {"9.0.2"}
+    assert plan_restore(copies, TWO_BY_TWO, 100).step == 150          # without the lineage: the corrupt one
+    only_old = plan_restore(_tagged(150, TWO_BY_TWO, "9.0.1"), TWO_BY_TWO, 100, frozenset({"9.0.2"}))
+    assert (only_old.step, only_old.why) == (None, "8 snapshot copies of another timeline (taken before a restart "
+                                                   "from the persistent checkpoint): never restored")
+
+
+def test_a_rolled_back_run_never_jumps_forward_to_the_abandoned_timeline():
+    assert snapshot.rolled_back(100, 250) == ("the checkpoints were rolled back (newest step 100, the job had step "
+                                             "250): the snapshots belong to the abandoned timeline")
+    assert snapshot.rolled_back(None, 250) is not None
+    assert snapshot.rolled_back(250, 250) is None and snapshot.rolled_back(300, 250) is None
+    assert snapshot.rolled_back(None, None) is None

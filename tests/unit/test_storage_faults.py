@@ -193,7 +193,7 @@ def test_the_example_trainer_stopped_by_a_failed_save_ends_in_one_line_per_rank_
 
 def test_the_supervisor_tells_the_ranks_the_newest_checkpoint_its_ledger_records():
     from slurmtools.requeue import ledger
-    from slurmtools.requeue.supervisor import checkpointed_step
+    checkpointed_step = ledger.newest_checkpoint_step
     assert checkpointed_step([]) is None
     assert checkpointed_step([ledger.AttemptStart("7.0", 1.0), ledger.AttemptEnd("7.0", 2.0, "crash")]) is None
     assert checkpointed_step([ledger.AttemptStart("7.0", 1.0), ledger.AttemptEnd("7.0", 2.0, "crash", checkpoint_step=8),

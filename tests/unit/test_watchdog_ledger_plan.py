@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from slurmtools.requeue import ledger, plan, watchdog
+from slurmtools.requeue import goodput, ledger, plan, watchdog
 from slurmtools.requeue.policy import AttemptRecord, Cause
 from slurmtools.runtime import TrainingControl
 
@@ -66,7 +66,7 @@ def records():
 
 
 def test_goodput_from_ledger():
-    g = ledger.goodput(records())
+    g = goodput.goodput(records())
     assert g.attempts == 3 and g.failures == 1 and g.preemptions == 1
     assert g.final_step == 100
     assert g.wall_s == 291.0
@@ -77,7 +77,7 @@ def test_goodput_from_ledger():
     # per-attempt step times: 90/39, 78/29, 70/39 -> median 70/39
     assert g.step_time_s == pytest.approx(90 / 39)
     assert g.ratio == pytest.approx(100 * (90 / 39) / 291.0)
-    assert "effective training time ratio" in ledger.format_goodput(g)
+    assert "effective training time ratio" in goodput.format_goodput(g)
 
 
 def test_ledger_append_read_and_history(tmp_path):
