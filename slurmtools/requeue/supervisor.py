@@ -79,7 +79,8 @@ def _begin(config: SupervisorConfig, attempt: Attempt, manager: Optional[Checkpo
 def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flags: SignalFlags,
            start_t: float, node_watch: Optional[nodecheck.NodeWatch],
            stragglers: Optional[straggler.StragglerWatch], can_swap: Callable[[str], bool],
-           keep_clock: Callable[[], None], inferred: progress.ProgressWatch) -> Watch:
+           keep_clock: Callable[[], None], inferred: progress.ProgressWatch,
+           end_s: Callable[[], Optional[float]] = lambda: None) -> Watch:
     """Until the step ends: warning (Slurm's, or ours when due) -> checkpoint request (and the
     grace timer), heartbeats -> hang, silent node + unreachable slurmd -> node death, a
     persistently slow node -> a checkpoint request to swap it out."""
@@ -101,15 +102,16 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
         if flags.any() and requested_at is None:
             requested_at = now
             observe.request_checkpoint(control, attempt.attempt_id, now, signals=flags.names())
-        if requested_at is not None and now - requested_at > requeue.checkpoint_grace_s:
-            emit("grace_expired", attempt.attempt_id, grace_s=requeue.checkpoint_grace_s)
-            step.stop(child, config.stop_timeout_s)
-            watch.killed_by_us = True
-            break
         if flags.seen(signal.SIGTERM) and step.stopped_for_requeue_by(control, attempt.attempt_id):
             watch.stopped_on_term = True
             return watch                     # the step still ends: _one_step waits for it after the record
         beats, invalid = watchdog.scan_heartbeats(control, now, attempt.attempt_id)
+        if requested_at is not None and watchdog.grace_expired(now, requested_at, requeue.checkpoint_grace_s,
+                                                               end_s(), beats):
+            emit("grace_expired", attempt.attempt_id, grace_s=requeue.checkpoint_grace_s)
+            step.stop(child, config.stop_timeout_s)
+            watch.killed_by_us = True
+            break
         if invalid > invalid_seen:
             invalid_seen = invalid
             emit("invalid_heartbeats", attempt.attempt_id, count=invalid)
@@ -286,7 +288,7 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
     try:
         try:
             watch = _watch(config, attempt, launched, flags, start_t, node_watch, stragglers, can_swap,
-                           lambda: _warn_when_due(clock, attempt, flags, warn_sig), inferred)
+                           lambda: _warn_when_due(clock, attempt, flags, warn_sig), inferred, lambda: clock.end_s)
         finally:
             if watch is None or not watch.stopped_on_term:
                 launched.finish(config.stop_timeout_s)      # the whole tail read

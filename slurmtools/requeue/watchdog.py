@@ -221,6 +221,19 @@ def silent_rank(stall: Stall, beats: List[Beat], now_s: float) -> Stall:
                           f"{now_s - silent[0].last_alive_s:.0f} s while the others waited at step {stall.step}")
 
 
+def grace_expired(now_s: float, requested_s: float, grace_s: float, end_s: Optional[float],
+                  beats: Sequence[Beat]) -> bool:
+    """A requested checkpoint's grace (checkpoint_grace_s) is over: past grace_s since the request,
+    unless some rank is still saving within its save's own deadline and the job's end is further off
+    than the grace (a straggler swap, a warning that came early: the save may finish; a save that
+    truly hangs still meets its phase's deadline, then the hang watch)."""
+    if now_s - requested_s <= grace_s:
+        return False
+    saving = any(beat.phase == "saving" and beat.phase_until_s is not None and beat.phase_until_s > now_s
+                 for beat in beats)
+    return not (saving and (end_s is None or end_s - now_s > grace_s))
+
+
 def minority_unreachable(unreachable: Sequence[str], step_nodes: int) -> bool:
     """Some of the step's nodes do not answer, but fewer than half: they are the ones lost. A
     majority unreachable says more about our own node (its network), so nobody is named."""

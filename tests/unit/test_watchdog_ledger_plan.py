@@ -223,3 +223,17 @@ def test_a_sigterm_recorded_before_the_save_makes_a_killed_supervisors_attempt_a
     assert ("SIGTERM had come" in end.detail) is (not counted)
     step.prepare_control_dir(tmp_path)                                   # the next attempt starts clean
     assert not step.term_received_by(tmp_path, "78.0")
+
+
+@pytest.mark.parametrize("phase, until, end_s, expired", [
+    ("saving", 2000.0, None, False),          # a straggler swap's save still writing, no end in sight: not killed
+    ("saving", 2000.0, 5000.0, False),        # the job's end far off
+    ("saving", 2000.0, 1150.0, True),         # the end nearer than the grace: Slurm's KillWait would come first
+    ("saving", 1100.0, None, True),           # past its save's own deadline
+    ("", None, None, True),                   # nobody saving: the ranks never reached a step boundary
+])
+def test_a_requested_save_still_writing_is_not_killed_while_the_jobs_time_is_not_up(phase, until, end_s, expired):
+    beats = [watchdog.Beat(0, "node1", 8, 1190.0, phase=phase, phase_until_s=until, phase_t_s=1000.0),
+             watchdog.Beat(1, "node2", 8, 1190.0)]
+    assert not watchdog.grace_expired(1100.0, 1000.0, 120.0, end_s, beats)          # within the grace
+    assert watchdog.grace_expired(1200.0, 1000.0, 120.0, end_s, beats) is expired
