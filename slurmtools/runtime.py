@@ -50,11 +50,9 @@ ATTEMPT_NUMBER_ENV = "SLURMTOOLS_ATTEMPT_NUMBER"
 CHECKPOINT_DIR_ENV = "SLURMTOOLS_CHECKPOINT_DIR"
 COLLECTIVE_TIMEOUT_ENV = "SLURMTOOLS_COLLECTIVE_TIMEOUT_S"
 CHECKPOINT_GRACE_ENV = "SLURMTOOLS_CHECKPOINT_GRACE_S"
-# the newest checkpoint step the job's ledger records (the supervisor sets it): a resume that finds
-# none verifiable fails rather than train again from step 0 (checkpoint_resume.refuse_fresh_start)
+# the newest checkpoint step the ledger records (checkpoint_resume.refuse_fresh_start)
 EXPECTED_CHECKPOINT_ENV = "SLURMTOOLS_EXPECTED_CHECKPOINT_STEP"
-# in the control dir: the job's node count at its first run, spares included (the supervisor writes
-# it): after the job gave dead nodes back, a requeue Slurm starts keeps the shrunk count
+# the job's node count at its first run (requeue/step.job_nodes: Slurm's requeue keeps a shrunk one)
 JOB_NODES_FILE = "job-nodes"
 WARNING_LEAD_ENV = "SLURMTOOLS_WARNING_LEAD_S"      # notebook path: rank 0 keeps the warning clock
 CONTROL_SUBDIR = ".slurmtools"
@@ -76,9 +74,7 @@ SNAPSHOT_MEMORY_GB_ENV = "SLURMTOOLS_SNAPSHOT_MEMORY_GB"   # distributed.snapsho
 SNAPSHOT_MAX_OVERHEAD_ENV = "SLURMTOOLS_SNAPSHOT_MAX_OVERHEAD_PCT"   # distributed.snapshot_max_overhead_pct
 PREFLIGHT_ENV = "SLURMTOOLS_PREFLIGHT"   # notebook path: the spec's preflight settings (JSON); unset: off
 STOPPED_FILE = "stopped-for-requeue"
-# the supervisor's record that Slurm's SIGTERM came (a preemption, a person's requeue), written the
-# moment it arrives, before any save: an attempt whose supervisor KillWait then killed is closed as
-# preempted, not counted (slurm_view.close_dangling_attempt)
+# Slurm's SIGTERM came, recorded before any save (slurm_view.close_dangling_attempt: not counted)
 TERM_FILE = "term-received"
 # made by every TrainingControl: the program reports its progress (heartbeats, completion); without
 # it the supervisor takes the program's exit 0 for completion (slurmtools/requeue/progress.py)
