@@ -82,8 +82,10 @@ def test_a_straggler_and_a_killed_node_at_128_nodes_are_replaced_by_spares(clust
         assert len(aftermath) <= 1 and all((d["cause"], d["action"]) == ("node_failure", "restart")
                                            for d in aftermath), training.describe(spec, job)
         decisions = [(d["cause"], d["action"]) for d in made if d not in aftermath]
+        # a string, not a tuple: pytest prints a string message whole (a tuple's repr is cut short)
         assert decisions == [("straggler", "restart"), ("node_failure", "restart"), ("completed", "complete")], (
-            decisions, [d.get("reason") for d in made], training.describe(spec, job))
+            f"{decisions}\n" + "\n".join(f"{d['cause']}/{d['action']}: {d.get('reason')}" for d in made)
+            + "\n" + training.describe(spec, job))
         found = training.supervisor_events(evts, "straggler")
         assert [(s["node"], s["action"]) for s in found] == [("node5", "swap")] and found[0]["slowdown"] >= 1.5
         lost = [d for d in made if d["cause"] == "node_failure" and d not in aftermath]
