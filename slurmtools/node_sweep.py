@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Callable, Dict, FrozenSet, List, Optional, Pattern
+from typing import Callable, Dict, FrozenSet, List, Optional, Pattern, Tuple
 
 from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError
@@ -36,25 +36,29 @@ def job_of(name: str, shape: Pattern[str]) -> "Optional[str]":
     return match.group("job") if match else None
 
 
+def _old(newest_write_s: Dict[str, float], shape: Pattern[str], keep: str, now_s: float,
+         stale_after_s: float) -> List[Tuple[str, str]]:
+    """(name, job) of the directories of this shape, not keep, untouched for stale_after_s."""
+    out = []
+    for name, newest in sorted(newest_write_s.items()):
+        job = job_of(name, shape)
+        if job is not None and name != keep and now_s - newest > stale_after_s:
+            out.append((name, job))
+    return out
+
+
 def removable(newest_write_s: Dict[str, float], shape: Pattern[str], keep: str, now_s: float,
               stale_after_s: float, live_jobs: Optional[FrozenSet[int]]) -> List[str]:
     """The names to remove: of this shape, not keep, untouched for stale_after_s, and either a
     local run's or a job Slurm no longer lists (live_jobs None: Slurm could not be asked, none)."""
-    out = []
-    for name, newest in sorted(newest_write_s.items()):
-        job = job_of(name, shape)
-        if job is None or name == keep or now_s - newest <= stale_after_s:
-            continue
-        if job == LOCAL_JOB_ID or (live_jobs is not None and int(job) not in live_jobs):
-            out.append(name)
-    return out
+    return [name for name, job in _old(newest_write_s, shape, keep, now_s, stale_after_s)
+            if job == LOCAL_JOB_ID or (live_jobs is not None and int(job) not in live_jobs)]
 
 
 def needs_slurm(newest_write_s: Dict[str, float], shape: Pattern[str], keep: str, now_s: float,
                 stale_after_s: float) -> bool:
     """Whether some old directory belongs to a Slurm job: only then is Slurm asked."""
-    return any(job_of(name, shape) not in (None, LOCAL_JOB_ID) and name != keep and now_s - newest > stale_after_s
-               for name, newest in newest_write_s.items())
+    return any(job != LOCAL_JOB_ID for _, job in _old(newest_write_s, shape, keep, now_s, stale_after_s))
 
 
 def newest_writes(parent: Path, shape: Pattern[str]) -> Dict[str, float]:

@@ -196,7 +196,7 @@ def job_nodes(control_dir: Path, allocated: int, first_run: bool) -> int:
             ensure_control_dir(control_dir)
             write_json_atomic(control_dir / JOB_NODES_FILE, {"nodes": allocated})
         except (OSError, UsageError):
-            return allocated
+            pass              # unrecorded: a later run trains on its allocation, as before
         return allocated
     data = _json_object(control_dir / JOB_NODES_FILE, 4096)
     nodes = data.get("nodes") if data is not None else None
