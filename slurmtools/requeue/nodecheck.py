@@ -50,6 +50,7 @@ class NodeWatch:
     def __init__(self, node_timeout_s: int, nodes: Sequence[str], batch_host: Optional[str],
                  launched_s: float, job_nodes: int = 0) -> None:
         self.configured_s = node_timeout_s
+        self.step_nodes = list(nodes)
         self.candidates = [node for node in nodes if node != batch_host]   # our own node dies with us
         self.job_nodes = job_nodes or len(self.candidates) + 1    # the allocation's, spares and our own included
         self.controller_answers: Callable[[], bool] = slurm.ping   # the witness for a job of two (lost_for_sure)
@@ -151,6 +152,23 @@ class NodeWatch:
         probes = {node: self.pool.submit(self.answers, node) for node in nodes}
         wait(list(probes.values()), timeout=CONNECT_TIMEOUT_S + 1.0)
         return sorted(node for node, probe in probes.items() if probe.done() and not _answered(probe))
+
+
+def silent_twice(endpoints: Dict[str, Tuple[str, int]]) -> List[str]:
+    """Of these slurmds (node -> address, port), those that answer neither a connect now nor one
+    CONFIRM_GAP_S later: what the judge asks of a node Slurm flags NOT_RESPONDING (one missed
+    ping of a loaded node) before it takes the flag for a node failure."""
+    first = _probe_all(endpoints, sorted(endpoints))
+    if not first:
+        return first
+    time.sleep(CONFIRM_GAP_S)
+    return _probe_all(endpoints, first)
+
+
+def _probe_all(endpoints: Dict[str, Tuple[str, int]], nodes: Sequence[str]) -> List[str]:
+    with ThreadPoolExecutor(max_workers=PROBE_THREADS, thread_name_prefix="slurmd-probe") as pool:
+        answered = list(pool.map(lambda node: slurmd_answers(*endpoints[node]), nodes))
+    return [node for node, answer in zip(nodes, answered) if not answer]
 
 
 def _answered(probe: "Future[bool]") -> bool:

@@ -4,26 +4,32 @@ an attempt whose supervisor was killed with it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set
 
 from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError
-from slurmtools.requeue import ledger, policy, step, watchdog
+from slurmtools.requeue import ledger, nodecheck, policy, step, watchdog
 
 def node_states(nodelist: str) -> Dict[str, str]:
-    """Each node's base state; not_responding when Slurm flags it so (an allocated node whose
-    slurmd missed its pings is evidence, whatever its base state says); else drained when it has
-    the DRAIN flag (a health check drained it while the step ran: evidence too)."""
+    """Each node's base state; not_responding when Slurm flags it so and its slurmd answers
+    neither of our two probes (a failure on a node whose slurmd does not answer is a node failure;
+    one missed ping of a loaded node that answers us is no evidence); else drained when it has the
+    DRAIN flag (a health check drained it while the step ran: evidence too)."""
     if not nodelist:
         return {}
     try:
-        return {node.name: _state(node) for node in slurm.nodes(nodelist)}
+        found = slurm.nodes(nodelist)
+        flagged = [node.name for node in found if "NOT_RESPONDING" in node.flags]
+        endpoints = slurm.slurmd_endpoints(",".join(flagged)) if flagged else {}
     except SlurmCommandError:
         return {}
+    # a flagged node the controller gives no address for keeps Slurm's word
+    silent = set(nodecheck.silent_twice(endpoints)) | (set(flagged) - set(endpoints))
+    return {node.name: _state(node, silent) for node in found}
 
 
-def _state(node: slurm.NodeInfo) -> str:
-    if "NOT_RESPONDING" in node.flags:
+def _state(node: slurm.NodeInfo, silent: Set[str]) -> str:
+    if node.name in silent:
         return policy.NOT_RESPONDING
     if node.drained and node.state not in policy.DOWN_STATES:
         return policy.DRAINED

@@ -260,5 +260,39 @@ def test_slurms_drain_flag_reads_as_drained_unless_down_or_not_responding(monkey
     monkeypatch.setattr(slurm, "nodes", lambda names=None: [
         info("node1", "allocated", ()), info("node2", "allocated", ("DRAIN",)),
         info("node3", "down", ("DRAIN",)), info("node4", "allocated", ("DRAIN", "NOT_RESPONDING"))])
+    monkeypatch.setattr(slurm, "slurmd_endpoints", lambda hostlist: {})   # no address: Slurm's word stands
     assert slurm_view.node_states("node[1-4]") == {"node1": "allocated", "node2": "drained", "node3": "down",
                                                    "node4": "not_responding"}
+
+
+def test_not_responding_is_evidence_only_when_our_probes_get_no_answer_either(monkeypatch):
+    """One missed ping of a loaded node (Slurm's NOT_RESPONDING) whose slurmd answers us is no node
+    failure; a flagged node whose slurmd answers neither probe is. Real sockets on this machine."""
+    import socket
+    from slurmtools import slurm
+    from slurmtools.requeue import nodecheck, slurm_view
+    from slurmtools.slurm_parse import NodeInfo
+
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(8)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()                     # nothing listens there: the connect is refused
+    endpoints = {"node1": ("127.0.0.1", listening.getsockname()[1]), "node2": ("127.0.0.1", closed_port)}
+    monkeypatch.setattr(nodecheck, "CONFIRM_GAP_S", 0.1)
+    monkeypatch.setattr(slurm, "nodes", lambda names=None: [
+        NodeInfo("node1", "allocated", ("NOT_RESPONDING",), "", "", "", ""),
+        NodeInfo("node2", "allocated", ("NOT_RESPONDING",), "", "", "", ""),
+        NodeInfo("node3", "allocated", (), "", "", "", "")])
+    asked = []
+    monkeypatch.setattr(slurm, "slurmd_endpoints", lambda hostlist: asked.append(hostlist) or endpoints)
+    try:
+        states = slurm_view.node_states("node[1-3]")
+    finally:
+        listening.close()
+    assert states == {"node1": "allocated", "node2": "not_responding", "node3": "allocated"}
+    assert asked == ["node1,node2"]          # only the flagged nodes are probed
+    diag = classify(Evidence(exit_code=1, node_states=states, log_tail="Traceback\nValueError: bad batch\n"))
+    assert (diag.cause, diag.node) == (Cause.NODE_FAILURE, "node2")
