@@ -42,6 +42,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 from slurmtools.fsutil import write_json_atomic
 from slurmtools.node_beat import NodeBeats
 from slurmtools.node_sweep import LOCAL_JOB_ID as LOCAL_JOB_ID    # one source: the sweep reads job ids from names
+from slurmtools.rank_output import whole_lines
 from slurmtools.signals import SignalFlags
 
 CONTROL_DIR_ENV = "SLURMTOOLS_CONTROL_DIR"
@@ -76,11 +77,9 @@ PREFLIGHT_ENV = "SLURMTOOLS_PREFLIGHT"   # notebook path: the spec's preflight s
 STOPPED_FILE = "stopped-for-requeue"
 # Slurm's SIGTERM came, recorded before any save (slurm_view.close_dangling_attempt: not counted)
 TERM_FILE = "term-received"
-# made by every TrainingControl: the program reports its progress (heartbeats, completion); without
-# it the supervisor takes the program's exit 0 for completion (slurmtools/requeue/progress.py)
+# made by every TrainingControl: the program reports its progress (without it, exit 0 is completion)
 REPORTS_PROGRESS_FILE = "reports-progress"
-# how long a rank may stay in a phase (saving, verifying) without a step before it counts as hung:
-# a checkpoint of hundreds of GB takes minutes, far beyond a step's hang timeout
+# how long a rank may stay in a phase (saving, verifying) without a step before it counts as hung
 DEFAULT_PHASE_TIMEOUT_S = 1800.0
 # signals a trainer turns into a checkpoint request: Slurm ending or requeueing the job
 # (SIGTERM, also forwarded by torchrun) and the time-limit / preemption warning (USR1/USR2)
@@ -154,6 +153,7 @@ class TrainingControl:
         self._phase: Optional[Tuple[str, float]] = None    # (name, deadline): TrainingControl.phase
         self._node: Optional[NodeBeats] = None     # heartbeats gathered per node (slurmtools.node_beat)
         if self.control_dir is not None:
+            whole_lines()          # under torchrun's `python -u`, ranks' lines merged mid-line otherwise
             (self.control_dir / HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(OSError):
                 (self.control_dir / REPORTS_PROGRESS_FILE).touch()
