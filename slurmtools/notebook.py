@@ -52,7 +52,8 @@ WAIT_FOR_KILL_S = 120
 # fields the submitit path cannot honour: any value but the default is refused
 NOT_HONOURED = ("command", "launcher", "output_dir", "requeue.max_restarts", "requeue.restart_window_h",
                 "requeue.max_consecutive_failures",
-                "requeue.warning_signal", "requeue.hang_timeout_s", "requeue.no_progress_restarts",
+                "requeue.warning_signal", "requeue.hang_timeout_s", "requeue.first_step_timeout_s",
+                "requeue.startup_timeout_s", "requeue.no_progress_restarts",
                 "requeue.backoff_s", "requeue.retry_oom", "requeue.spare_nodes", "requeue.min_nodes",
                 "requeue.node_timeout_s", "requeue.straggler_factor", "requeue.straggler_windows",
                 "requeue.straggler_window_steps", "requeue.direct_drain")

@@ -47,6 +47,13 @@ class RequeueSpec:
                                   120, min=1, max=65535)
     hang_timeout_s: int = doc("No heartbeat from any rank for this long counts as a hang (0: off).", 600,
                               min=0, max=86400)
+    first_step_timeout_s: int = doc("Until a rank of the attempt has finished its first step, the hang timeout is "
+                                    "this (when longer than hang_timeout_s): a first step that compiles, warms up "
+                                    "or loads for many minutes is no hang.", 1800, min=0, max=86400)
+    startup_timeout_s: int = doc("A node none of whose ranks has beaten (made its TrainingControl) this long after "
+                                 "the step's launch, while ranks on other nodes have, is stuck in start-up (an "
+                                 "import on a hung filesystem mount): a hang, the node blamed when a minority "
+                                 "(0: off).", 900, min=0, max=86400)
     no_progress_restarts: int = doc("Stop after this many restarts without a newer checkpoint.", 3, min=1, max=100)
     backoff_s: float = doc("First delay before a requeue after a failure; doubles per failure.", 5.0,
                            min=0.0, max=3600.0)

@@ -135,11 +135,13 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
                 step.kill_now(child)
                 watch.killed_by_us = True
                 break
-        if requeue.hang_timeout_s > 0 and requested_at is None and not (control / COMPLETE_FILE).exists():
-            stall = watchdog.judge(beats, now, requeue.hang_timeout_s)
-            if stall is None and not beats:
+        if requested_at is None and not (control / COMPLETE_FILE).exists():
+            stall = watchdog.judge(beats, now, requeue.hang_timeout_s, first_step_timeout_s=requeue.first_step_timeout_s)
+            if stall is None and not beats and requeue.hang_timeout_s > 0:
                 stall = inferred.stall(progress.reports_progress(control, False), start_t, now,
                                        requeue.hang_timeout_s, STARTUP_ALLOWANCE_S)
+            if stall is None and node_watch is not None:
+                stall = watchdog.not_started(beats, node_watch.step_nodes, start_t, now, requeue.startup_timeout_s)
             stall = dumps.settle(stall, beats, now)
             if stall is not None:
                 emit("hang", attempt.attempt_id, idle_s=round(stall.idle_s, 1), rank=stall.rank, host=stall.host,
@@ -245,6 +247,10 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
         # would not fit beside the dead step's; without it the step shares the job's memory
         for name in OVERLAP_DROPPED_ENV:
             child_env.pop(name, None)
+        if attempt.job_id is not None:
+            running = step.wait_steps_ended(attempt.job_id, this_run.stuck_steps)
+            if running:
+                emit("old_steps_running", attempt.attempt_id, steps=running, waited_s=step.OVERLAP_WAIT_S)
     if attempt.seq == 0 and config.preflight is not None and attempt.job_id is not None:
         blamed = preflight.check_allocation(argv, this_run, child_env, config.control_dir, config.preflight,
                                             attempt.attempt_id, attempt.job_id, config.stop_timeout_s)

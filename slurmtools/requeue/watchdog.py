@@ -164,11 +164,16 @@ def read_heartbeats(control_dir: Path) -> List[Beat]:
     return scan_heartbeats(control_dir)[0]
 
 
-def judge(beats: List[Beat], now_s: float, timeout_s: float, expected_ranks: Optional[int] = None) -> Optional[Stall]:
-    """A stall when no rank has beaten for timeout_s; the laggard when one rank is behind the rest.
-    None while any rank is in a phase (a save, a verify) within that phase's own deadline."""
+def judge(beats: List[Beat], now_s: float, timeout_s: float, expected_ranks: Optional[int] = None,
+          first_step_timeout_s: float = 0.0) -> Optional[Stall]:
+    """A stall when no rank has beaten for timeout_s (first_step_timeout_s, when longer, until a
+    rank finished its first step of the attempt: compiling, warming up); the laggard when one rank
+    is behind the rest. None while any rank is in a phase (a save, a verify) within that phase's
+    own deadline."""
     if timeout_s <= 0 or not beats:
         return None
+    if not any(beat.first_progress_s is not None for beat in beats):
+        timeout_s = max(timeout_s, first_step_timeout_s)
     if any(beat.phase_until_s is not None and beat.phase_until_s > now_s for beat in beats):
         return None
     newest = max(beat.last_work_s for beat in beats)
@@ -194,6 +199,24 @@ def judge(beats: List[Beat], now_s: float, timeout_s: float, expected_ranks: Opt
         missing = sorted(set(range(expected_ranks)) - {b.rank for b in beats})
         return Stall(idle, missing[0] if missing else None, None, low)
     return Stall(idle, None, None, low)
+
+
+def not_started(beats: List[Beat], step_nodes: Sequence[str], launched_s: float, now_s: float,
+                startup_timeout_s: float) -> Optional[Stall]:
+    """Ranks elsewhere beat, but none on some of the step's nodes startup_timeout_s after the
+    launch: stuck before their TrainingControl (an import on a hung filesystem mount), while their
+    peers wait in the rendezvous up to the collective timeout. The node is named when a minority
+    of the step's nodes did not start (else what they share, the filesystem, is the suspect)."""
+    if startup_timeout_s <= 0 or not beats or now_s - launched_s < startup_timeout_s:
+        return None
+    started = {beat.host for beat in beats}
+    missing = [node for node in step_nodes if node not in started]
+    if not missing:
+        return None
+    named = missing[0] if 2 * len(missing) < len(step_nodes) else None
+    return Stall(now_s - launched_s, None, named, min(beat.step for beat in beats),
+                 f"no rank on {','.join(missing)} started (no heartbeat) {now_s - launched_s:.0f} s after the "
+                 f"launch (startup_timeout_s {startup_timeout_s:g}); ranks on {len(started)} other node(s) did")
 
 
 # a rank silent for less than this is not named by silent_rank: under load a keep-alive thread
