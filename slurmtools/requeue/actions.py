@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, List, Optional
+from typing import Dict, FrozenSet, List, Optional, Set
 
 from slurmtools import drain, slurm
 from slurmtools.errors import SlurmCommandError
@@ -26,6 +26,8 @@ class Run:
     direct_drain: bool = False               # drain with the job's rights (RequeueSpec.direct_drain)
     # nodes whose exclusions by this job ran out (exclusions.expired): they leave ExcNodeList
     expired_exclusions: FrozenSet[str] = frozenset()
+    # steps open when a node of theirs died: they stay in Slurm's books (step.wait_steps_ended)
+    stuck_steps: Set[str] = field(default_factory=set)
 
 
 def emit(event: str, attempt_id: str, **fields: object) -> None:
@@ -76,9 +78,11 @@ def restart_in_place(job_id: Optional[int], attempt_id: str, this_run: Run, diag
         for blamed in verdict.drained:
             drain_node(job_id, attempt_id, blamed, diag, direct=this_run.direct_drain)
         this_run.lost.extend(verdict.excluded)
-        for error in step.kill_steps(job_id):
+        killed, errors = step.kill_steps(job_id)
+        for error in errors:
             emit("step_kill_failed", attempt_id, error=error)
         if diag.cause is policy.Cause.NODE_FAILURE:
+            this_run.stuck_steps.update(killed)
             give_back(job_id, attempt_id, list(verdict.excluded))
             this_run.given_back.extend(verdict.excluded)
         emit("replace_node", attempt_id, node=node, also=list(verdict.also_nodes),

@@ -13,9 +13,10 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, Collection, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError, UsageError
@@ -33,6 +34,8 @@ NOTABLE_LINE = re.compile(r"error|exception|traceback|killed|terminated|cancelle
 EVIDENCE_LINE_CHARS = 4096        # a line kept as evidence, at most (the job's output keeps it whole)
 READ_CHUNK_BYTES = 1 << 20        # one read of the step's output: a line longer comes in pieces
 FIRST_ERRORS_MARK = "[slurmtools: the step's first error lines; its last lines follow]\n"
+# how long a step with --overlap waits for the old steps to end: KillWait (30 s by default) and a margin
+OVERLAP_WAIT_S = 60.0
 
 
 def evidence_text(first_errors: Sequence[str], tail: Sequence[str]) -> str:
@@ -131,16 +134,36 @@ def kill_now(child: "subprocess.Popen[bytes]") -> None:
     child.wait()
 
 
-def kill_steps(job_id: int) -> List[str]:
+def kill_steps(job_id: int) -> "tuple[List[str], List[str]]":
     """Cancel the job's parallel steps (their tasks on the nodes Slurm can reach); returns the
-    errors. Nothing of the old step may keep running beside the next one."""
+    steps and the errors. Nothing of the old step may keep running beside the next one."""
     errors: List[str] = []
+    steps: List[str] = []
     try:
-        for step_id in slurm.job_steps(job_id):
+        steps = slurm.job_steps(job_id)
+        for step_id in steps:
             slurm.cancel_step(step_id)
     except SlurmCommandError as exc:
         errors.append(str(exc))
-    return errors
+    return steps, errors
+
+
+def wait_steps_ended(job_id: int, stuck: Collection[str], timeout_s: float = OVERLAP_WAIT_S,
+                     poll_s: float = 0.5) -> List[str]:
+    """Before a step that runs with --overlap (Slurm then does not wait for the old step's
+    resources): wait until the job's earlier steps have ended, their processes gone with the GPU
+    memory they held (a hung rank's CUDA teardown takes seconds: the next step would run out of
+    memory), but for those stuck open for good on a dead node. Returns those still running at
+    timeout_s; a controller that cannot say stops the wait."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            running = [step_id for step_id in slurm.job_steps(job_id) if step_id not in stuck]
+        except SlurmCommandError:
+            return []
+        if not running or time.monotonic() >= deadline:
+            return running
+        time.sleep(poll_s)
 
 
 def ensure_control_dir(control_dir: Path) -> None:

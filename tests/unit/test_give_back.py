@@ -63,7 +63,7 @@ def test_a_refusal_while_the_job_still_holds_the_node_is_raised(monkeypatch):
 
 def _restart(monkeypatch, capsys, diag, verdict, give_back=None):
     monkeypatch.setattr(actions, "drain_node", lambda *args, **kwargs: None)
-    monkeypatch.setattr(actions.step, "kill_steps", lambda job_id: [])
+    monkeypatch.setattr(actions.step, "kill_steps", lambda job_id: (["7.3"], []))
     given = []
 
     def shrink(job_id, nodes):
@@ -76,30 +76,51 @@ def _restart(monkeypatch, capsys, diag, verdict, give_back=None):
     flags = SignalFlags().install({signal.SIGUSR2})
     assert actions.restart_in_place(7, "7.0", run, diag, verdict, flags)
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    return given, {e["slurmtools"]: e for e in events}
+    return given, {e["slurmtools"]: e for e in events}, run
 
 
 def test_a_dead_node_is_given_back_before_the_next_step(monkeypatch, capsys):
     diag = policy.Diagnosis(policy.Cause.NODE_FAILURE, node="node2", detail="silent", fatal_for_node=True)
     verdict = policy.Verdict(policy.Action.RESTART, "node failure", exclude_node="node2", drain_node="node2")
-    given, events = _restart(monkeypatch, capsys, diag, verdict)
+    given, events, run = _restart(monkeypatch, capsys, diag, verdict)
     assert given == [(7, ["node2"])]
     assert (events["give_back"]["nodes"], events["give_back"]["applied"]) == (["node2"], True)
     assert list(events) == ["give_back", "replace_node", "restart"]
+    assert run.stuck_steps == {"7.3"}       # open for good in Slurm's books: the next step does not wait for it
 
 
 def test_a_straggler_stays_in_the_job(monkeypatch, capsys):
     diag = policy.Diagnosis(policy.Cause.STRAGGLER, node="node2", detail="2.2x")
     verdict = policy.Verdict(policy.Action.RESTART, "straggler", exclude_node="node2", drain_node="node2")
-    given, events = _restart(monkeypatch, capsys, diag, verdict)
+    given, events, run = _restart(monkeypatch, capsys, diag, verdict)
     assert given == [] and "give_back" not in events
+    assert run.stuck_steps == set()         # its step ends: the next one waits for it (step.wait_steps_ended)
 
 
 def test_a_refused_shrink_is_reported_and_the_restart_goes_on(monkeypatch, capsys):
     diag = policy.Diagnosis(policy.Cause.NODE_FAILURE, node="node2", detail="silent", fatal_for_node=True)
     verdict = policy.Verdict(policy.Action.RESTART, "node failure", exclude_node="node2", drain_node="node2")
-    given, events = _restart(monkeypatch, capsys, diag, verdict,
+    given, events, _ = _restart(monkeypatch, capsys, diag, verdict,
                              give_back=SlurmCommandError(["scontrol"], 1, "Access/permission denied"))
     assert given == [(7, ["node2"])] and "give_back" not in events
     assert events["give_back_failed"]["nodes"] == ["node2"] and "permission denied" in events["give_back_failed"]["error"]
     assert "restart" in events
+
+
+def test_a_step_with_overlap_waits_for_the_old_steps_but_not_for_those_stuck_on_a_dead_node(monkeypatch):
+    """--overlap lets a step start beside the old one: a hung step's ranks still tearing down
+    their CUDA contexts would leave the new ranks without GPU memory. Waited for until they end
+    (bounded), but never for a step stuck open on a dead node."""
+    from slurmtools.requeue import step
+    listings = iter([["7.3", "7.4"], ["7.3", "7.4"], ["7.3"]])
+    monkeypatch.setattr(slurm, "job_steps", lambda job_id: next(listings))
+    assert step.wait_steps_ended(7, {"7.3"}, timeout_s=5, poll_s=0.01) == []
+    with pytest.raises(StopIteration):
+        next(listings)                       # asked until 7.4 had ended
+    monkeypatch.setattr(slurm, "job_steps", lambda job_id: ["7.4"])
+    assert step.wait_steps_ended(7, set(), timeout_s=0.05, poll_s=0.01) == ["7.4"]     # bounded
+
+    def down(job_id):
+        raise SlurmCommandError(["squeue"], 1, "Unable to contact slurm controller")
+    monkeypatch.setattr(slurm, "job_steps", down)
+    assert step.wait_steps_ended(7, set(), timeout_s=5, poll_s=0.01) == []
