@@ -198,10 +198,12 @@ def timeline(restores: Sequence[Tuple[str, Optional[int]]]) -> FrozenSet[str]:
 
 def rolled_back(newest_checkpoint: Optional[int], recorded: Optional[int]) -> Optional[str]:
     """Why no snapshot may be restored when the newest checkpoint is older than one the job
-    recorded (a person removed the newer ones to roll the run back), or None."""
+    recorded (a person removed the newer ones to roll the run back, or the newest was found
+    corrupt and set aside), or None."""
     if recorded is not None and (newest_checkpoint is None or newest_checkpoint < recorded):
-        return (f"the checkpoints were rolled back (newest step {newest_checkpoint}, the job had step {recorded}): "
-                f"the snapshots belong to the abandoned timeline")
+        return (f"the newest checkpoint (step {newest_checkpoint}) is older than step {recorded}, which the job "
+                f"recorded (rolled back by a person, or set aside as corrupt): the snapshots descend from a "
+                f"checkpoint that is gone")
     return None
 
 

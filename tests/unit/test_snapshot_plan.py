@@ -144,8 +144,9 @@ def test_a_restore_never_crosses_timelines():
 
 
 def test_a_rolled_back_run_never_jumps_forward_to_the_abandoned_timeline():
-    assert snapshot.rolled_back(100, 250) == ("the checkpoints were rolled back (newest step 100, the job had step "
-                                             "250): the snapshots belong to the abandoned timeline")
+    assert snapshot.rolled_back(100, 250) == ("the newest checkpoint (step 100) is older than step 250, which the job "
+                                             "recorded (rolled back by a person, or set aside as corrupt): the "
+                                             "snapshots descend from a checkpoint that is gone")
     assert snapshot.rolled_back(None, 250) is not None
     assert snapshot.rolled_back(250, 250) is None and snapshot.rolled_back(300, 250) is None
     assert snapshot.rolled_back(None, None) is None
