@@ -317,26 +317,57 @@ def sacct_rows(job_id: int, fields: Sequence[str] = ("JobID", "State", "NodeList
 
 
 
-_USER_ID = re.compile(r"\((\d+)\)$")
-
-
 def job_owner(job_id: int) -> Optional[Tuple[int, str]]:
     """(uid, hostlist of every node the job was given) of a job, from slurmctld while it knows the
     job, and from accounting: its runs before a requeue, and its steps, which name the nodes the
     job gave back (a dead node it shrank itself by); a blame may come a little after the job ended,
-    or from the run after the one whose node died. None when neither knows the job."""
+    or from the run after the one whose node died. None when neither knows the job.
+
+    Root decides drains on this answer, so it is read only from fields no user writes, each asked
+    by name (`squeue -o %U|%N`, `sacct --parsable2 -o JobID,UID,NodeList`): never from
+    `scontrol show job`'s Key=value text, where a job's name or comment can say `NodeList=...`."""
     try:
         rows = sacct_rows(job_id, ("JobID", "UID", "NodeList"), all_attempts=True)
     except SlurmCommandError:
         rows = []
-    given = [row["NodeList"] for row in rows if row["JobID"].split(".")[0] == str(job_id)]
-    record = show_job(job_id)
-    if record is not None:
-        uid = _USER_ID.search(record.get("UserId", ""))
-        if uid:
-            return int(uid.group(1)), _hostlists([record.get("NodeList", ""), *given])
-    mine = [r for r in rows if r["JobID"] == str(job_id) and r["UID"].isdigit()]
-    return (int(mine[-1]["UID"]), _hostlists(given)) if mine else None
+    live = live_job_owner(job_id)
+    owner = live[0] if live else next((int(r["UID"]) for r in reversed(rows)
+                                       if r["JobID"] == str(job_id) and r["UID"].isdigit()), None)
+    if owner is None:
+        return None
+    given = [row["NodeList"] for row in owner_rows(rows, job_id, owner)]
+    return owner, _hostlists([live[1] if live else "", *given])
+
+
+def live_job_owner(job_id: int) -> Optional[Tuple[int, str]]:
+    """(uid, nodes) of a job slurmctld knows, from squeue's numeric uid and node list (one line per
+    array task: they must agree on the uid); None when it does not know the job."""
+    try:
+        out = run_slurm(["squeue", "-h", "--states=all", "-j", str(job_id), "-o", "%U|%N"])
+    except SlurmCommandError:
+        return None
+    parsed = [line.split("|") for line in out.splitlines() if line.strip()]
+    if not parsed or any(len(fields) != 2 or not fields[0].isdigit() for fields in parsed):
+        return None
+    uids = {int(fields[0]) for fields in parsed}
+    return (uids.pop(), ",".join(fields[1] for fields in parsed)) if len(uids) == 1 else None
+
+
+def owner_rows(rows: Sequence[Mapping[str, str]], job_id: int, uid: int) -> List[Mapping[str, str]]:
+    """The accounting rows of job_id's runs by uid, with their steps (a step row follows its job's
+    row and carries no uid): a reused job id's runs by another user name none of their nodes."""
+    kept: List[Mapping[str, str]] = []
+    theirs = False
+    for row in rows:
+        base = row["JobID"].split(".")[0]
+        if base != str(job_id):
+            theirs = False
+            continue
+        if row["JobID"] == base:
+            theirs = row["UID"] == str(uid)
+        if theirs:
+            kept.append(row)
+    return kept
 
 
 def _hostlists(lists: Sequence[str]) -> str:

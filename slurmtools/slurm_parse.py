@@ -264,3 +264,27 @@ def parse_time(value: str) -> Optional[float]:
         return datetime.datetime.fromisoformat(value).timestamp()
     except ValueError:
         return None
+
+
+_HOSTLIST_ELEMENT = re.compile(r"(?:[^,\[]|\[[^\]]*\])+")
+_HOSTLIST_GROUP = re.compile(r"\[([^\]]*)\]")
+
+
+def hostlist_size(hostlist: str) -> Optional[int]:
+    """How many names a Slurm hostlist (`node[1-4,7],gpu01`) stands for, counted without expanding
+    it (`n[0-99999999]` is 10**8 names: bound it before anyone expands it); None when it is no
+    hostlist this reads."""
+    total = 0
+    for element in _HOSTLIST_ELEMENT.findall(hostlist):
+        count = 1
+        for group in _HOSTLIST_GROUP.findall(element):
+            size = 0
+            for part in group.split(","):
+                low, dash, high = part.partition("-")
+                if not low.isdigit() or (dash and not high.isdigit()) or (dash and int(high) < int(low)):
+                    return None
+                size += int(high) - int(low) + 1 if dash else 1
+            count *= size
+        total += count
+    return total
+

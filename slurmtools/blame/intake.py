@@ -14,6 +14,7 @@ from slurmtools import drain, slurm
 from slurmtools.blame import model, munge, spool
 from slurmtools.blame.config import BlameSettings
 from slurmtools.errors import SlurmCommandError, one_line
+from slurmtools.slurm_parse import hostlist_size
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,18 @@ class Handled:
         return one_line(f"slurmtools: blame {self.name}{about} {self.action} ({self.why})")
 
 
+# a job's node list root expands at most (a hostlist says 10**8 nodes in 14 characters)
+MAX_JOB_NODES = 100_000
+
+
 def _expand(hostlist: str) -> List[str]:
+    """The job's nodes; none when the list is unreadable or longer than MAX_JOB_NODES."""
     from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+    size = hostlist_size(hostlist) if hostlist and hostlist != "(null)" else 0
+    if not size or size > MAX_JOB_NODES:
+        return []
     try:
-        return list(NodeSet(hostlist)) if hostlist and hostlist != "(null)" else []
+        return list(NodeSet(hostlist))
     except NodeSetParseError:
         return []
 

@@ -97,8 +97,14 @@ def parse_payload(text: str) -> Tuple[Optional[Blame], str]:
             return None, f"{key} {str(strings[key])[:20]!r} is not a name"
     if kind_of_check(str(strings["check"])) is None:
         return None, f"no kind of evidence for check {str(strings['check'])[:48]!r}"
-    return Blame(str(strings["cluster"]), str(strings["job"]), str(strings["node"]), str(strings["check"]),
-                 clean_evidence(str(strings["evidence"])), float(time_s)), ""
+    # one spelling per job: "017" and "17" are the same job to Slurm, so to every budget here
+    return Blame(str(strings["cluster"]), job_id_text(str(strings["job"])), str(strings["node"]),
+                 str(strings["check"]), clean_evidence(str(strings["evidence"])), float(time_s)), ""
+
+
+def job_id_text(job: str) -> str:
+    """A job id as Slurm writes it (no leading zeros); text that is no job id stays as it is."""
+    return str(int(job)) if _JOB.match(job) else job
 
 
 @dataclass(frozen=True)
@@ -176,5 +182,5 @@ def accepted_from(records: Sequence[Mapping[str, Any]]) -> List[Accepted]:
         values = [record.get(key) for key in ("job", "node", "kind")]
         time_s = record.get("time_s")
         if all(isinstance(v, str) for v in values) and isinstance(time_s, (int, float)) and record.get("accepted"):
-            out.append(Accepted(str(values[0]), str(values[1]), str(values[2]), float(time_s)))
+            out.append(Accepted(job_id_text(str(values[0])), str(values[1]), str(values[2]), float(time_s)))
     return out

@@ -55,7 +55,7 @@ def users_job(user: jobuser.JobUser, nodes: List[str]) -> int:
     return job
 
 
-def report(cluster, user: jobuser.JobUser, job: int, node: str, check: str = "job.node_failure",
+def report(cluster, user: jobuser.JobUser, job: "int | str", node: str, check: str = "job.node_failure",
            evidence: str = "every rank silent") -> str:
     """What the supervisor does as the user: munge the payload, drop it into the spool; its name."""
     payload = model.Blame(cluster.name, str(job), node, check, evidence, time.time()).payload()
@@ -105,8 +105,15 @@ def test_what_a_user_may_not_blame_is_refused_and_left_in_service(cluster, user)
     job = users_job(user, ["node1", "node2"])
     roots = int(slurm.run_slurm(["sbatch", "--parsable", "-w", "node3", "-N1", "-o", "/dev/null", "--chdir=/tmp",
                                  "--wrap", "sleep 300"]).strip())
+    # a held job that never runs, whose name and comment say NodeList= (scontrol's text shows both)
+    hostile = as_user(user, ["sbatch", "--parsable", "-H", "-N1", "-o", "/dev/null", "-J", "x NodeList=node3",
+                             "--comment", "y NodeList=node[1-3]", "--wrap", "true"])
+    assert hostile.returncode == 0, hostile.stderr
+    held = int(hostile.stdout.strip())
+    assert "NodeList=node[1-3]" in slurm.run_slurm(["scontrol", "-o", "show", "job", str(held)])
     names = {
         "outside": report(cluster, user, job, "node3"),                                   # not in their job
+        "hostile": report(cluster, user, held, "node3"),                                  # its text lies
         "others": report(cluster, user, roots, "node3"),                                  # root's job
         "kind": report(cluster, user, job, "node2", check="job.crash"),                   # not evidence
         "cluster": drop(user, cluster.blame_spool, as_user(user, ["munge", "--socket", str(cluster.munge_socket)],
@@ -118,6 +125,7 @@ def test_what_a_user_may_not_blame_is_refused_and_left_in_service(cluster, user)
     why = {key: records[name]["why"] for key, name in names.items()}
     assert {records[name]["action"] for name in names.values()} == {"refuse"}, why
     assert why["outside"] == f"node node3 was not given to job {job}"
+    assert why["hostile"] == f"node node3 was not given to job {held}"
     assert why["others"] == f"job {roots} is not a job of uid {user.uid}"
     assert why["kind"] == "no kind of evidence for check 'job.crash' (from uid %d)" % user.uid
     assert why["cluster"] == f"job {job} is of cluster 'elsewhere', not '{cluster.name}'"
@@ -127,7 +135,8 @@ def test_what_a_user_may_not_blame_is_refused_and_left_in_service(cluster, user)
 
 def test_a_flood_of_blames_drains_at_most_the_daily_budget_and_then_names_the_job(cluster, user):
     job = users_job(user, ["node1", "node2", "node3"])
-    names = [report(cluster, user, job, node, evidence=f"flood {i}") for i in range(6)
+    # every spelling of the job's id ("017") is the same job, with the same budget
+    names = [report(cluster, user, "0" * i + str(job), node, evidence=f"flood {i}") for i in range(6)
              for node in ("node1", "node2", "node3")]
     records = handled(cluster, names, timeout_s=60)
     drained = sorted(node.name for node in slurm.nodes() if node.drained)

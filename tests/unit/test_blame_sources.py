@@ -1,0 +1,76 @@
+"""Root decides drains on what Slurm says about a job, so it reads only fields no user writes
+(issue 51): a job name or comment saying `NodeList=...` names no node; a hostlist is counted
+before anyone expands it; one job has one spelling, whatever zeros a report puts in front."""
+import pytest
+
+from slurmtools import slurm
+from slurmtools.blame import intake, model
+from slurmtools.slurm_parse import hostlist_size
+
+# `scontrol -o show job` of a held job whose user wrote NodeList= into its name and its comment
+HOSTILE_SHOW_JOB = ("JobId=17 JobName=x NodeList=gpu[001-512] UserId=alice(1000) GroupId=alice(1000) "
+                    "JobState=PENDING Reason=JobHeldUser NodeList=(null) Comment=y NodeList=gpu[001-512]")
+
+
+def fake_slurm(monkeypatch, answers):
+    """Each Slurm command's text, as the installed release prints it (the parsers are the point)."""
+    asked = []
+
+    def run(argv, **kwargs):
+        asked.append(argv[0])
+        return answers[argv[0]]
+    monkeypatch.setattr(slurm, "run_slurm", run)
+    return asked
+
+
+def test_a_held_jobs_hostile_name_and_comment_give_it_no_node(monkeypatch):
+    from slurmtools.slurm_parse import parse_scontrol_record
+    assert parse_scontrol_record(HOSTILE_SHOW_JOB)["NodeList"] == "gpu[001-512]"    # the text parse is fooled
+    asked = fake_slurm(monkeypatch, {"sacct": "17|1000|None assigned\n", "squeue": "1000|\n",
+                                     "scontrol": HOSTILE_SHOW_JOB})
+    assert slurm.job_owner(17) == (1000, "")
+    assert "scontrol" not in asked
+    assert intake._expand("") == []
+
+
+def test_a_running_job_s_nodes_come_from_squeue_and_its_runs_in_accounting(monkeypatch):
+    fake_slurm(monkeypatch, {"squeue": "1000|node[3-4]\n",
+                             "sacct": "17|1000|node[1-2]\n17.batch||node1\n17.0||node[1-2]\n17|1000|node[3-4]\n"})
+    assert slurm.job_owner(17) == (1000, "node[3-4],node[1-2],node1,node[1-2],node[3-4]")
+
+
+def test_a_reused_job_ids_runs_by_another_user_name_none_of_their_nodes(monkeypatch):
+    fake_slurm(monkeypatch, {"squeue": "1000|node5\n",
+                             "sacct": "17|2000|node[1-2]\n17.0||node[1-2]\n17|1000|node5\n17.0||node5\n"})
+    assert slurm.job_owner(17) == (1000, "node5,node5,node5")
+
+
+def test_an_array_whose_tasks_disagree_on_the_owner_or_an_unreadable_line_is_not_known_live(monkeypatch):
+    fake_slurm(monkeypatch, {"squeue": "1000|node1\n2000|node2\n", "sacct": ""})
+    assert slurm.live_job_owner(17) is None
+    fake_slurm(monkeypatch, {"squeue": "alice|node1\n", "sacct": ""})
+    assert slurm.live_job_owner(17) is None
+
+
+@pytest.mark.parametrize("hostlist, size", [
+    ("node1", 1), ("node[1-4]", 4), ("node[1-4,7],gpu01", 6), ("n[0-99999999]", 10 ** 8),
+    ("rack[1-2]-n[01-10]", 20), ("", 0), ("node[4-1]", None), ("node[a-b]", None)])
+def test_a_hostlist_is_counted_without_expanding_it(hostlist, size):
+    assert hostlist_size(hostlist) == size
+
+
+def test_root_expands_no_hostlist_longer_than_the_bound():
+    assert intake._expand("n[0-99999999]") == []
+    assert intake._expand("node[1-3]") == ["node1", "node2", "node3"]
+    assert intake._expand(f"n[1-{intake.MAX_JOB_NODES + 1}]") == []
+
+
+def test_one_job_has_one_spelling_so_one_budget():
+    blames = [model.parse_payload(model.Blame("c", job, node, "job.node_failure", "x", 1.0).payload())[0]
+              for job, node in (("17", "node1"), ("017", "node2"), ("0017", "node3"))]
+    assert [b.job for b in blames] == ["17", "17", "17"]
+    earlier = [model.Accepted("17", "node1", "node_death", 0.0), *model.accepted_from(
+        [{"job": "017", "node": "node2", "kind": "node_death", "time_s": 0.0, "accepted": True}])]
+    found = model.Verified(blames[2], 1000, "alice", 1000, ["node1", "node2", "node3"])
+    decision = model.decide(found, "c", earlier, model.BlameRules(), 10.0)
+    assert decision.action == "refuse" and decision.why.startswith("job 17 blamed 3 nodes within a day (at most 2)")
