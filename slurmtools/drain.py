@@ -90,12 +90,26 @@ def parse_reason(reason: str) -> Optional[Dict[str, str]]:
     return out
 
 
+# the reasons slurmctld writes itself when it marks a node DOWN: our drain may follow (a node the
+# job found dead stays out of service once its slurmd answers again, until a person looks)
+SLURMS_OWN_DOWN_REASONS = ("Not responding", "Node unexpectedly rebooted")
+
+
+def left_alone(node: slurm.NodeInfo) -> bool:
+    """A node our drain must not touch: drained already (a person's reason, or our own first
+    evidence), FAIL or FAILING, in maintenance (MAINT), or DOWN for a reason slurmctld did not
+    write itself (a person's "RMA, do not resume")."""
+    if node.drained or node.state in ("fail", "failing") or {"MAINT", "MAINTENANCE"} & set(node.flags):
+        return True
+    return node.state == "down" and not node.reason.startswith(SLURMS_OWN_DOWN_REASONS)
+
+
 def drain(node: str, reason: DrainReason) -> bool:
-    """Drain node with our reason unless it is already drained: a person's reason is never
-    overwritten, and our own first reason (the original evidence) is kept. Returns True when
-    this call drained the node."""
+    """Drain node with our reason unless it is left alone (left_alone): a person's reason is
+    never overwritten, and our own first reason (the original evidence) is kept. Returns True
+    when this call drained the node."""
     current = slurm.nodes(node)
-    if current and current[0].drained:
+    if current and left_alone(current[0]):
         return False
     slurm.drain_node(node, reason.render())
     return True
@@ -103,9 +117,9 @@ def drain(node: str, reason: DrainReason) -> bool:
 
 def reboot(node: str, reason: DrainReason) -> bool:
     """Like drain(), but ask Slurm to reboot the node once idle and resume it (health/remedy.py);
-    a node already drained (a person's reason, or our earlier evidence) is left as it is."""
+    a node left alone (left_alone) stays as it is."""
     current = slurm.nodes(node)
-    if current and current[0].drained:
+    if current and left_alone(current[0]):
         return False
     slurm.reboot_node(node, reason.render())
     return True
