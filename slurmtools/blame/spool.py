@@ -17,6 +17,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import stat
 import time
 from pathlib import Path
@@ -87,20 +88,45 @@ def waiting(spool_dir: Path) -> List[str]:
     return sorted(name for name in os.listdir(spool_dir) if REPORT.match(name))[:MAX_REPORTS_PER_RUN]
 
 
-def claim(spool_dir: Path) -> List[Tuple[str, Optional[bytes]]]:
-    """The root side: (name, content) of each waiting report, now moved into done/ (None: not a
-    regular file of at most MAX_REPORT_BYTES, or another node claimed it first)."""
+def claim(spool_dir: Path) -> Iterator[Tuple[str, Optional[bytes]]]:
+    """The root side: (name, content) of each waiting report, one at a time (None: not a regular
+    file of at most MAX_REPORT_BYTES). Each is moved into done/ (on a shared file system exactly
+    one node wins it), read, and handed over; it is removed only when the next is asked for, after
+    the caller recorded it: a run killed meanwhile loses none (the next run finds what it had
+    claimed, CLAIMED in done/), and an entry that cannot be removed (a directory named like a
+    report) costs no other report. The spool is checked now (SpoolError), not at the first report."""
     done = check_spool(spool_dir)
-    out: List[Tuple[str, Optional[bytes]]] = []
-    for name in waiting(spool_dir):
-        claimed = done / f"{name}.claimed"
+    return _claim_each(spool_dir, done)
+
+
+CLAIMED = ".claimed"
+
+
+def _claim_each(spool_dir: Path, done: Path) -> Iterator[Tuple[str, Optional[bytes]]]:
+    left = sorted(name[:-len(CLAIMED)] for name in os.listdir(done)
+                  if name.endswith(CLAIMED) and REPORT.match(name[:-len(CLAIMED)]))
+    for name in left[:MAX_REPORTS_PER_RUN]:
+        yield name, read_small_regular(done / f"{name}{CLAIMED}", MAX_REPORT_BYTES)
+        _discard(done / f"{name}{CLAIMED}")
+    for name in waiting(spool_dir)[:max(0, MAX_REPORTS_PER_RUN - len(left))]:
+        claimed = done / f"{name}{CLAIMED}"
         try:
             os.rename(spool_dir / name, claimed)
         except OSError:
             continue                      # another node's health run took it
-        out.append((name, read_small_regular(claimed, MAX_REPORT_BYTES)))
-        claimed.unlink(missing_ok=True)
-    return out
+        yield name, read_small_regular(claimed, MAX_REPORT_BYTES)
+        _discard(claimed)
+
+
+def _discard(path: Path) -> None:
+    """Remove a claimed entry, whatever it is; a directory with its tree (never following a link)."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 @contextlib.contextmanager

@@ -118,7 +118,7 @@ def test_a_report_is_claimed_once_and_read_without_following_links_or_waiting_on
     claimed = dict(spool.claim(spool_dir))
     assert claimed == {good.name: b"MUNGE:abc\n", "blame.linklinklink.munge": None,
                        "blame.fifofifofifo.munge": None, "blame.bigbigbigbig.munge": None}
-    assert spool.claim(spool_dir) == [] and secret.read_text() == "root's"
+    assert list(spool.claim(spool_dir)) == [] and secret.read_text() == "root's"
     assert sorted(p.name for p in spool_dir.iterdir()) == ["done", "other-name"]
 
 
@@ -169,3 +169,30 @@ def test_the_supervisor_reports_rather_than_drains_and_says_so_when_it_cannot(tm
     event = json.loads(capsys.readouterr().out)
     assert (event["slurmtools"], event["node"]) == ("blame_failed", "node2")
     assert "blame" in event["error"]
+
+
+def test_a_directory_named_like_a_report_costs_no_other_report(spool_dir):
+    """Finding 5 of issue 51: `blame.zzzz….munge` as a directory sorted last; removing it raised
+    after every report before it had been claimed, read and removed, and they were lost unrecorded."""
+    early = spool.drop(spool_dir, "MUNGE:early")
+    (spool_dir / "blame.zzzzzzzzzzzzzzzz.munge").mkdir()
+    (spool_dir / "blame.zzzzzzzzzzzzzzzz.munge" / "inside").write_text("x")
+    seen = dict(spool.claim(spool_dir))
+    assert seen == {early.name: b"MUNGE:early\n", "blame.zzzzzzzzzzzzzzzz.munge": None}
+    assert list((spool_dir / "done").iterdir()) == []       # both removed once handed over
+
+
+def test_a_run_killed_while_handling_loses_no_report(spool_dir):
+    """Each report is removed only after the caller asked for the next (it recorded this one): a run
+    killed in between leaves it claimed in done/, and the next run hands it over first."""
+    first = spool.drop(spool_dir, "MUNGE:first")
+    second = spool.drop(spool_dir, "MUNGE:second")
+    reports = spool.claim(spool_dir)
+    name, content = next(reports)                  # handling the first one when the run is killed
+    reports.close()
+    assert (name, content) == (min(first.name, second.name), b"MUNGE:" + (b"first" if first.name < second.name
+                                                                         else b"second") + b"\n")
+    again = list(spool.claim(spool_dir))
+    assert [n for n, _ in again] == [name, max(first.name, second.name)]
+    assert list(spool.claim(spool_dir)) == []
+
