@@ -23,9 +23,16 @@ class BlameSettings:
                                   default_factory=lambda: dict(DEFAULT_ACTIONS))
     max_nodes_per_job_per_day: int = doc("Distinct nodes one job may get drained in 24 h; past that the job is the "
                                          "suspect and nothing more is drained for it.", 2, min=1, max=1000)
-    confirm_jobs: int = doc("Distinct jobs whose blames confirm a `confirm` kind.", 2, min=1, max=100)
+    confirm_jobs: int = doc("Distinct jobs, each of another user, whose blames confirm a `confirm` kind.", 2,
+                            min=1, max=100)
     confirm_window_h: float = doc("The window in which confirm_jobs must blame the node.", 24.0, min=0.1,
                                   max=24.0 * 30)
+    max_nodes_per_user_per_day: int = doc("Distinct nodes the jobs of one user together (array tasks, held jobs) "
+                                          "may get drained in 24 h.", 4, min=1, max=10000)
+    max_drains_per_hour: int = doc("Distinct nodes blames may drain in one hour on the whole cluster; past it "
+                                   "nothing more is drained until a person looks.", 8, min=1, max=100000)
+    report_max_age_h: float = doc("A report whose time is older than this (or in the future) is refused.", 24.0,
+                                  min=0.1, max=24.0 * 30)
 
     def __post_init__(self) -> None:
         check_limits(self, ())
@@ -37,4 +44,5 @@ class BlameSettings:
 
     def rules(self) -> BlameRules:
         return BlameRules({**DEFAULT_ACTIONS, **self.actions}, self.max_nodes_per_job_per_day, self.confirm_jobs,
-                          self.confirm_window_h)
+                          self.confirm_window_h, self.max_nodes_per_user_per_day, self.max_drains_per_hour,
+                          self.report_max_age_h)

@@ -74,7 +74,8 @@ def _handle_waiting(settings: BlameSettings, spool_dir: Path, done: Path, now_s:
         spool.record(done, name, {**entry, "name": name, "action": result.action, "why": result.why,
                                   "time_s": now_s, "handled_s": now_s})
         if entry.get("accepted"):
-            earlier.append(model.Accepted(entry["job"], entry["node"], entry["kind"], now_s))
+            earlier.append(model.Accepted(entry["job"], entry["node"], entry["kind"], now_s, entry["uid"],
+                                          result.action == "drain"))
         out.append(result)
     return out
 

@@ -124,6 +124,8 @@ class Accepted:
     node: str
     kind: str
     time_s: float
+    uid: Optional[int] = None          # who reported it (munged's word); None in records of before
+    drained: bool = False              # it drained the node (else it was recorded as evidence)
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,9 @@ class BlameRules:
     max_nodes_per_job_per_day: int = 2
     confirm_jobs: int = 2
     confirm_window_h: float = 24.0
+    max_nodes_per_user_per_day: int = 4       # every job of one user together (array tasks, held jobs)
+    max_drains_per_hour: int = 8              # the whole cluster: past it a person should look
+    report_max_age_h: float = 24.0            # a report written longer ago (or in the future) is stale
 
 
 @dataclass(frozen=True)
@@ -154,25 +159,51 @@ def decide(found: Verified, cluster: str, earlier: Sequence[Accepted], rules: Bl
         return Decision("refuse", f"job {blame.job} is not a job of uid {found.uid}")
     if blame.node not in found.job_nodes:
         return Decision("refuse", f"node {blame.node} was not given to job {blame.job}")
+    if not -FUTURE_TOLERANCE_S <= now_s - blame.time_s <= rules.report_max_age_h * 3600:
+        return Decision("refuse", f"the report's time is {(now_s - blame.time_s) / 3600:.1f} h ago (at most "
+                                  f"{rules.report_max_age_h:g} h, none in the future)")
     action = rules.actions.get(blame.kind, DEFAULT_ACTIONS[blame.kind])
     if action == "ignore":
         return Decision("record", f"blames of kind {blame.kind} are ignored here")
-    day = [a for a in earlier if a.job == blame.job and now_s - a.time_s <= 24 * 3600]
-    nodes_today = {a.node for a in day} | {blame.node}
-    if len(nodes_today) > rules.max_nodes_per_job_per_day:
-        return Decision("refuse", f"job {blame.job} blamed {len(nodes_today)} nodes within a day (at most "
-                                  f"{rules.max_nodes_per_job_per_day}): the job is the suspect, not the nodes")
+    over = over_budget(found, earlier, rules, now_s)
+    if over:
+        return Decision("refuse", over)
     detail = blame.evidence
     if action == "drain":
         return Decision("drain", f"{blame.kind} drains at once", detail)
     window_s = rules.confirm_window_h * 3600
-    jobs = {a.job for a in earlier if a.node == blame.node and a.kind == blame.kind and now_s - a.time_s <= window_s}
-    jobs.add(blame.job)
-    if len(jobs) >= rules.confirm_jobs:
+    alike = [a for a in earlier if a.node == blame.node and a.kind == blame.kind and now_s - a.time_s <= window_s]
+    jobs = {a.job for a in alike} | {blame.job}
+    # one user's jobs confirm nothing: each must be another user's (a record of before has no uid)
+    users = {a.uid if a.uid is not None else f"job {a.job}" for a in alike} | {found.uid}
+    if len(jobs) >= rules.confirm_jobs and len(users) >= rules.confirm_jobs:
         return Decision("drain", f"{len(jobs)} jobs blamed {blame.node} for {blame.kind} within "
                                  f"{rules.confirm_window_h:g} h", f"{detail} jobs={len(jobs)}")
-    return Decision("record", f"{blame.kind} needs {rules.confirm_jobs} jobs within {rules.confirm_window_h:g} h "
-                              f"to drain; {len(jobs)} so far")
+    return Decision("record", f"{blame.kind} needs {rules.confirm_jobs} jobs of as many users within "
+                              f"{rules.confirm_window_h:g} h to drain; {min(len(jobs), len(users))} so far")
+
+
+FUTURE_TOLERANCE_S = 300.0        # clock skew between the job's node and the one handling its report
+
+
+def over_budget(found: Verified, earlier: Sequence[Accepted], rules: BlameRules, now_s: float) -> str:
+    """Why a blame is past a budget (the job's or its user's distinct nodes in a day, the cluster's
+    drains in an hour), or ""."""
+    blame = found.blame
+    day = [a for a in earlier if now_s - a.time_s <= 24 * 3600]
+    nodes_of_job = {a.node for a in day if a.job == blame.job} | {blame.node}
+    if len(nodes_of_job) > rules.max_nodes_per_job_per_day:
+        return (f"job {blame.job} blamed {len(nodes_of_job)} nodes within a day (at most "
+                f"{rules.max_nodes_per_job_per_day}): the job is the suspect, not the nodes")
+    nodes_of_user = {a.node for a in day if a.uid == found.uid} | {blame.node}
+    if len(nodes_of_user) > rules.max_nodes_per_user_per_day:
+        return (f"the jobs of uid {found.uid} blamed {len(nodes_of_user)} nodes within a day (at most "
+                f"{rules.max_nodes_per_user_per_day}): the user's jobs are the suspects, not the nodes")
+    hour = {a.node for a in earlier if a.drained and now_s - a.time_s <= 3600} - {blame.node}
+    if len(hour) >= rules.max_drains_per_hour:
+        return (f"{len(hour)} nodes were drained by blames within the hour (at most {rules.max_drains_per_hour} "
+                f"for the cluster): a person should look before more go")
+    return ""
 
 
 def accepted_from(records: Sequence[Mapping[str, Any]]) -> List[Accepted]:
@@ -181,6 +212,8 @@ def accepted_from(records: Sequence[Mapping[str, Any]]) -> List[Accepted]:
     for record in records:
         values = [record.get(key) for key in ("job", "node", "kind")]
         time_s = record.get("time_s")
+        uid = record.get("uid")
         if all(isinstance(v, str) for v in values) and isinstance(time_s, (int, float)) and record.get("accepted"):
-            out.append(Accepted(job_id_text(str(values[0])), str(values[1]), str(values[2]), float(time_s)))
+            out.append(Accepted(job_id_text(str(values[0])), str(values[1]), str(values[2]), float(time_s),
+                                uid if type(uid) is int else None, record.get("action") == "drain"))
     return out

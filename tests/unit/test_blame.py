@@ -73,7 +73,8 @@ def test_the_decision_table():
     # confirm-first kinds: one job's blame is recorded; a second job's within the window drains
     straggler = _verified(_blame(check="job.straggler"))
     first = decide(straggler, "mini", [], rules, NOW)
-    assert (first.action, first.why) == ("record", "straggler needs 2 jobs within 24 h to drain; 1 so far")
+    assert (first.action, first.why) == ("record", "straggler needs 2 jobs of as many users within 24 h to drain; "
+                                                   "1 so far")
     other_job = [Accepted("41", "node2", "straggler", NOW - 3600)]
     assert decide(straggler, "mini", other_job, rules, NOW).action == "drain"
     stale = [Accepted("41", "node2", "straggler", NOW - 25 * 3600)]
@@ -86,6 +87,43 @@ def test_the_decision_table():
     assert decide(node_death, "mini", two, BlameRules(max_nodes_per_job_per_day=3), NOW).action == "drain"
     ignoring = BlameRules(actions={**model.DEFAULT_ACTIONS, "node_death": "ignore"})
     assert decide(node_death, "mini", [], ignoring, NOW).action == "record"
+
+
+def test_budgets_per_user_and_for_the_cluster_and_confirmation_by_other_users():
+    """Issue 51, finding 3: every array task or held job had a budget of its own, nothing bounded
+    a user or the cluster, two jobs of one user confirmed a straggler, and any report time passed."""
+    rules = BlameRules()
+    # the user's other jobs (array tasks) blamed four nodes today: a fifth is refused
+    mine = [Accepted(str(40 + i), f"node{5 + i}", "node_death", NOW - 60, 1000, True) for i in range(4)]
+    refused = decide(_verified(_blame()), "mini", mine, rules, NOW)
+    assert (refused.action, refused.why) == ("refuse", "the jobs of uid 1000 blamed 5 nodes within a day (at most "
+                                                       "4): the user's jobs are the suspects, not the nodes")
+    others = [Accepted(str(40 + i), f"node{5 + i}", "node_death", NOW - 60, 2000 + i, True) for i in range(4)]
+    assert decide(_verified(_blame()), "mini", others, rules, NOW).action == "drain"
+    # eight drains by anyone within the hour: the ninth waits for a person
+    hour = [Accepted(str(40 + i), f"node{10 + i}", "node_death", NOW - 600, 2000 + i, True) for i in range(8)]
+    stopped = decide(_verified(_blame()), "mini", hour, rules, NOW)
+    assert (stopped.action, stopped.why) == ("refuse", "8 nodes were drained by blames within the hour (at most 8 "
+                                                       "for the cluster): a person should look before more go")
+    assert decide(_verified(_blame()), "mini", hour[:7], rules, NOW).action == "drain"
+    assert decide(_verified(_blame()), "mini", [replace_time(a, NOW - 3700) for a in hour], rules, NOW
+                  ).action == "drain"
+    # a confirm kind needs another user's job: the same user's second job is not confirmation
+    straggler = _verified(_blame(check="job.straggler"))
+    same_user = [Accepted("41", "node2", "straggler", NOW - 60, 1000)]
+    assert decide(straggler, "mini", same_user, rules, NOW).action == "record"
+    other_user = [Accepted("41", "node2", "straggler", NOW - 60, 1001)]
+    assert decide(straggler, "mini", other_user, rules, NOW).action == "drain"
+    # the report's own time: within report_max_age_h, not in the future
+    old = decide(_verified(_blame(time_s=NOW - 25 * 3600)), "mini", [], rules, NOW)
+    assert (old.action, old.why) == ("refuse", "the report's time is 25.0 h ago (at most 24 h, none in the future)")
+    assert decide(_verified(_blame(time_s=NOW + 3600)), "mini", [], rules, NOW).action == "refuse"
+    assert decide(_verified(_blame(time_s=NOW + 60)), "mini", [], rules, NOW).action == "drain"
+
+
+def replace_time(accepted: Accepted, time_s: float) -> Accepted:
+    from dataclasses import replace
+    return replace(accepted, time_s=time_s)
 
 
 def test_the_admins_settings_are_checked():
