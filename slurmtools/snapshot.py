@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
+from slurmtools.errors import UsageError
 from slurmtools.node_beat import control_digest
 
 SNAPSHOTS_SUBDIR = "snapshots"
@@ -58,9 +59,38 @@ def interval_for(stall_s: float, step_s: float, min_every: int, max_overhead_pct
     min_every itself when the bound is off (0 %) or nothing is measured yet."""
     if min_every <= 0 or max_overhead_pct <= 0 or step_s <= 0 or stall_s <= 0:
         return min_every
-    needed_steps = stall_s / (max_overhead_pct / 100.0 * step_s)
+    allowed_s = max_overhead_pct / 100.0 * step_s
+    needed_steps = stall_s / allowed_s if allowed_s > 0 else math.inf      # a share too small to hold
+    if not needed_steps / min_every < MAX_INTERVAL_STEPS:
+        return MAX_INTERVAL_STEPS
     multiple = max(1, math.ceil(needed_steps / min_every - 1e-9))
     return min(multiple * min_every, MAX_INTERVAL_STEPS)
+
+
+def settings_from_env(environ: Mapping[str, str], every_name: str, memory_name: str, overhead_name: str,
+                      ) -> Tuple[int, float, float]:
+    """(every_steps, memory_gb, max_overhead_pct) as the job's script exported them (the spec's
+    distributed.snapshot_*; unset: 0 (off), the defaults); a value that is no number in the
+    spec's range is a UsageError naming the variable."""
+    every = _env_number(environ, every_name, 0, int, 0, MAX_INTERVAL_STEPS)
+    memory_gb = _env_number(environ, memory_name, DEFAULT_MEMORY_GB, float, 0.001, 100000.0)
+    overhead_pct = _env_number(environ, overhead_name, DEFAULT_MAX_OVERHEAD_PCT, float, 0.0, 100.0)
+    return int(every), memory_gb, overhead_pct
+
+
+def _env_number(environ: Mapping[str, str], name: str, default: float, kind: type, low: float,
+                high: float) -> float:
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = kind(text)
+    except ValueError:
+        value = math.nan
+    if not low <= value <= high:         # NaN fails too
+        raise UsageError(f"{name}={text[:40]!r}: expected {'a whole number' if kind is int else 'a number'} "
+                         f"from {low:g} to {high:g}")
+    return float(value)
 
 
 def job_key(job_id: str, control_dir: Path) -> str:

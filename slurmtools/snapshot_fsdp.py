@@ -25,7 +25,7 @@ from slurmtools.agreement import agree
 from slurmtools.checkpoint import CheckpointManager
 from slurmtools.node_beat import NODE_LOCAL_DIR_ENV, local_rank, memory_root
 from slurmtools.runtime import LOCAL_JOB_ID, SNAPSHOT_EVERY_ENV, SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV
-from slurmtools.snapshot import (DEFAULT_MAX_OVERHEAD_PCT, DEFAULT_MEMORY_GB, job_key, refused_after, rolled_back,
+from slurmtools.snapshot import (job_key, refused_after, rolled_back, settings_from_env,
                                  timeline)
 from slurmtools.snapshot_io import SnapshotStore
 from slurmtools.snapshot_torch import Snapshotter, restore, side_group
@@ -79,12 +79,12 @@ class Session:
              environ: Mapping[str, str] = os.environ) -> Optional["Session"]:
         """None when off (every_steps 0; -1: the spec's, SLURMTOOLS_SNAPSHOT_EVERY, else off) or when
         any rank's node memory is not its own (said once)."""
+        spec_every, memory_gb, max_overhead_pct = settings_from_env(
+            environ, SNAPSHOT_EVERY_ENV, SNAPSHOT_MEMORY_GB_ENV, SNAPSHOT_MAX_OVERHEAD_ENV)
         if every_steps < 0:
-            every_steps = int(environ.get(SNAPSHOT_EVERY_ENV) or 0)
+            every_steps = spec_every
         if every_steps <= 0:
             return None
-        memory_gb = float(environ.get(SNAPSHOT_MEMORY_GB_ENV) or DEFAULT_MEMORY_GB)
-        max_overhead_pct = float(environ.get(SNAPSHOT_MAX_OVERHEAD_ENV) or DEFAULT_MAX_OVERHEAD_PCT)
         rank, world = dist.get_rank(), dist.get_world_size()
         host = socket.gethostname()
         names: List[Any] = [None] * world

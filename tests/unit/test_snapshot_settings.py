@@ -1,0 +1,42 @@
+"""The snapshot settings a rank reads from its environment (issue 51, bad input): a value that is
+no number in the spec's range is one line naming the variable, never a traceback; a share of
+training time too small to represent spaces snapshots out as far as they go, never divides by 0."""
+import pytest
+
+from slurmtools.errors import UsageError
+from slurmtools.runtime import SNAPSHOT_EVERY_ENV, SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV
+from slurmtools.snapshot import (DEFAULT_MAX_OVERHEAD_PCT, DEFAULT_MEMORY_GB, MAX_INTERVAL_STEPS, interval_for,
+                                 settings_from_env)
+
+NAMES = (SNAPSHOT_EVERY_ENV, SNAPSHOT_MEMORY_GB_ENV, SNAPSHOT_MAX_OVERHEAD_ENV)
+
+
+def read(**env):
+    return settings_from_env(env, *NAMES)
+
+
+def test_unset_is_off_with_the_defaults_and_set_values_are_read():
+    assert read() == (0, DEFAULT_MEMORY_GB, DEFAULT_MAX_OVERHEAD_PCT)
+    assert read(SLURMTOOLS_SNAPSHOT_EVERY="20", SLURMTOOLS_SNAPSHOT_MEMORY_GB="1.5",
+                SLURMTOOLS_SNAPSHOT_MAX_OVERHEAD_PCT="0") == (20, 1.5, 0.0)
+
+
+@pytest.mark.parametrize("name, value, message", [
+    (SNAPSHOT_EVERY_ENV, "abc", "SLURMTOOLS_SNAPSHOT_EVERY='abc': expected a whole number from 0 to 1e+09"),
+    (SNAPSHOT_EVERY_ENV, "1e3", "SLURMTOOLS_SNAPSHOT_EVERY='1e3': expected a whole number from 0 to 1e+09"),
+    (SNAPSHOT_EVERY_ENV, "-1", "SLURMTOOLS_SNAPSHOT_EVERY='-1': expected a whole number from 0 to 1e+09"),
+    (SNAPSHOT_MEMORY_GB_ENV, "8GB", "SLURMTOOLS_SNAPSHOT_MEMORY_GB='8GB': expected a number from 0.001 to 100000"),
+    (SNAPSHOT_MEMORY_GB_ENV, "nan", "SLURMTOOLS_SNAPSHOT_MEMORY_GB='nan': expected a number from 0.001 to 100000"),
+    (SNAPSHOT_MEMORY_GB_ENV, "inf", "SLURMTOOLS_SNAPSHOT_MEMORY_GB='inf': expected a number from 0.001 to 100000"),
+    (SNAPSHOT_MAX_OVERHEAD_ENV, "1%", "SLURMTOOLS_SNAPSHOT_MAX_OVERHEAD_PCT='1%': expected a number from 0 to 100"),
+])
+def test_a_bad_value_is_one_line_naming_the_variable(name, value, message):
+    with pytest.raises(UsageError) as caught:
+        read(**{name: value})
+    assert str(caught.value) == message
+
+
+def test_a_share_too_small_to_represent_spaces_snapshots_as_far_as_they_go():
+    assert interval_for(2.0, 0.5, 10, 1e-320) == MAX_INTERVAL_STEPS
+    assert interval_for(2.0, 0.5, 10, 5e-324) == MAX_INTERVAL_STEPS
+    assert interval_for(2.0, 0.5, 10, 1.0) == 400          # 2 s stall, 1% of 0.5-s steps: every 400 steps
