@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union, get_args, get_origin, get_type_hints
 
+from slurmtools.errors import UsageError
 from slurmtools.fsutil import json_lines
 from slurmtools.requeue.policy import AttemptRecord, Cause
 
@@ -120,8 +121,15 @@ def append(control_dir: Path, event: Event) -> None:
     control_dir.mkdir(parents=True, exist_ok=True)
     record = {"event": event.KIND, **dataclasses.asdict(event)}
     line = (json.dumps(record, sort_keys=True, allow_nan=False) + "\n").encode()
-    fd = os.open(control_dir / LEDGER_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    path = control_dir / LEDGER_FILE
+    try:        # never blocks on a FIFO (no reader: ENXIO at once) nor follows a link put there
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o644)
+    except OSError as exc:
+        raise UsageError(f"ledger {path}: cannot be written ({exc.strerror}); it must be a regular file") from None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"ledger {path}: not a regular file; it must be one")
         os.write(fd, line)
         os.fsync(fd)
     finally:
