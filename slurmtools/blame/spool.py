@@ -163,7 +163,7 @@ def records(done: Path, now_s: Optional[float] = None) -> List[Dict[str, Any]]:
         raw = read_small_regular(path, 65536)
         try:
             entry = json.loads(raw) if raw is not None else None
-        except ValueError:
+        except (ValueError, RecursionError):      # a record nested past the parser's depth is no record
             entry = None
         if not isinstance(entry, dict):
             continue

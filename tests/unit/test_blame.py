@@ -234,3 +234,11 @@ def test_a_run_killed_while_handling_loses_no_report(spool_dir):
     assert [n for n, _ in again] == [name, max(first.name, second.name)]
     assert list(spool.claim(spool_dir)) == []
 
+
+def test_a_record_nested_past_the_parsers_depth_is_skipped_not_the_end_of_all_blame_handling(spool_dir):
+    done = spool.check_spool(spool_dir)
+    (done / "blame.deepdeepdeep.munge.json").write_text("[" * 30000 + "]" * 30000)   # under the size cap
+    spool.record(done, "blame.b.munge", {"job": "2", "node": "n1", "kind": "hang", "time_s": NOW, "accepted": True,
+                                         "handled_s": NOW})
+    assert [entry["job"] for entry in spool.records(done, NOW)] == ["2"]
+
