@@ -6,13 +6,15 @@ unknown key lists the valid keys with a did-you-mean.
 """
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from slurmtools.errors import SpecError
-from slurmtools.schema import attach_line, build, check_limits, doc, err, load_yaml_with_lines
+from slurmtools.schema import MAX_YAML_BYTES, attach_line, build, check_limits, doc, err, load_yaml_with_lines
 from slurmtools.schema import field_docs as _field_docs
 from slurmtools.snapshot import DEFAULT_EVERY_STEPS, DEFAULT_MAX_OVERHEAD_PCT, DEFAULT_MEMORY_GB
 
@@ -314,7 +316,7 @@ def load_spec(path: Union[str, Path]) -> JobSpec:
     """Load and validate a job spec from a YAML file."""
     file_path = Path(path)
     try:
-        text = file_path.read_text(encoding="utf-8")
+        text = read_spec_text(file_path)
     except FileNotFoundError:
         raise SpecError("no such file", file=str(file_path)) from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -323,6 +325,21 @@ def load_spec(path: Union[str, Path]) -> JobSpec:
         raise SpecError(f"not a usable path: {exc}", file=str(file_path)) from None
     data, lines = load_yaml_with_lines(text, str(file_path))
     return spec_from_dict(data, file=str(file_path), lines=lines)
+
+
+def read_spec_text(path: Path) -> str:
+    """A spec file's text: a regular file (a link to one is fine: it is the user's own) of at most
+    MAX_YAML_BYTES, read without waiting on a FIFO or reading a device without end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SpecError("not a regular file (a FIFO, a device, a directory)", file=str(path))
+        raw = os.read(fd, MAX_YAML_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_YAML_BYTES:
+        raise SpecError(f"larger than {MAX_YAML_BYTES // 1024} KiB; not a job spec or config", file=str(path))
+    return raw.decode("utf-8")
 
 
 def field_docs() -> List[Tuple[str, str, str]]:
