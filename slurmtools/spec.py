@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
+import regex
+
 from slurmtools.errors import SpecError
 from slurmtools.schema import MAX_YAML_BYTES, attach_line, build, check_limits, doc, err, load_yaml_with_lines
 from slurmtools.schema import field_docs as _field_docs
@@ -99,8 +101,8 @@ class RequeueSpec:
         check_limits(self, ())
         if self.progress_log_pattern is not None:
             try:
-                re.compile(self.progress_log_pattern)
-            except re.error as exc:
+                regex.compile(self.progress_log_pattern)     # as the supervisor matches it (requeue/progress.py)
+            except regex.error as exc:
                 raise err(f"is not a regular expression: {exc}", ("progress_log_pattern",)) from None
         marker = self.progress_checkpoint_marker
         if marker is not None and ("/" in marker or marker in (".", "..")):

@@ -16,7 +16,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Pattern
+from typing import Any, Dict, Optional
+
+import regex
 
 from slurmtools.requeue import watchdog
 from slurmtools.requeue.step import marker
@@ -35,7 +37,7 @@ def complete_checkpoints(pattern: str, marker_file: Optional[str]) -> Dict[str, 
     """Every complete checkpoint the glob matches now, with its step: a directory only with its
     marker file in it, a file (or a directory without a marker configured) as soon as it exists."""
     found: Dict[str, Optional[int]] = {}
-    for path in glob.glob(pattern):
+    for path in glob.glob(pattern, recursive=True):      # `ck/**/step_*.pt` reaches every depth
         if marker_file and os.path.isdir(path) and not os.path.isfile(os.path.join(path, marker_file)):
             continue
         found[path] = step_in_name(path)
@@ -47,13 +49,26 @@ def newest_step(checkpoints: Dict[str, Optional[int]]) -> Optional[int]:
     return max(steps) if steps else None
 
 
-def log_step(pattern: Pattern[str], line: str) -> "tuple[bool, Optional[int]]":
-    """(the line says a step was done, its number when the pattern's group 1 captures one)."""
-    match = pattern.search(line)
+# a user's pattern meets every output line in the pump threads: only the line's start is matched,
+# within a time bound (a pattern like `^(a+)+$` backtracks for ever on some lines, holding the GIL
+# and freezing the supervisor: SIGTERM ignored), and a step number of more digits is no step
+MAX_MATCHED_CHARS = 4096
+MATCH_TIMEOUT_S = 0.05
+MAX_STEP_DIGITS = 15
+
+
+def log_step(pattern: Any, line: str) -> "tuple[bool, Optional[int]]":
+    """(the line says a step was done, its number when the pattern's group 1 captures one); a
+    match that runs past MATCH_TIMEOUT_S is no match."""
+    try:
+        match = pattern.search(line[:MAX_MATCHED_CHARS], timeout=MATCH_TIMEOUT_S)
+    except TimeoutError:
+        return False, None
     if not match:
         return False, None
-    if pattern.groups >= 1 and match.group(1) is not None and match.group(1).isdigit():
-        return True, int(match.group(1))
+    group = match.group(1) if pattern.groups >= 1 else None
+    if group is not None and group.isdigit() and len(group) <= MAX_STEP_DIGITS:
+        return True, int(group)
     return True, None
 
 
@@ -62,7 +77,7 @@ class LogProgress:
     and its number."""
 
     def __init__(self, pattern: str) -> None:
-        self.pattern = re.compile(pattern)
+        self.pattern = regex.compile(pattern)
         self.lock = threading.Lock()
         self.matches = 0
         self.last_step: Optional[int] = None
