@@ -21,7 +21,6 @@ not one this user owns and only this user can write.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import stat
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from slurmtools import node_sweep
-from slurmtools.fsutil import read_small_regular, write_json_atomic
+from slurmtools.fsutil import json_object, read_small_regular, write_json_atomic
 
 NODE_LOCAL_DIR_ENV = "SLURMTOOLS_NODE_LOCAL_DIR"
 DEFAULT_NODE_LOCAL_DIR = "/dev/shm"
@@ -109,11 +108,10 @@ def gather(directory: Path) -> List[Dict[str, Any]]:
         return []
     for name in names[:MAX_RANKS_PER_NODE]:
         raw = read_small_regular(directory / name, MAX_RANK_RECORD_BYTES)
-        try:
-            record = json.loads(raw) if raw is not None else None
-        except (ValueError, RecursionError):
-            record = None
-        if isinstance(record, dict):
+        # bounded numbers only: a NaN another rank wrote would make the node's file unwritable
+        # (allow_nan=False) and end local rank 0's keep-alive thread: the node would look silent
+        record = json_object(raw.decode(errors="replace")) if raw is not None else None
+        if record is not None:
             records.append(record)
     return records
 

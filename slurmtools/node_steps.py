@@ -38,20 +38,26 @@ def aggregate(records: Iterable[Dict[str, Any]], host: str) -> List[Dict[str, An
     out = []
     for (attempt_id, step), ranks in sorted(groups.items(), key=lambda item: (item[0][0], item[0][1])):
         lowest = min(ranks, key=lambda record: record["rank"])
-        slowest = max(ranks, key=lambda record: (record.get("step_s", 0.0), -record["rank"]))
+        slowest = max(ranks, key=lambda record: (_number(record.get("step_s")) or 0.0, -record["rank"]))
         node: Dict[str, Any] = {"kind": NODE_STEP_KIND, "attempt_id": attempt_id, "host": host, "step": step,
                                 "rank": lowest["rank"], "slowest_rank": slowest["rank"], "ranks": len(ranks)}
         for name in _MAX_FIELDS:
-            values = [record[name] for record in ranks if record.get(name) is not None]
+            values = [value for value in (_number(record.get(name)) for record in ranks) if value is not None]
             if values:
                 node[name] = max(values)
-        tokens = [record["tokens"] for record in ranks if record.get("tokens") is not None]
+        tokens = [value for value in (_number(record.get("tokens")) for record in ranks) if value is not None]
         if tokens:
             node["tokens"] = sum(tokens)
         if lowest.get("loss") is not None:
             node["loss"] = lowest["loss"]
         out.append(node)
     return out
+
+
+def _number(value: Any) -> Any:
+    """value when it is a number (a rank's line is another process's word: a string "1.5" in it
+    would end the final flush in a TypeError), else None."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 class NodeSteps:

@@ -6,12 +6,9 @@ supervisor, the submitit path and the trainer):
 
   control dir   <checkpoint_dir or output_dir>/.slurmtools/<job id>, on the shared filesystem,
                 kept across requeues; exported to the trainer as SLURMTOOLS_CONTROL_DIR:
-    heartbeat/<rank>.json   each rank's last step and its time (the hang watchdog reads them), and
-                            `alive`, refreshed by a thread even while the rank waits in a
-                            collective (the node-death watch reads it), and `busy_s`, the
-                            rank's local compute so far (the straggler watch reads it)
-    checkpoint-request      present when the supervisor wants a checkpoint now (warning signal,
-                            or a straggler to be swapped out)
+    heartbeat/<rank>.json   each rank's last step and its time (the hang watchdog), `alive` (a
+                            thread's, in collectives too: the node-death watch), `busy_s` (stragglers)
+    checkpoint-request      the supervisor wants a checkpoint now (a warning, a straggler's swap)
     stopped-for-requeue     written by rank 0 after it checkpointed on request
     complete                written by rank 0 when training has finished
     silent-data-corruption  written by rank 0 when the SDC canary found ranks disagreeing
@@ -39,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
+from slurmtools.errors import UsageError
 from slurmtools.fsutil import write_json_atomic
 from slurmtools.node_beat import NodeBeats
 from slurmtools.node_sweep import LOCAL_JOB_ID as LOCAL_JOB_ID    # one source: the sweep reads job ids from names
@@ -254,6 +252,8 @@ class TrainingControl:
         """Long work between steps (saving, verifying a checkpoint): while it lasts, and for at most
         timeout_s, the watchdog takes no silence for a hang; past timeout_s it does (a save that
         truly hangs is still found). The heartbeat says which phase, from when, until when."""
+        if not 0 < timeout_s < float("inf"):     # its deadline goes into the heartbeat's JSON
+            raise UsageError(f"phase {name!r}: timeout_s must be a finite number of seconds above 0, got {timeout_s!r}")
         now = time.time()
         with self._lock:
             self._phase = (name, now + timeout_s)
