@@ -291,6 +291,9 @@ def _fetch(store: SnapshotStore, rank: int, hosts: Mapping[int, str], plan: Any,
                     path.unlink(missing_ok=True)
             if failure == "unreadable":
                 problem = (f"rank {rank}: {copy.host} could not read its replica of step {copy.step}", asdict(copy))
+            elif failure == "size":
+                problem = (f"rank {rank}: {copy.host} announced an implausible size for its replica of step "
+                           f"{copy.step}", asdict(copy))
             elif failure:
                 problem = (f"rank {rank}: the replica of step {copy.step} pulled from {copy.host} does not match "
                            f"its digest", asdict(copy))

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from slurmtools import digests
+from slurmtools.errors import CheckpointError
 
 CHUNK_BYTES = 16 * 1024 * 1024      # large enough that gloo runs at the link's rate, small enough to overlap
 _HEADER_BYTES = 256                  # "<algorithm>:<hex digest>" of the copy, zero-padded; empty: none
@@ -47,10 +48,24 @@ def exchange_sizes(own_bytes: int, peer: Optional[int], sources: Sequence[int], 
     return {source: int(size.item()) for source, size in sizes.items()}
 
 
+# what a peer may announce it sends: a replica is one rank's shard (a terabyte is far past any);
+# a negative or absurd size is refused before anything is allocated for it
+MAX_PEER_BYTES = 1 << 40
+
+
+def plausible_size(size: int) -> bool:
+    return 0 <= size <= MAX_PEER_BYTES
+
+
 def exchange(data: Any, peer: Optional[int], sources: Sequence[int], group: Any) -> Dict[int, memoryview]:
     """Send data to peer and receive each source's (their sizes first), all at once; what came in
-    is a view of the received buffer, not a copy."""
+    is a view of the received buffer, not a copy. A source announcing an implausible size is a
+    CheckpointError (this snapshot is not kept), not an error of torch.empty."""
     sizes = exchange_sizes(len(data), peer, sources, group)
+    bad = sorted(source for source in sources if not plausible_size(sizes[source]))
+    if bad:
+        raise CheckpointError(f"rank {bad[0]} announced a replica of {sizes[bad[0]]} bytes (at most "
+                              f"{MAX_PEER_BYTES}): not received")
     buffers = {source: torch.empty(sizes[source], dtype=torch.uint8) for source in sources}
     sends = [dist.isend(as_tensor(data), peer, group=group)] if peer is not None else []
     _wait(sends + [dist.irecv(buffers[source], source, group=group) for source in sources])
@@ -116,6 +131,8 @@ def pull(server: int, group: Any, allocate: Callable[[int], torch.Tensor] = lamb
     if not label:
         return None, "unreadable"
     size = int(header[_HEADER_BYTES:].view(torch.int64).item())
+    if not plausible_size(size):
+        return None, "size"
     algorithm, _, expected = label.partition(":")
     buffer = allocate(size)
     starts = list(range(0, size, CHUNK_BYTES))

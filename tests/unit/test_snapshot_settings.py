@@ -40,3 +40,44 @@ def test_a_share_too_small_to_represent_spaces_snapshots_as_far_as_they_go():
     assert interval_for(2.0, 0.5, 10, 1e-320) == MAX_INTERVAL_STEPS
     assert interval_for(2.0, 0.5, 10, 5e-324) == MAX_INTERVAL_STEPS
     assert interval_for(2.0, 0.5, 10, 1.0) == 400          # 2 s stall, 1% of 0.5-s steps: every 400 steps
+
+
+def test_a_peer_announcing_an_implausible_size_is_refused_before_anything_is_allocated():
+    """A pull header or a replica size of -5 or 2**50 bytes raised from torch.empty; now the
+    copy is refused (the restore falls back to the checkpoint) or the snapshot is not kept."""
+    from slurmtools.snapshot_wire import MAX_PEER_BYTES, plausible_size
+    assert plausible_size(0) and plausible_size(8 << 30) and plausible_size(MAX_PEER_BYTES)
+    assert not plausible_size(-5) and not plausible_size(2 ** 50) and not plausible_size(-(2 ** 63))
+
+
+HOSTILE_SERVER = r"""
+import datetime, os, sys, torch, torch.distributed as dist
+from slurmtools import snapshot_wire
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+if dist.get_rank() == 0:        # a hostile peer: a header with a label and a size of -5 (or 2**50)
+    header = torch.zeros(snapshot_wire._HEADER_BYTES + 8, dtype=torch.uint8)
+    label = b"xxh3:00"
+    header[:len(label)] = torch.frombuffer(bytearray(label), dtype=torch.uint8)
+    header[snapshot_wire._HEADER_BYTES:] = torch.tensor([int(sys.argv[1])], dtype=torch.int64).view(torch.uint8)
+    dist.send(header, 1)
+else:
+    buffer, why = snapshot_wire.pull(0, None)
+    print("PULLED", buffer is None, why, flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("size", [-5, 2 ** 50])
+def test_a_pull_from_a_peer_announcing_an_implausible_size_is_refused_on_real_gloo_ranks(tmp_path, size):
+    import os
+    import subprocess
+    import sys
+
+    from tests.unit.test_flight_recorder import _free_port
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
+    ranks = [subprocess.Popen([sys.executable, "-c", HOSTILE_SERVER, str(size)], env=dict(env, RANK=str(rank)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    outs = [rank.communicate(timeout=120) for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], outs
+    assert "PULLED True size" in outs[1][0]
