@@ -49,12 +49,18 @@ def _close_open_loaders() -> None:
         loader.close()
 
 
+MAX_EPOCH = 1 << 31          # a loader state past it is no state this loader saved
+
+
 class EpochShardSampler(Sampler[int]):
     """Rank `rank`'s share of a permutation of range(size) that depends only on (seed, epoch):
     of each global batch (world x batch_size samples) its rank-th part, from batch
     `skip_batches` of the epoch on."""
 
     def __init__(self, size: int, rank: int, world: int, seed: int, batch_size: int) -> None:
+        if world < 1 or batch_size < 1 or not 0 <= rank < world:
+            raise ValueError(f"rank {rank} of world {world} with batch size {batch_size}: needs world >= 1, "
+                             f"batch size >= 1 and 0 <= rank < world (else another rank's shard)")
         if size < world * batch_size:
             raise ValueError(f"dataset of {size} samples is smaller than one global batch "
                              f"({world} ranks x {batch_size})")
@@ -124,6 +130,18 @@ class ResumableLoader:
         return {"epoch": self.epoch, "samples_taken": self.batches_taken * self.batch_size * self.world}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """The epoch and samples taken a checkpoint saved (at any world size: a count that is not a
+        whole number of this world's global batches resumes at the next one); a value that is no
+        whole number from 0 to the dataset's samples (a negative count; one past the dataset:
+        silently another epoch) or an epoch past MAX_EPOCH is a ValueError naming it, before
+        anything changes."""
+        epoch, taken = state_dict.get("epoch"), state_dict.get("samples_taken")
+        if type(epoch) is not int or not 0 <= epoch <= MAX_EPOCH:
+            raise ValueError(f"loader state: epoch {epoch!r} is not a whole number from 0 to {MAX_EPOCH}")
+        if type(taken) is not int or not 0 <= taken <= self.sampler.size:
+            raise ValueError(f"loader state: samples_taken {taken!r} is not a whole number from 0 to "
+                             f"{self.sampler.size} (the dataset's samples)")
         self.close()
-        self.epoch = int(state_dict["epoch"])
-        self.batches_taken = int(state_dict["samples_taken"]) // (self.batch_size * self.world)
+        self.epoch = epoch
+        # a larger world's last batches past this world's epoch: the epoch is done
+        self.batches_taken = min(taken // (self.batch_size * self.world), self.sampler.batches_per_epoch())

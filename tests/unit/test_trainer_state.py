@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -162,3 +163,24 @@ def test_resumed_runs_end_bit_identical_and_losing_any_one_state_changes_the_has
             assert hashes[f"{mode}-{lost}"] != hashes["whole"], (mode, lost)
     files = json.loads((tmp_path / "sync" / "step_4" / MANIFEST).read_text())["files"]
     assert {"trainer-state-0.pt", "trainer-state-1.pt"} <= set(files)
+
+
+@pytest.mark.parametrize("state, problem", [
+    ({"epoch": 0, "samples_taken": -4}, "samples_taken -4 is not a whole number from 0 to 48"),
+    ({"epoch": 0, "samples_taken": 10 ** 6}, "samples_taken 1000000 is not a whole number from 0 to 48"),
+    ({"epoch": 0, "samples_taken": "16"}, "samples_taken '16' is not a whole number"),
+    ({"epoch": 10 ** 30, "samples_taken": 0}, "epoch 1000000000000000000000000000000 is not a whole number"),
+    ({"epoch": -1, "samples_taken": 0}, "epoch -1 is not a whole number"),
+    ({"samples_taken": 0}, "epoch None is not a whole number"),
+])
+def test_a_loader_state_that_is_no_state_of_this_dataset_is_refused_by_name(state, problem):
+    loader = _loader(0)
+    with pytest.raises(ValueError, match=re.escape(f"loader state: {problem}")):
+        loader.load_state_dict(state)
+    assert loader.state_dict() == {"epoch": 0, "samples_taken": 0}       # nothing changed
+
+
+@pytest.mark.parametrize("rank, world, batch_size", [(2, 2, 4), (-1, 2, 4), (0, 0, 4), (0, 2, 0)])
+def test_a_rank_outside_its_world_or_an_empty_batch_is_refused(rank, world, batch_size):
+    with pytest.raises(ValueError, match="needs world >= 1, batch size >= 1 and 0 <= rank < world"):
+        ResumableLoader(SequenceDataset(48, 256, 8, seed=3), batch_size=batch_size, rank=rank, world=world, seed=3)
