@@ -70,7 +70,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             checkpoint_interval_s=result.daly_interval_s, checkpoint_s=args.checkpoint_cost_s,
             restart_s=args.restart_in_allocation_s, requeue_s=args.restart_cost_s, spare_nodes=args.spare_nodes,
             person_s=args.person_h * 3600.0, snapshot_interval_s=args.snapshot_interval_s,
-            snapshot_s=args.snapshot_cost_s, replication_s=args.replication_s)
+            snapshot_s=args.snapshot_cost_s, replication_s=args.replication_s,
+            # the cap promised above holds for runs that fail more than expected too
+            max_failures=max(1, int(MAX_SIMULATED_FAILURES / (2 * args.trials))))
     except ValueError as exc:
         raise UsageError(f"--simulate: {exc}") from None
     named = simulate.simulate(scenario, args.trials, args.seed)

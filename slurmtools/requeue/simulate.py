@@ -33,6 +33,7 @@ from slurmtools.spec import RequeueSpec
 
 DAY_S = 24 * 3600.0
 MAX_WALL_FACTOR = 20.0      # a run that needs longer than this many times its training never finishes
+MIN_INTERVAL_S = 1.0        # checkpoints or snapshots more often than every second are no plan
 
 
 @dataclass(frozen=True)
@@ -94,10 +95,16 @@ class Scenario:
     snapshot_interval_s: float = 0.0     # training between in-memory snapshots; 0: none
     snapshot_s: float = 0.0              # training blocked per snapshot (the copy to host memory)
     replication_s: float = 0.0           # from a snapshot to its replica on the peer node (restorable)
+    max_failures: int = 0                # a run past this many failures is given up (0: no bound)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.work_days <= 0 or self.checkpoint_interval_s <= 0:
             raise ValueError("nodes, work_days and checkpoint_interval_s must be positive")
+        # the run is simulated interval by interval: a microsecond interval would never end
+        for name, interval_s in (("checkpoint", self.checkpoint_interval_s), ("snapshot", self.snapshot_interval_s)):
+            if interval_s and not MIN_INTERVAL_S <= interval_s <= self.work_days * DAY_S:
+                raise ValueError(f"the {name} interval must be from {MIN_INTERVAL_S:g} s to the whole run, "
+                                 f"got {interval_s:.3g} s")
         if self.failures_per_1000_node_days < 0 or self.preemptions_per_day < 0 or not self.kinds:
             raise ValueError("failure rates must be >= 0 and the mix must name at least one kind")
         if min(self.checkpoint_s, self.restart_s, self.requeue_s, self.person_s, self.snapshot_interval_s,
@@ -144,7 +151,8 @@ class _Run:
         target_s = self.s.work_days * DAY_S
         rate = self.failure_rate + self.preemption_rate
         while self.saved_s + self.since_s < target_s:
-            if self.result.wall_s > MAX_WALL_FACTOR * target_s:
+            if self.result.wall_s > MAX_WALL_FACTOR * target_s or (
+                    self.s.max_failures and sum(self.result.failures.values()) >= self.s.max_failures):
                 self.result.finished = False
                 break
             fault_in_s = self.rnd.expovariate(rate) if rate > 0 else math.inf

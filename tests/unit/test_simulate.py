@@ -161,3 +161,19 @@ def test_gpu_faults_come_from_llama_3s_figures_and_named_to_their_node_keep_the_
     line = format_attribution(named, unnamed)
     assert line.startswith(f"  GPU faults (47.3% of failures, Llama 3's figure) named to their node: ETTR "
                            f"{named.ettr_mean:.1%}, finished without a person 100%; not named")
+
+
+@pytest.mark.parametrize("overrides, problem", [
+    ({"checkpoint_interval_s": 1e-144}, "the checkpoint interval must be from 1 s to the whole run, got 1e-144 s"),
+    ({"snapshot_interval_s": 1e-320}, "the snapshot interval must be from 1 s to the whole run, got 1e-320 s"),
+])
+def test_an_interval_too_short_to_simulate_is_refused_by_name(overrides, problem):
+    """`plan --simulate --checkpoint-cost-s 1e-300` never returned (a Daly interval of 1e-144 s,
+    simulated interval by interval); a snapshot interval of 1e-320 s raised OverflowError."""
+    with pytest.raises(ValueError, match=problem.replace("(", r"\(")):
+        _scenario(**overrides)
+
+
+def test_a_run_past_its_failure_bound_is_given_up_not_simulated_for_minutes():
+    bounded = simulate_run(_scenario(failures_per_1000_node_days=1e6, max_failures=50), random.Random(1))
+    assert not bounded.finished and sum(bounded.failures.values()) == 50
