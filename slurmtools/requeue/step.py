@@ -64,7 +64,12 @@ class _Pump(threading.Thread):
                     if len(self.first_errors) < FIRST_ERROR_LINES:
                         self.first_errors.append(kept)
             if self.on_line is not None:
-                self.on_line(kept)
+                try:
+                    self.on_line(kept)
+                except Exception as exc:   # noqa: BLE001 - a dead pump would stall the step on a full pipe
+                    self.on_line = None
+                    print(f"slurmtools: progress from output lines off: {type(exc).__name__}: {exc}",
+                          file=sys.stderr, flush=True)
             try:
                 self.dst.write(line)
                 self.dst.flush()

@@ -3,6 +3,7 @@ rank's traceback, srun's line per task) pushed the first failing rank and its er
 300-line tail, and the decision read only the fallout."""
 from __future__ import annotations
 
+import os
 import sys
 
 from slurmtools.requeue import step
@@ -44,3 +45,17 @@ def test_a_huge_line_is_kept_capped_and_a_quiet_step_adds_nothing():
 def test_evidence_text_leaves_out_first_errors_already_in_the_tail():
     assert step.evidence_text(["a error\n"], ["a error\n", "b\n"]) == "a error\nb\n"
     assert step.evidence_text(["a error\n"], ["b\n"]) == step.FIRST_ERRORS_MARK + "a error\nb\n"
+
+
+def test_a_failing_line_reader_never_stops_the_pump(capsys):
+    """The pump copies the step's output; if it died, the step would block on a full pipe (a hang)."""
+    from slurmtools.requeue import step as step_module
+
+    def broken(line: str) -> None:
+        raise ValueError("boom")
+    launched = step_module.launch([sys.executable, "-c", "print('\\n'.join(str(i) for i in range(20000)))"],
+                                  dict(os.environ), broken)
+    assert launched.child.wait(timeout=60) == 0
+    launched.finish(5)
+    assert list(launched.tail)[-1] == "19999\n"
+    assert "slurmtools: progress from output lines off: ValueError: boom" in capsys.readouterr().err
