@@ -29,6 +29,7 @@ from slurmtools.snapshot import (job_key, refused_after, rolled_back, settings_f
                                  timeline)
 from slurmtools.snapshot_io import SnapshotStore
 from slurmtools.snapshot_torch import Snapshotter, restore, side_group
+from slurmtools.snapshot_wire import broadcast_json, gather_json
 from slurmtools.trainer_state import TrainerState
 
 
@@ -87,8 +88,7 @@ class Session:
             return None
         rank, world = dist.get_rank(), dist.get_world_size()
         host = socket.gethostname()
-        names: List[Any] = [None] * world
-        dist.all_gather_object(names, host)
+        names = gather_json(host)
         root = memory_root(environ)
         key = job_key(environ.get("SLURM_JOB_ID") or LOCAL_JOB_ID, control_dir or Path.cwd())
         store = SnapshotStore(root, key, host)
@@ -126,7 +126,7 @@ class Session:
                     decided[1], ledger.newest_checkpoint_step(events))
                 decided[2] = sorted(timeline([(event.attempt_id, event.step) for event in events
                                               if isinstance(event, ledger.SnapshotRestore)]))
-        dist.broadcast_object_list(decided, src=0, group=self.snapshotter.group)
+        decided = broadcast_json(decided, 0, self.snapshotter.group)
         step: Optional[int] = None
         state: Any = None
         why = decided[0] or ""

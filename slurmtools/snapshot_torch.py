@@ -28,7 +28,7 @@ import torch.distributed as dist
 from slurmtools.errors import CheckpointError
 from slurmtools.snapshot import Copy, interval_for, over_limit, peer_of, plan_restore, replicas_kept_by
 from slurmtools.snapshot_io import SnapshotStore, open_regular
-from slurmtools.snapshot_wire import (ViewReader, agree_max, exchange, exchange_sizes, first_rank_over, pull,
+from slurmtools.snapshot_wire import (ViewReader, agree_max, exchange, exchange_sizes, first_rank_over, gather_json, pull,
                                       serve)
 
 STATE_FILE = "state.pt"
@@ -237,8 +237,7 @@ def restore(store: SnapshotStore, rank: int, hosts: Mapping[int, str], checkpoin
     The inventory reads manifests only (a node's ranks each listing every copy there would read
     the node's snapshots once per rank); each copy used is verified as it is read, and a copy that
     fails is left out of a new plan (an older snapshot, else the checkpoint), every rank agreeing."""
-    gathered: List[Any] = [None] * len(hosts)
-    dist.all_gather_object(gathered, [asdict(copy) for copy in store.inventory(checksums=False)], group=group)
+    gathered = gather_json([asdict(copy) for copy in store.inventory(checksums=False)], group)
     copies = sorted({Copy(**fields) for part in gathered for fields in part},
                     key=lambda c: (c.step, c.of_rank, c.host, c.own))
     refused: List[str] = []
@@ -247,8 +246,7 @@ def restore(store: SnapshotStore, rank: int, hosts: Mapping[int, str], checkpoin
         if plan.step is None:
             return None, None, "; ".join(refused + [plan.why])
         data, bad = _fetch(store, rank, hosts, plan, group)
-        problems: List[Any] = [None] * len(hosts)
-        dist.all_gather_object(problems, bad, group=group)
+        problems = gather_json(bad, group)
         failed = [problem for problem in problems if problem]
         if not failed:
             pulls = plan.pulls(hosts)

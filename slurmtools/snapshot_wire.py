@@ -13,6 +13,7 @@ torch.load copied it once more: 1.38 s.
 from __future__ import annotations
 
 import io
+import json
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -70,6 +71,51 @@ def exchange(data: Any, peer: Optional[int], sources: Sequence[int], group: Any)
     sends = [dist.isend(as_tensor(data), peer, group=group)] if peer is not None else []
     _wait(sends + [dist.irecv(buffers[source], source, group=group) for source in sources])
     return {source: buffers[source].numpy().data for source in sources}
+
+
+MAX_JSON_BYTES = 1 << 24       # one rank's part of a JSON collective (an inventory of its copies)
+
+
+def gather_json(value: Any, group: Any = None) -> List[Any]:
+    """dist.all_gather_object without pickle: every rank's value as JSON (a peer's bytes are parsed
+    as JSON, never unpickled: a process that joined the job's transport runs no code here)."""
+    data = json.dumps(value, sort_keys=True, allow_nan=False).encode()
+    device = _device(group)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64, device=device), group=group)
+    lengths = [int(size.item()) for size in sizes]
+    if not all(0 < length <= MAX_JSON_BYTES for length in lengths):
+        raise CheckpointError(f"a rank sent {max(lengths)} bytes of JSON (at most {MAX_JSON_BYTES})")
+    longest = max(lengths)
+    mine = torch.zeros(longest, dtype=torch.uint8)
+    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    parts = [torch.zeros(longest, dtype=torch.uint8, device=device) for _ in lengths]
+    dist.all_gather(parts, mine.to(device), group=group)
+    return [_parsed(part[:length].cpu().numpy().tobytes()) for part, length in zip(parts, lengths)]
+
+
+def broadcast_json(value: Any, src: int, group: Any = None) -> Any:
+    """src's value on every rank, as JSON (dist.broadcast_object_list without pickle)."""
+    return gather_json(value if dist.get_rank() == src else None, group)[
+        dist.get_group_rank(group, src) if group is not None else src]
+
+
+def _device(group: Any) -> torch.device:
+    """Where a collective's tensors live: the current GPU for NCCL, else host memory."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _parsed(raw: bytes) -> Any:
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(f"a rank sent what is no JSON of ours: {exc}") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def first_rank_over(over: bool, rank: int, group: Any) -> Optional[int]:

@@ -81,3 +81,27 @@ def test_a_pull_from_a_peer_announcing_an_implausible_size_is_refused_on_real_gl
     outs = [rank.communicate(timeout=120) for rank in ranks]
     assert [rank.returncode for rank in ranks] == [0, 0], outs
     assert "PULLED True size" in outs[1][0]
+
+
+def test_no_peer_bytes_are_unpickled_anywhere_in_the_snapshot_path():
+    """all_gather_object / broadcast_object_list pickle.loads a peer's bytes: code execution as the
+    job's user for any process that joined the job's transport (issue 51, finding 8). The snapshot
+    modules exchange JSON (snapshot_wire.gather_json) and tensors only."""
+    import re
+    from pathlib import Path
+    import slurmtools
+    root = Path(slurmtools.__file__).parent
+    for name in ("snapshot.py", "snapshot_fsdp.py", "snapshot_io.py", "snapshot_torch.py", "snapshot_wire.py"):
+        code = "\n".join(line for line in (root / name).read_text().splitlines() if not line.lstrip().startswith("#"))
+        code = re.sub(r'"""[\s\S]*?"""', "", code)          # docstrings may name what is not used
+        assert not re.search(r"all_gather_object|broadcast_object_list|gather_object|scatter_object_list|"
+                             r"pickle\.loads?|import pickle", code), name
+
+
+def test_a_peers_json_that_is_not_json_of_ours_is_a_checkpoint_error():
+    from slurmtools.errors import CheckpointError
+    from slurmtools.snapshot_wire import _parsed
+    assert _parsed(b'{"a": [1, 2]}') == {"a": [1, 2]}
+    for raw in (b"\x80\x04cos\nsystem\n", b"NaN", b'{"a": Infinity}', b"[" * 100000 + b"]" * 100000):
+        with pytest.raises(CheckpointError, match="a rank sent what is no JSON of ours"):
+            _parsed(raw)
