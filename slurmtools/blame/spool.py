@@ -33,6 +33,16 @@ KEEP_RECORDS_S = 7 * 24 * 3600.0
 SPOOL_MODE = 0o1733
 
 
+MAX_RECORDS = 20000               # done/'s records kept at most (a week of them, or fewer)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
 class SpoolError(Exception):
     """The spool cannot be used (missing, or not trustworthy); one line."""
 
@@ -84,8 +94,22 @@ def make_spool(spool_dir: Path) -> None:
 
 
 def waiting(spool_dir: Path) -> List[str]:
-    """The names of the reports waiting (at most MAX_REPORTS_PER_RUN, oldest name order)."""
-    return sorted(name for name in os.listdir(spool_dir) if REPORT.match(name))[:MAX_REPORTS_PER_RUN]
+    """The names of the reports waiting, at most MAX_REPORTS_PER_RUN, taken in turn from each
+    user who wrote them (the file's owner): one user's flood of reports never holds back another's."""
+    by_owner: Dict[int, List[str]] = {}
+    for name in sorted(name for name in os.listdir(spool_dir) if REPORT.match(name)):
+        try:
+            owner = os.lstat(spool_dir / name).st_uid
+        except OSError:
+            continue                      # gone meanwhile (another node's run claimed it)
+        by_owner.setdefault(owner, []).append(name)
+    turns = [names for _, names in sorted(by_owner.items())]
+    taken: List[str] = []
+    for index in range(max((len(names) for names in turns), default=0)):
+        taken += [names[index] for names in turns if index < len(names)]
+        if len(taken) >= MAX_REPORTS_PER_RUN:
+            break
+    return taken[:MAX_REPORTS_PER_RUN]
 
 
 def claim(spool_dir: Path) -> Iterator[Tuple[str, Optional[bytes]]]:
@@ -156,10 +180,18 @@ def record(done: Path, name: str, entry: Dict[str, Any]) -> None:
 
 
 def records(done: Path, now_s: Optional[float] = None) -> List[Dict[str, Any]]:
-    """The records of the last KEEP_RECORDS_S (older ones are removed)."""
+    """The records of the last KEEP_RECORDS_S (older ones are removed), at most MAX_RECORDS: past
+    that the oldest (by modification time) are removed first, so a flood of garbage reports
+    cannot grow root's done/ nor what every run reads without bound."""
     now_s = time.time() if now_s is None else now_s
     out = []
-    for path in sorted(done.glob("blame.*.json")):
+    paths = sorted(done.glob("blame.*.json"))
+    if len(paths) > MAX_RECORDS:
+        by_age = sorted(paths, key=_mtime)
+        for path in by_age[:len(paths) - MAX_RECORDS]:
+            path.unlink(missing_ok=True)
+        paths = sorted(by_age[len(paths) - MAX_RECORDS:])
+    for path in paths:
         raw = read_small_regular(path, 65536)
         try:
             entry = json.loads(raw) if raw is not None else None

@@ -242,3 +242,28 @@ def test_a_record_nested_past_the_parsers_depth_is_skipped_not_the_end_of_all_bl
                                          "handled_s": NOW})
     assert [entry["job"] for entry in spool.records(done, NOW)] == ["2"]
 
+
+
+def test_one_users_flood_of_reports_does_not_hold_back_anothers(spool_dir):
+    """Issue 51, finding 6: 64 reports a run, oldest name first: anyone could queue 64 garbage files
+    ahead of everybody else's every run. Now each user's reports are taken in turn."""
+    for index in range(spool.MAX_REPORTS_PER_RUN + 10):
+        path = spool_dir / f"blame.a{index:015d}.munge"
+        path.write_text("MUNGE:flood")
+        os.chown(path, 1000, 1000)
+    late = spool_dir / "blame.zzzzzzzzzzzzzzzz.munge"
+    late.write_text("MUNGE:real")
+    os.chown(late, 2000, 2000)
+    names = spool.waiting(spool_dir)
+    assert len(names) == spool.MAX_REPORTS_PER_RUN and names[:2] == ["blame.a000000000000000.munge", late.name]
+
+
+def test_done_keeps_at_most_its_bound_of_records_the_oldest_going_first(spool_dir, monkeypatch):
+    monkeypatch.setattr(spool, "MAX_RECORDS", 3)
+    done = spool.check_spool(spool_dir)
+    for index in range(5):
+        spool.record(done, f"blame.r{index}.munge", {"job": str(index), "node": "n1", "kind": "hang", "time_s": NOW,
+                                                    "handled_s": NOW})
+        os.utime(done / f"blame.r{index}.munge.json", (NOW + index, NOW + index))
+    assert [entry["job"] for entry in spool.records(done, NOW)] == ["2", "3", "4"]
+    assert sorted(p.name for p in done.glob("blame.*.json")) == [f"blame.r{i}.munge.json" for i in (2, 3, 4)]
