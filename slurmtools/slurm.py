@@ -317,17 +317,18 @@ def sacct_rows(job_id: int, fields: Sequence[str] = ("JobID", "State", "NodeList
 
 
 
-def job_owner(job_id: int) -> Optional[Tuple[int, str]]:
+def job_owner(job_id: int) -> Optional[Tuple[int, str, Optional[float]]]:
     """(uid, hostlist of every node the job was given) of a job, from slurmctld while it knows the
     job, and from accounting: its runs before a requeue, and its steps, which name the nodes the
     job gave back (a dead node it shrank itself by); a blame may come a little after the job ended,
-    or from the run after the one whose node died. None when neither knows the job.
+    or from the run after the one whose node died. The third item: when its last run ended (None
+    while slurmctld knows it or a run has no end yet). None when neither knows the job.
 
     Root decides drains on this answer, so it is read only from fields no user writes, each asked
     by name (`squeue -o %U|%N`, `sacct --parsable2 -o JobID,UID,NodeList`): never from
     `scontrol show job`'s Key=value text, where a job's name or comment can say `NodeList=...`."""
     try:
-        rows = sacct_rows(job_id, ("JobID", "UID", "NodeList"), all_attempts=True)
+        rows = sacct_rows(job_id, ("JobID", "UID", "NodeList", "End"), all_attempts=True)
     except SlurmCommandError:
         rows = []
     live = live_job_owner(job_id)
@@ -335,8 +336,10 @@ def job_owner(job_id: int) -> Optional[Tuple[int, str]]:
                                        if r["JobID"] == str(job_id) and r["UID"].isdigit()), None)
     if owner is None:
         return None
-    given = [row["NodeList"] for row in owner_rows(rows, job_id, owner)]
-    return owner, _hostlists([live[1] if live else "", *given])
+    theirs = owner_rows(rows, job_id, owner)
+    ends = [parse_time(row.get("End", "")) for row in theirs if row["JobID"] == str(job_id)]
+    ended = None if live or not ends or None in ends else max(end for end in ends if end is not None)
+    return owner, _hostlists([live[1] if live else "", *(row["NodeList"] for row in theirs)]), ended
 
 
 def live_job_owner(job_id: int) -> Optional[Tuple[int, str]]:

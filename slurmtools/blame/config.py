@@ -31,7 +31,8 @@ class BlameSettings:
                                           "may get drained in 24 h.", 4, min=1, max=10000)
     max_drains_per_hour: int = doc("Distinct nodes blames may drain in one hour on the whole cluster; past it "
                                    "nothing more is drained until a person looks.", 8, min=1, max=100000)
-    report_max_age_h: float = doc("A report whose time is older than this (or in the future) is refused.", 24.0,
+    report_max_age_h: float = doc("A report whose time is older than this (or in the future), or that names a job "
+                                  "that ended longer ago, is refused.", 24.0,
                                   min=0.1, max=24.0 * 30)
 
     def __post_init__(self) -> None:

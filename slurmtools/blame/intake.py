@@ -101,7 +101,7 @@ def _one(name: str, raw: Optional[bytes], settings: BlameSettings, cluster: str,
         return Handled(name, "refuse", f"Slurm could not be asked about job {blame.job}: {exc}", blame.node,
                        blame.job), entry
     found = model.Verified(blame, decoded.uid, decoded.user, owner[0] if owner else None,
-                           _expand(owner[1]) if owner else [])
+                           _expand(owner[1]) if owner else [], owner[2] if owner else None)
     decision = model.decide(found, cluster, earlier, settings.rules(), now_s)
     entry["accepted"] = decision.action in ("drain", "record")     # evidence that counts from now on
     if decision.action != "drain":

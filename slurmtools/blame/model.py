@@ -115,6 +115,7 @@ class Verified:
     user: str
     job_uid: Optional[int]                  # Slurm's owner of the job (None: Slurm does not know it)
     job_nodes: Sequence[str]                # every node the job was given
+    job_ended_s: Optional[float] = None     # when its last run ended (None: running, or Slurm still knows it)
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,9 @@ def decide(found: Verified, cluster: str, earlier: Sequence[Accepted], rules: Bl
     if not -FUTURE_TOLERANCE_S <= now_s - blame.time_s <= rules.report_max_age_h * 3600:
         return Decision("refuse", f"the report's time is {(now_s - blame.time_s) / 3600:.1f} h ago (at most "
                                   f"{rules.report_max_age_h:g} h, none in the future)")
+    if found.job_ended_s is not None and now_s - found.job_ended_s > rules.report_max_age_h * 3600:
+        return Decision("refuse", f"job {blame.job} ended {(now_s - found.job_ended_s) / 3600:.1f} h ago (at most "
+                                  f"{rules.report_max_age_h:g} h)")
     action = rules.actions.get(blame.kind, DEFAULT_ACTIONS[blame.kind])
     if action == "ignore":
         return Decision("record", f"blames of kind {blame.kind} are ignored here")

@@ -26,23 +26,40 @@ def fake_slurm(monkeypatch, answers):
 def test_a_held_jobs_hostile_name_and_comment_give_it_no_node(monkeypatch):
     from slurmtools.slurm_parse import parse_scontrol_record
     assert parse_scontrol_record(HOSTILE_SHOW_JOB)["NodeList"] == "gpu[001-512]"    # the text parse is fooled
-    asked = fake_slurm(monkeypatch, {"sacct": "17|1000|None assigned\n", "squeue": "1000|\n",
+    asked = fake_slurm(monkeypatch, {"sacct": "17|1000|None assigned|Unknown\n", "squeue": "1000|\n",
                                      "scontrol": HOSTILE_SHOW_JOB})
-    assert slurm.job_owner(17) == (1000, "")
+    assert slurm.job_owner(17) == (1000, "", None)
     assert "scontrol" not in asked
     assert intake._expand("") == []
 
 
 def test_a_running_job_s_nodes_come_from_squeue_and_its_runs_in_accounting(monkeypatch):
     fake_slurm(monkeypatch, {"squeue": "1000|node[3-4]\n",
-                             "sacct": "17|1000|node[1-2]\n17.batch||node1\n17.0||node[1-2]\n17|1000|node[3-4]\n"})
-    assert slurm.job_owner(17) == (1000, "node[3-4],node[1-2],node1,node[1-2],node[3-4]")
+                             "sacct": "17|1000|node[1-2]|2026-12-04T10:00:00\n17.batch||node1|2026-12-04T10:00:00\n"
+                                      "17.0||node[1-2]|2026-12-04T10:00:00\n17|1000|node[3-4]|Unknown\n"})
+    assert slurm.job_owner(17) == (1000, "node[3-4],node[1-2],node1,node[1-2],node[3-4]", None)
 
 
 def test_a_reused_job_ids_runs_by_another_user_name_none_of_their_nodes(monkeypatch):
     fake_slurm(monkeypatch, {"squeue": "1000|node5\n",
-                             "sacct": "17|2000|node[1-2]\n17.0||node[1-2]\n17|1000|node5\n17.0||node5\n"})
-    assert slurm.job_owner(17) == (1000, "node5,node5,node5")
+                             "sacct": "17|2000|node[1-2]|2020-01-01T00:00:00\n17.0||node[1-2]|2020-01-01T00:00:00\n"
+                                      "17|1000|node5|Unknown\n17.0||node5|Unknown\n"})
+    assert slurm.job_owner(17) == (1000, "node5,node5,node5", None)
+
+
+def test_a_job_slurmctld_forgot_is_known_by_when_its_last_run_ended(monkeypatch):
+    from slurmtools.slurm_parse import parse_time
+
+    def gone(argv, **kwargs):
+        if argv[0] == "squeue":
+            raise slurm.SlurmCommandError(argv, 1, "slurm_load_jobs error: Invalid job id specified")
+        return "17|1000|node1|2026-12-01T10:00:00\n17.0||node1|2026-12-01T10:00:00\n17|1000|node2|2026-12-02T10:00:00\n"
+    monkeypatch.setattr(slurm, "run_slurm", gone)
+    assert slurm.job_owner(17) == (1000, "node1,node1,node2", parse_time("2026-12-02T10:00:00"))
+    ended = model.Verified(model.Blame("c", "17", "node2", "job.node_failure", "x", 1000.0), 1000, "alice", 1000,
+                           ["node1", "node2"], job_ended_s=1000.0 - 25 * 3600)
+    old = model.decide(ended, "c", [], model.BlameRules(), 1000.0)
+    assert (old.action, old.why) == ("refuse", "job 17 ended 25.0 h ago (at most 24 h)")
 
 
 def test_an_array_whose_tasks_disagree_on_the_owner_or_an_unreadable_line_is_not_known_live(monkeypatch):
