@@ -91,16 +91,20 @@ def _is_created_series(family: Metric) -> bool:
     return family.name.endswith("_created") and family.name[:-len("_created")] + "_total" in METRICS
 
 
-def vet(text: str, job: str, node: str, user: str) -> Vetted:
-    """The families of one inbox file that may be relayed, labelled as this job's on this node."""
+def vet(text: str, job: str, node: str, user: str,
+        seen: Optional[Set[Tuple[str, Tuple[Tuple[str, str], ...]]]] = None) -> Vetted:
+    """The families of one inbox file that may be relayed, labelled as this job's on this node,
+    without the client's timestamps (node_exporter drops a textfile that has any); seen: the
+    series of the job's files relayed before this one (a series twice, in one file or two, makes
+    node_exporter refuse them: the second is refused here), updated."""
     out = Vetted()
+    seen = set() if seen is None else seen
     try:
         families = list(text_string_to_metric_families(text))
     except Exception as exc:    # the parser raises ValueError, and others on odd input: all one refusal
         out.refuse(f"not Prometheus text ({type(exc).__name__})")
         return out
     samples = 0
-    seen: Set[Tuple[str, Tuple[Tuple[str, str], ...]]] = set()
     for family in families:
         name = _table_name(family)
         if not name:
@@ -129,7 +133,7 @@ def vet(text: str, job: str, node: str, user: str) -> Vetted:
                 out.refuse(f"{sample.name[:80]}: the same series twice")
                 continue
             seen.add(key)
-            kept.add_sample(sample.name, labels, sample.value, sample.timestamp)
+            kept.add_sample(sample.name, labels, sample.value)
         if kept.samples:
             out.families.append(kept)
     return out

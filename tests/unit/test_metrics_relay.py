@@ -111,14 +111,15 @@ def test_prolog_relay_and_epilog_on_real_directories(settings: JobMetricsSetting
     assert job_dir == tmp_path / "inbox" / "node1" / "7"
     assert (job_dir.stat().st_uid, oct(job_dir.stat().st_mode & 0o777)) == (64321, "0o755")
     (job_dir / "rank0.prom").write_text(OWN)
+    os.chown(job_dir / "rank0.prom", 64321, 64321)            # written by the job, as its user
     (job_dir / "fifo.prom").unlink(missing_ok=True)
     os.mkfifo(job_dir / "fifo.prom")                          # never opened for reading: no hang
     (job_dir / "link.prom").symlink_to("/etc/shadow")          # never followed
     lines = inbox.relay_all(settings, "node1")
     relayed = tmp_path / "tf" / "node1" / "slurmtools_relay_7_rank0.prom"
     assert 'slurm_job="7",user="64321"' in relayed.read_text()
-    assert lines == [f"slurmtools: metrics of job 7: {name} refused (not a regular file of at most 1048576 bytes)"
-                     for name in ("fifo.prom", "link.prom")]
+    assert lines == [f"slurmtools: metrics of job 7: {name} refused (not a regular file of the job's user, with one "
+                     f"link, of at most 1048576 bytes)" for name in ("fifo.prom", "link.prom")]
     assert inbox.finish(settings, "node1", "7") == lines and not job_dir.exists()
     # the finished job's relayed file stays keep_h, then the sweep removes it
     inbox.relay_all(settings, "node1", now_s=relayed.stat().st_mtime + 10)
@@ -138,3 +139,29 @@ def test_an_inbox_root_others_may_write_is_refused_and_the_phase_says_so_in_one_
     assert lines == [f"slurmtools: job metrics not relayed: InboxError: {root} must be a directory of root's that "
                      "no one else may write"]
     assert inbox.on_phase(settings, "prolog", "node1", "7", 0, 0) == []      # root's own jobs get no inbox
+
+
+def test_client_timestamps_are_dropped_and_a_series_twice_across_files_is_refused():
+    """Issue 51, finding 9: node_exporter drops a textfile with timestamps (and sets its scrape
+    error); the same series in two files of one job made it refuse both."""
+    stamped = OWN.replace("} 20.0", "} 20.0 1700000000000")
+    seen: set = set()
+    first = model.vet(stamped, "7", "node1", "alice", seen)
+    assert first.refused == [] and "1700000000000" not in model.render(first.families)
+    second = model.vet(OWN, "7", "node1", "alice", seen)
+    assert second.refused_count == 2 and second.families == []
+    assert second.refused[0] == "slurmtools_train_step: the same series twice"
+
+
+@needs_root
+def test_an_inbox_file_of_another_owner_or_with_a_second_link_is_not_read(settings: JobMetricsSettings, tmp_path: Path):
+    job_dir = inbox.prepare(settings, "node1", "7", 64321, 64321)
+    secret = tmp_path / "roots.prom"
+    secret.write_text(OWN)                                     # root's: a hard link would have root read it
+    os.link(secret, job_dir / "hardlink.prom")
+    (job_dir / "planted.prom").write_text(OWN)                 # not the job user's own file
+    os.chown(job_dir / "planted.prom", 64322, 64322)
+    lines = inbox.relay_all(settings, "node1")
+    assert sorted(line.split(": ")[2].split(" ")[0] for line in lines) == ["hardlink.prom", "planted.prom"]
+    assert not list((tmp_path / "tf" / "node1").glob("slurmtools_relay_7_*"))
+
