@@ -46,8 +46,10 @@ def _expand(hostlist: str) -> List[str]:
         return []
 
 
-def handle(settings: BlameSettings, *, now_s: Optional[float] = None) -> List[Handled]:
-    """Claim and handle every waiting report; [] when blames are off or none wait."""
+def handle(settings: BlameSettings, *, now_s: Optional[float] = None, until: Optional[float] = None
+           ) -> List[Handled]:
+    """Claim and handle every waiting report; [] when blames are off or none wait. until (a
+    time.monotonic() deadline): no report is claimed past it; those left wait for the next run."""
     if not settings.spool_dir:
         return []
     spool_dir = Path(settings.spool_dir)
@@ -57,22 +59,29 @@ def handle(settings: BlameSettings, *, now_s: Optional[float] = None) -> List[Ha
     # every node's hooks handle blames; one at a time, so each decision sees every earlier one
     # (three nodes at once each drained one node of a job whose budget was two)
     with spool.handling_lock(done) as mine:
-        return _handle_waiting(settings, spool_dir, done, now_s) if mine else []
+        return _handle_waiting(settings, spool_dir, done, now_s, until) if mine else []
 
 
-def _handle_waiting(settings: BlameSettings, spool_dir: Path, done: Path, now_s: Optional[float]) -> List[Handled]:
+def _handle_waiting(settings: BlameSettings, spool_dir: Path, done: Path, now_s: Optional[float],
+                    until: Optional[float] = None) -> List[Handled]:
     # what every report needs, asked before any is claimed: a failure here leaves them waiting
     now_s = time.time() if now_s is None else now_s
     earlier = model.accepted_from(spool.records(done, now_s))
     cluster = slurm.cluster_name()
     out = []
-    for name, raw in spool.claim(spool_dir):
+    reports = spool.claim(spool_dir)
+    while until is None or time.monotonic() < until:
+        try:
+            name, raw = next(reports)
+        except StopIteration:
+            break
         try:
             result, entry = _one(name, raw, settings, cluster, earlier, now_s)
         except Exception as exc:   # our own failure: the report is recorded as refused, never lost silently
             result, entry = Handled(name, "refuse", one_line(f"slurmtools failed: {type(exc).__name__}: {exc}")), {}
         spool.record(done, name, {**entry, "name": name, "action": result.action, "why": result.why,
                                   "time_s": now_s, "handled_s": now_s})
+        spool.forget(done, name)
         if entry.get("accepted"):
             earlier.append(model.Accepted(entry["job"], entry["node"], entry["kind"], now_s, entry["uid"],
                                           result.action == "drain"))

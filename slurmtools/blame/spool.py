@@ -115,10 +115,10 @@ def waiting(spool_dir: Path) -> List[str]:
 def claim(spool_dir: Path) -> Iterator[Tuple[str, Optional[bytes]]]:
     """The root side: (name, content) of each waiting report, one at a time (None: not a regular
     file of at most MAX_REPORT_BYTES). Each is moved into done/ (on a shared file system exactly
-    one node wins it), read, and handed over; it is removed only when the next is asked for, after
-    the caller recorded it: a run killed meanwhile loses none (the next run finds what it had
-    claimed, CLAIMED in done/), and an entry that cannot be removed (a directory named like a
-    report) costs no other report. The spool is checked now (SpoolError), not at the first report."""
+    one node wins it) and read; the caller records it, then forgets it (forget): a run killed in
+    between loses none (the next run is handed what it had claimed, CLAIMED in done/), and an
+    entry that cannot be removed (a directory named like a report) costs no other report. The
+    spool is checked now (SpoolError), not at the first report."""
     done = check_spool(spool_dir)
     return _claim_each(spool_dir, done)
 
@@ -131,7 +131,6 @@ def _claim_each(spool_dir: Path, done: Path) -> Iterator[Tuple[str, Optional[byt
                   if name.endswith(CLAIMED) and REPORT.match(name[:-len(CLAIMED)]))
     for name in left[:MAX_REPORTS_PER_RUN]:
         yield name, read_small_regular(done / f"{name}{CLAIMED}", MAX_REPORT_BYTES)
-        _discard(done / f"{name}{CLAIMED}")
     for name in waiting(spool_dir)[:max(0, MAX_REPORTS_PER_RUN - len(left))]:
         claimed = done / f"{name}{CLAIMED}"
         try:
@@ -139,7 +138,11 @@ def _claim_each(spool_dir: Path, done: Path) -> Iterator[Tuple[str, Optional[byt
         except OSError:
             continue                      # another node's health run took it
         yield name, read_small_regular(claimed, MAX_REPORT_BYTES)
-        _discard(claimed)
+
+
+def forget(done: Path, name: str) -> None:
+    """A claimed report whose record is written: removed, whatever it is."""
+    _discard(done / f"{name}{CLAIMED}")
 
 
 def _discard(path: Path) -> None:

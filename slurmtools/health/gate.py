@@ -118,7 +118,11 @@ def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional
         drained_reason = _take_out_of_service(settings, host, results, st, job_id, now_s)
     if phase == "periodic" and settings.auto_resume_after > 0:
         _auto_resume(settings, host, st, overall, results)
-    blames = _handle_blames(settings) if settings.drain and allow_drain else []
+    # others' blames after this node's own verdict, within what is left of the run's time box; a
+    # node found CRITICAL in a prolog or epilog leaves them to the next run (a kill at the shim's
+    # limit would turn its verdict into a pass)
+    own_first = overall is Status.CRITICAL and phase in ("prolog", "epilog")
+    blames = _handle_blames(settings, deadline) if settings.drain and allow_drain and not own_first else []
     relayed = _relay_metrics(settings, phase, host, job_id, job_owner)
 
     _remember(st, facts, overall, phase, job_id, now_s)
@@ -138,13 +142,13 @@ def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional
     return Outcome(results, overall, drained_reason, cached, duration, doc)
 
 
-def _handle_blames(settings: NodeSettings) -> List[str]:
+def _handle_blames(settings: NodeSettings, until: Optional[float] = None) -> List[str]:
     """The blames jobs reported (slurmtools.blame), for any node: checked, drained or refused, one
     line each (to the hook's log, and the report). A spool or Slurm problem is ours, never the node's:
     one line, and this node's own verdict stands."""
     from slurmtools.blame import intake
     try:
-        lines = [handled.line() for handled in intake.handle(settings.blame)]
+        lines = [handled.line() for handled in intake.handle(settings.blame, until=until)]
     except Exception as exc:    # a spool, Slurm or munge problem, or our bug: never this node's verdict
         lines = [one_line(f"slurmtools: blames not handled: {type(exc).__name__}: {exc}")]
     for line in lines:

@@ -153,7 +153,10 @@ def test_a_report_is_claimed_once_and_read_without_following_links_or_waiting_on
     os.mkfifo(spool_dir / "blame.fifofifofifo.munge")
     (spool_dir / "blame.bigbigbigbig.munge").write_bytes(b"x" * (spool.MAX_REPORT_BYTES + 1))
     (spool_dir / "other-name").write_text("ignored")
-    claimed = dict(spool.claim(spool_dir))
+    claimed = {}
+    for name, content in spool.claim(spool_dir):
+        claimed[name] = content
+        spool.forget(spool_dir / "done", name)
     assert claimed == {good.name: b"MUNGE:abc\n", "blame.linklinklink.munge": None,
                        "blame.fifofifofifo.munge": None, "blame.bigbigbigbig.munge": None}
     assert list(spool.claim(spool_dir)) == [] and secret.read_text() == "root's"
@@ -215,14 +218,17 @@ def test_a_directory_named_like_a_report_costs_no_other_report(spool_dir):
     early = spool.drop(spool_dir, "MUNGE:early")
     (spool_dir / "blame.zzzzzzzzzzzzzzzz.munge").mkdir()
     (spool_dir / "blame.zzzzzzzzzzzzzzzz.munge" / "inside").write_text("x")
-    seen = dict(spool.claim(spool_dir))
+    seen = {}
+    for name, content in spool.claim(spool_dir):
+        seen[name] = content
+        spool.forget(spool_dir / "done", name)              # recorded: removed, the directory too
     assert seen == {early.name: b"MUNGE:early\n", "blame.zzzzzzzzzzzzzzzz.munge": None}
-    assert list((spool_dir / "done").iterdir()) == []       # both removed once handed over
+    assert list((spool_dir / "done").iterdir()) == []
 
 
 def test_a_run_killed_while_handling_loses_no_report(spool_dir):
-    """Each report is removed only after the caller asked for the next (it recorded this one): a run
-    killed in between leaves it claimed in done/, and the next run hands it over first."""
+    """Each report is removed only once the caller recorded it (forget): a run killed in between
+    leaves it claimed in done/, and the next run hands it over first."""
     first = spool.drop(spool_dir, "MUNGE:first")
     second = spool.drop(spool_dir, "MUNGE:second")
     reports = spool.claim(spool_dir)
@@ -230,8 +236,11 @@ def test_a_run_killed_while_handling_loses_no_report(spool_dir):
     reports.close()
     assert (name, content) == (min(first.name, second.name), b"MUNGE:" + (b"first" if first.name < second.name
                                                                          else b"second") + b"\n")
-    again = list(spool.claim(spool_dir))
-    assert [n for n, _ in again] == [name, max(first.name, second.name)]
+    again = []
+    for claimed, _ in spool.claim(spool_dir):
+        again.append(claimed)
+        spool.forget(spool_dir / "done", claimed)
+    assert again == [name, max(first.name, second.name)]
     assert list(spool.claim(spool_dir)) == []
 
 
@@ -267,3 +276,20 @@ def test_done_keeps_at_most_its_bound_of_records_the_oldest_going_first(spool_di
         os.utime(done / f"blame.r{index}.munge.json", (NOW + index, NOW + index))
     assert [entry["job"] for entry in spool.records(done, NOW)] == ["2", "3", "4"]
     assert sorted(p.name for p in done.glob("blame.*.json")) == [f"blame.r{i}.munge.json" for i in (2, 3, 4)]
+
+
+def test_handling_stops_claiming_at_its_deadline_and_the_rest_wait(spool_dir, monkeypatch):
+    """A prolog handles others' blames within what is left of its time box (issue 51, finding 6):
+    past it no report is claimed; they wait, unclaimed, for the next run."""
+    import time
+    from slurmtools.blame import intake
+    names = sorted(spool.drop(spool_dir, f"MUNGE:{i}").name for i in range(3))
+    monkeypatch.setattr(intake.slurm, "cluster_name", lambda: "mini")
+    settings = BlameSettings(spool_dir=str(spool_dir), munge_socket="/nonexistent/socket")
+    assert intake.handle(settings, until=time.monotonic() - 1) == []
+    assert sorted(p.name for p in spool_dir.iterdir() if p.name != "done") == names
+    handled = intake.handle(settings)                     # no bound: each refused (no munged here), recorded
+    assert [h.name for h in handled] == names and {h.action for h in handled} == {"refuse"}
+    assert sorted(p.name for p in (spool_dir / "done").iterdir() if p.name != ".lock") == [
+        f"{name}.json" for name in names]
+
