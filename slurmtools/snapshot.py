@@ -139,15 +139,25 @@ def replicas_kept_by(rank: int, hosts: Mapping[int, str]) -> List[int]:
     return sorted(other for other in hosts if other != rank and peer_of(other, hosts) == rank)
 
 
+def peak_bytes(own_bytes: int, replica_bytes: Sequence[int]) -> int:
+    """Node memory a rank holds at a snapshot's peak (all of it in the job's memory cgroup, /dev/shm
+    included): its host copy and the serialization of it (process memory), the replicas received
+    (process memory, until written), and in node memory KEEP of its own and of each replica plus
+    the one just written, held until the oldest is pruned."""
+    replicas = sum(replica_bytes)
+    return own_bytes * (KEEP + 3) + replicas * (KEEP + 2)
+
+
 def over_limit(own_bytes: int, replica_bytes: Sequence[int], limit_bytes: Optional[int]) -> Optional[str]:
-    """Why this rank's snapshot and the replicas it keeps do not fit its share of node memory
-    (KEEP of each are kept), or None."""
-    needed = KEEP * (own_bytes + sum(replica_bytes))
+    """Why this rank's snapshot and the replicas it keeps do not fit its share of node memory at
+    a snapshot's peak (peak_bytes), or None."""
+    needed = peak_bytes(own_bytes, replica_bytes)
     if limit_bytes is None or needed <= limit_bytes:
         return None
-    return (f"{KEEP} snapshots of {own_bytes / 1e9:.3g} GB and {len(replica_bytes)} replica(s) of "
-            f"{sum(replica_bytes) / 1e9:.3g} GB need {needed / 1e9:.3g} GB of node memory, over this rank's "
-            f"{limit_bytes / 1e9:.3g} GB")
+    return (f"a snapshot of {own_bytes / 1e9:.3g} GB and {len(replica_bytes)} replica(s) of "
+            f"{sum(replica_bytes) / 1e9:.3g} GB need {needed / 1e9:.3g} GB of node memory at a snapshot's peak "
+            f"(host copy, serialization, replicas received, {KEEP} of each kept and the newest before the "
+            f"oldest is pruned), over this rank's {limit_bytes / 1e9:.3g} GB")
 
 
 @dataclass(frozen=True)

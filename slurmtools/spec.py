@@ -148,9 +148,11 @@ class DistributedSpec:
                                     "(docs/snapshots.md; SLURMTOOLS_SNAPSHOT_EVERY, for trainers that use "
                                     "slurmtools.snapshot_fsdp). 0: off; the default from bench/snapshot.py.",
                                     DEFAULT_EVERY_STEPS, min=0, max=1000000000)
-    snapshot_memory_gb: float = doc("Each rank's share of node memory for its snapshots and the replicas it keeps "
-                                    "(two of each); one that does not fit is not kept, and the job's output says "
-                                    "so (SLURMTOOLS_SNAPSHOT_MEMORY_GB).", DEFAULT_MEMORY_GB, min=0.001, max=100000.0)
+    snapshot_memory_gb: float = doc("Each rank's share of node memory for its snapshots and the replicas it keeps, "
+                                    "at a snapshot's peak (about 5x its shard and 4x each replica: "
+                                    "snapshot.peak_bytes); one that does not fit is not kept, and the job's output "
+                                    "says so (SLURMTOOLS_SNAPSHOT_MEMORY_GB).", DEFAULT_MEMORY_GB, min=0.001,
+                                    max=100000.0)
     snapshot_max_overhead_pct: float = doc("The share of training time, in percent, a snapshot's stall of training "
                                            "may take: at each snapshot the ranks measure it against their step "
                                            "time and space snapshots out to a multiple of snapshot_every_steps "

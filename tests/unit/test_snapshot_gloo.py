@@ -173,25 +173,26 @@ def test_snapshots_over_the_node_memory_limit_are_not_kept_and_training_goes_on(
     results = _run(tmp_path, {0: "n1", 1: "n1", 2: "n2", 3: "n2"}, "train", limit="10000")
     for result in results:
         assert [step for step, _ in result["failures"]] == [5, 10]
-        assert all(why.startswith("CheckpointError: 2 snapshots of ") and why.endswith("over this rank's 1e-05 GB")
+        assert all(why.startswith("CheckpointError: a snapshot of ") and why.endswith("over this rank's 1e-05 GB")
                    for _, why in result["failures"]), result
         assert result["host_bytes"] == 0, result
     assert not list((tmp_path / "memory").glob("*/slurmtools-*/snapshots/77-job/*/step_*"))
 
 
 def test_one_ranks_snapshot_over_the_limit_is_skipped_by_every_rank_before_it_is_sent(tmp_path):
-    """Rank 3's state is 20 KB, the others' 4 KB, each rank's share 30 KB: rank 3 (its snapshot)
-    and rank 1 (rank 3's replica) are over, ranks 0 and 2 are not. The ranks agree on it by the
-    tensors' sizes before serializing, so every rank skips both snapshots and says whose is over."""
+    """Rank 3's state is 20 KB, the others' 4 KB, each rank's share 60 KB: rank 3 (its snapshot:
+    116 KB at the peak) and rank 1 (rank 3's replica: 100 KB) are over, ranks 0 and 2 (36 KB) are
+    not. The ranks agree on it by the tensors' sizes before serializing, so every rank skips both
+    snapshots and says whose is over."""
     for node in ("n1", "n2"):
         (tmp_path / "memory" / node).mkdir(parents=True)
-    results = _run(tmp_path, {0: "n1", 1: "n1", 2: "n2", 3: "n2"}, "train", limit="30000", big_rank="3")
+    results = _run(tmp_path, {0: "n1", 1: "n1", 2: "n2", 3: "n2"}, "train", limit="60000", big_rank="3")
     skipped = ("CheckpointError: rank 1's snapshot or the replicas it keeps do not fit its share of node memory: "
                "every rank skips this one")
-    over = {1: "CheckpointError: 2 snapshots of 4e-06 GB and 1 replica(s) of 2e-05 GB need 4.8e-05 GB of node "
-               "memory, over this rank's 3e-05 GB",
-            3: "CheckpointError: 2 snapshots of 2e-05 GB and 1 replica(s) of 4e-06 GB need 4.8e-05 GB of node "
-               "memory, over this rank's 3e-05 GB"}
+    peak = ("at a snapshot's peak (host copy, serialization, replicas received, 2 of each kept and the newest "
+            "before the oldest is pruned), over this rank's 6e-05 GB")
+    over = {1: f"CheckpointError: a snapshot of 4e-06 GB and 1 replica(s) of 2e-05 GB need 0.0001 GB of node memory {peak}",
+            3: f"CheckpointError: a snapshot of 2e-05 GB and 1 replica(s) of 4e-06 GB need 0.000116 GB of node memory {peak}"}
     for result in results:
         assert result["failures"] == [[5, over.get(result["rank"], skipped)], [10, over.get(result["rank"], skipped)]]
     assert [r["host_bytes"] for r in results] == [0] * 4        # agreed before the host copy: none taken

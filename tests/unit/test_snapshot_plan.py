@@ -96,11 +96,18 @@ def test_the_job_key_names_the_job_and_its_control_dir():
     assert snapshot.job_key("1/../x", Path("/a")).startswith("1_.._x-")
 
 
-def test_a_snapshot_and_its_replicas_must_fit_the_ranks_share_of_node_memory():
+def test_a_snapshot_and_its_replicas_must_fit_the_ranks_share_of_node_memory_at_their_peak():
+    """Issue 46: the budget counted two own copies and two replicas (4 GB here), not the host copy,
+    the serialization buffer, the replicas received, nor the newest copy held until the oldest is
+    pruned: 9 GB at the peak, all of it in the job's memory cgroup (/dev/shm too)."""
+    assert snapshot.peak_bytes(10**9, [10**9]) == 9 * 10**9
     assert snapshot.over_limit(10**9, [10**9], None) is None
-    assert snapshot.over_limit(10**9, [10**9], 4 * 10**9) is None
-    assert snapshot.over_limit(10**9, [10**9, 10**9], 4 * 10**9) == (
-        "2 snapshots of 1 GB and 2 replica(s) of 2 GB need 6 GB of node memory, over this rank's 4 GB")
+    assert snapshot.over_limit(10**9, [10**9], 9 * 10**9) is None
+    assert snapshot.over_limit(10**9, [10**9], 4 * 10**9) is not None
+    assert snapshot.over_limit(10**9, [10**9, 10**9], 9 * 10**9) == (
+        "a snapshot of 1 GB and 2 replica(s) of 2 GB need 13 GB of node memory at a snapshot's peak (host copy, "
+        "serialization, replicas received, 2 of each kept and the newest before the oldest is pruned), over this "
+        "rank's 9 GB")
 
 
 def test_the_interval_grows_to_a_multiple_of_the_set_one_when_a_snapshot_stalls_too_long():
