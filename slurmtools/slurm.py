@@ -209,21 +209,16 @@ def update_job(job_id: int, *, survive_sigterm: bool = False, outage_s: float = 
               survive_sigterm=survive_sigterm, outage_s=outage_s)
 
 
-def requeue_excluding(job_id: int, fields: Mapping[str, str], attempts: int = 3) -> None:
-    """Requeue a job and change what a running job may not (ExcNodeList, StartTime): hold it,
-    update, release. Safe to call from inside the job itself, which Slurm starts ending at the hold;
-    each command rides through a controller outage of REQUEUE_OUTAGE_S."""
-    run_slurm(["scontrol", "requeuehold", str(job_id)], survive_sigterm=True, outage_s=REQUEUE_OUTAGE_S)
-    try:
-        update_job(job_id, survive_sigterm=True, outage_s=REQUEUE_OUTAGE_S, **fields)
-    finally:
-        for attempt in range(attempts):
-            try:
-                run_slurm(["scontrol", "release", str(job_id)], survive_sigterm=True, outage_s=REQUEUE_OUTAGE_S)
-                break
-            except SlurmCommandError:
-                if attempt == attempts - 1:
-                    raise
+def requeue_excluding(job_id: int, fields: Mapping[str, str]) -> None:
+    """Requeue a job and change what a running job may not (ExcNodeList, StartTime, NumNodes):
+    requeue it, then update it. Slurm refuses the update while the job runs but accepts it at
+    once while the requeued job completes, and the job cannot start again before its begin time
+    (cred_expire + 1 s after a requeue) or the StartTime set here (measured on 22.05 as an
+    ordinary user, docs/minicluster.md). In this order a supervisor killed at KillWait between
+    the two leaves a job requeued without the change, never a job held for good (requeuehold,
+    update, release did). Each command rides through a controller outage of REQUEUE_OUTAGE_S."""
+    run_slurm(["scontrol", "requeue", str(job_id)], survive_sigterm=True, outage_s=REQUEUE_OUTAGE_S)
+    update_job(job_id, survive_sigterm=True, outage_s=REQUEUE_OUTAGE_S, **fields)
 
 
 def give_back_nodes(job_id: int, nodes: Sequence[str]) -> Optional[str]:

@@ -112,8 +112,8 @@ def give_back(job_id: int, attempt_id: str, dead: List[str]) -> None:
 
 def requeue(job_id: int, attempt_id: str, diag: policy.Diagnosis, verdict: policy.Verdict,
              flags: SignalFlags, this_run: Run) -> int:
-    """Requeue ourselves; with an exclusion or a backoff: hold, update, release (an update of
-    ExcNodeList is refused while the job runs, but accepted at once once it is held)."""
+    """Requeue ourselves; with an exclusion or a backoff: requeue, then update while the job
+    completes (slurm.requeue_excluding)."""
     for blamed in verdict.drained:
         drain_node(job_id, attempt_id, blamed, diag, direct=this_run.direct_drain)
     if flags.seen(signal.SIGTERM):

@@ -102,3 +102,14 @@ def test_the_decision_records_the_nodes_it_excluded_in_the_ledger(tmp_path):
     from slurmtools.requeue import ledger
     ledger.append(tmp_path, ledger.AttemptEnd("7.0", 1.0, "node_failure", excluded="node2,node3"))
     assert [e.excluded for e in ledger.read(tmp_path) if isinstance(e, ledger.AttemptEnd)] == ["node2,node3"]
+
+
+def test_a_requeue_with_an_exclusion_is_requeue_then_update_never_a_hold(monkeypatch):
+    """Issue 46: `requeuehold -> update -> release` ran inside KillWait; a supervisor killed before
+    the release left its job held for good. Requeue first, then update (accepted while the job
+    completes, before its begin time: docs/minicluster.md): a kill in between leaves a plain requeue."""
+    asked = []
+    monkeypatch.setattr(slurm, "_run_once", lambda argv, *rest: asked.append(list(argv)) or "")
+    slurm.requeue_excluding(7, {"ExcNodeList": "node2", "StartTime": "now+5"})
+    assert asked == [["scontrol", "requeue", "7"],
+                     ["scontrol", "update", "JobId=7", "ExcNodeList=node2", "StartTime=now+5"]]
