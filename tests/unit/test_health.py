@@ -376,3 +376,22 @@ def test_registry_names_every_check_once_and_filters_by_phase():
     assert registry.enabled(checks, "active", "active") == ["active.dcgm_diag", "active.nccl_allreduce",
                                                             "active.ib_write_bw"]
     assert registry.enabled(checks, "prolog", "active") == [] and registry.enabled(checks, "active", "gpu") == []
+
+
+@pytest.mark.parametrize("fixture, phase, handled", [
+    ("h100-8gpu-ecc-uncorrected", "prolog", False),     # its own verdict first: the blames wait
+    ("h100-8gpu-ecc-uncorrected", "periodic", True),
+    ("h100-8gpu", "prolog", True),
+])
+def test_a_prolog_that_finds_its_node_critical_leaves_others_blames_for_the_next_run(tmp_path, monkeypatch,
+                                                                                       fixture, phase, handled):
+    """Issue 51, finding 6: blame handling ran inside the prolog whatever the node's verdict; a kill
+    at the shim's 60 s then turned a CRITICAL node into a pass. And it is bounded by the run's
+    time box (the deadline is handed to the spool's handling)."""
+    asked = []
+    monkeypatch.setattr(gate, "_handle_blames", lambda s, until=None: asked.append(until) or [])
+    monkeypatch.setattr(gate, "_take_out_of_service", lambda *args: "drained")
+    s = settings(tmp_path, probe=f"fixture:{fixture}", drain=True)
+    gate.run_phase(s, phase, "gpu001", job_id=None, allow_drain=True)
+    assert bool(asked) is handled
+    assert all(until is not None for until in asked)
