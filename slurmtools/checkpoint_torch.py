@@ -223,14 +223,9 @@ class AsyncCheckpointer:
     """
 
     def __init__(self, manager: CheckpointManager) -> None:
-        import torch
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
         self.manager = manager
         self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
-        cuda = torch.cuda.is_available()
-        self.stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
-                                                   use_async_staging=True, use_non_blocking_copy=cuda))
+        self.stager = _new_stager()
         self._pending: Optional[Tuple[int, Any, Dict[str, Any], str]] = None
         self.failures: List[Tuple[int, str]] = []      # (step, why) of saves that failed: take_failures()
         self._staging: Any = None
@@ -241,6 +236,11 @@ class AsyncCheckpointer:
              extra: Optional[Dict[str, Any]] = None, trainer_state: Optional[TrainerState] = None) -> None:
         """Begin saving step; the trainer state is copied now, as it is at this step boundary."""
         self.wait()
+        if _closed_by_staging(self.stager):
+            # torch 2.11's DefaultStager closes its copier at the end of each staging (its buffers
+            # are not kept either): the next save needs a stager of its own (the H200's
+            # `KeyError: <class 'type'>` at the second save, issue 47)
+            self.stager = _new_stager()
         tmp = _stage(self.manager, step)
         if tmp is None:
             return
@@ -255,10 +255,15 @@ class AsyncCheckpointer:
         self._pending = (step, sealed, dict(meta or {}, world_size=world()), tmp)
 
     def wait_staged(self) -> None:
-        """Return once the state of the save in flight is copied: the weights may change now."""
+        """Return once the state of the save in flight is copied: the weights may change now. A
+        copy that failed fails its save (wait() records it), never the trainer; the stager is
+        replaced for the next save."""
         if self._staging is not None:
-            self._staging.result()
-            self._staging = None
+            staging, self._staging = self._staging, None
+            try:
+                staging.result()
+            except (Exception, CheckpointException):    # noqa: BLE001 - the save failed, not training
+                self.stager = _new_stager()
 
     def poll(self) -> Optional[Checkpoint]:
         """Commit the save in flight once it is written, without waiting for it: called at every
@@ -276,7 +281,9 @@ class AsyncCheckpointer:
         self._pending = None
         try:
             future.result()
-        except (OSError, CheckpointException, CheckpointError, RuntimeError) as exc:
+        # any error of the save's pipeline fails the save, not training (DCP's CheckpointException
+        # is a BaseException)
+        except (Exception, CheckpointException) as exc:   # noqa: BLE001
             # a failed background save: training goes on, the previous checkpoint stays the newest
             self.failures.append((step, why_save_failed(exc) if not isinstance(exc, CheckpointError) else str(exc)))
             if rank() == 0:
@@ -328,6 +335,24 @@ class AsyncCheckpointer:
         self._released, self._staging, self.group = True, None, None
         self.stager.close()
         self._sealer.shutdown(wait=True)
+
+
+def _new_stager() -> Any:
+    """DCP's stager of a save's state: pinned host buffers and a non-blocking copy on CUDA."""
+    import torch
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    cuda = torch.cuda.is_available()
+    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
+                                        use_non_blocking_copy=cuda))
+
+
+def _closed_by_staging(stager: Any) -> bool:
+    """Whether the stager's copier was closed (its type dispatch table emptied): torch 2.11 does
+    that at the end of every staging; 2.13 keeps it, with its buffers, across saves."""
+    copier = getattr(stager, "_state_dict_stager", None)
+    dispatch = getattr(copier, "_deepcopy_dispatch", None)
+    return isinstance(dispatch, dict) and not dispatch
 
 
 def report_failed_saves(saver: AsyncCheckpointer, on_save_error: str, rank: int,
