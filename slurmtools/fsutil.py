@@ -73,11 +73,17 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def bounded_json(text: "str | bytes") -> Any:
+    """JSON with bounded numbers (int64-sized integers, finite floats, no NaN or Infinity); ValueError
+    for anything else, RecursionError past the parser's nesting limit."""
+    return json.loads(text, parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant)
+
+
 def json_object(line: str) -> Optional[Dict[str, Any]]:
     """One line as a JSON object with bounded numbers, or None (torn, not an object, a number out of
     range, nested past the parser's recursion limit)."""
     try:
-        value = json.loads(line, parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant)
+        value = bounded_json(line)
     except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
@@ -105,16 +111,18 @@ def read_json_lines(path: Path, max_bytes: int) -> Optional[List[Dict[str, Any]]
     return None if raw is None else json_lines(raw.decode(errors="replace"))
 
 
-def read_small_regular(path: Path, max_bytes: int) -> Optional[bytes]:
+def read_small_regular(path: Path, max_bytes: int, owner: Optional[int] = None) -> Optional[bytes]:
     """The bytes of a regular file of at most max_bytes; None for anything else (a directory, a
     FIFO, a symlink, a larger file) or when it cannot be read. For files in the control dir,
-    which a job's own processes write."""
+    which a job's own processes write. owner: root reads a user's file only when it is theirs with
+    one link (a hard link to a file they do not own would have root read it for them)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except (OSError, ValueError):               # ValueError: a NUL byte in the path
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or (owner is not None and (info.st_uid != owner or info.st_nlink != 1)):
             return None
         raw = os.read(fd, max_bytes + 1)
         return raw if len(raw) <= max_bytes else None

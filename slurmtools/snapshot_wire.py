@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from slurmtools import digests
 from slurmtools.errors import CheckpointError
+from slurmtools.fsutil import bounded_json
 
 CHUNK_BYTES = 16 * 1024 * 1024      # large enough that gloo runs at the link's rate, small enough to overlap
 _HEADER_BYTES = 256                  # "<algorithm>:<hex digest>" of the copy, zero-padded; empty: none
@@ -109,13 +110,9 @@ def _device(group: Any) -> torch.device:
 
 def _parsed(raw: bytes) -> Any:
     try:
-        return json.loads(raw, parse_constant=_no_constant)
+        return bounded_json(raw)
     except (ValueError, RecursionError) as exc:
         raise CheckpointError(f"a rank sent what is no JSON of ours: {exc}") from None
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
 
 
 def first_rank_over(over: bool, rank: int, group: Any) -> Optional[int]:

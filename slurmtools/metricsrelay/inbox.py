@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import List, Optional, Set, Tuple
 
 from slurmtools.errors import one_line
-from slurmtools.fsutil import write_text_atomic
+from slurmtools.fsutil import read_small_regular, write_text_atomic
 from slurmtools.metricsrelay import model
 from slurmtools.metricsrelay.config import JobMetricsSettings
 
@@ -79,7 +79,7 @@ def _relay_one(inbox: Path, textfiles: Path, host: str, job_id: str) -> List[str
                      f"{model.MAX_FILES_PER_JOB} relayed")
     seen: Set[Tuple[str, Tuple[Tuple[str, str], ...]]] = set()
     for name in names[:model.MAX_FILES_PER_JOB]:
-        raw = _read_own_file(job_dir / name, info.st_uid)
+        raw = read_small_regular(job_dir / name, model.MAX_FILE_BYTES, owner=info.st_uid)
         if raw is None:
             lines.append(f"slurmtools: metrics of job {job_id}: {name} refused (not a regular file of the job's "
                          f"user, with one link, of at most {model.MAX_FILE_BYTES} bytes)")
@@ -92,26 +92,6 @@ def _relay_one(inbox: Path, textfiles: Path, host: str, job_id: str) -> List[str
             write_text_atomic(textfiles / model.relayed_name(job_id, name), model.render(vetted.families),
                               durable=False)
     return lines
-
-
-def _read_own_file(path: Path, owner: int) -> Optional[bytes]:
-    """Root reads an inbox file only when it is a regular file of the inbox's owner with one link
-    (a hard link to a file the job's user does not own would have root read it for them), never
-    following a link nor waiting on a FIFO, at most MAX_FILE_BYTES."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except (OSError, ValueError):
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != owner or info.st_nlink != 1:
-            return None
-        raw = os.read(fd, model.MAX_FILE_BYTES + 1)
-        return raw if len(raw) <= model.MAX_FILE_BYTES else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def relay_all(settings: JobMetricsSettings, host: str, now_s: Optional[float] = None) -> List[str]:
