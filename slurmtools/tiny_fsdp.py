@@ -56,6 +56,7 @@ class TrainConfig:
     warmup_steps: int = 4           # then cosine decay to min_lr_ratio x lr at `steps`
     min_lr_ratio: float = 0.1
     step_sleep_s: float = 0.0
+    local_work_s: float = 0.0       # a sleep inside TrainingControl.busy each step: the accelerator's compute
     fail_at_step: int = -1
     fail_again_at_step: int = -1    # the attempt after the faulting one fails here (a second, later crash)
     hang_at_step: str = ""
@@ -280,6 +281,8 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
     def local_work() -> Iterator[None]:
         with control.busy(synchronize):
             yield
+            if cfg.local_work_s:
+                time.sleep(cfg.local_work_s)
             if faults.slower_s:
                 time.sleep(faults.slower_s)
     sdc_every = cfg.sdc_check_every if cfg.sdc_check_every >= 0 else int(os.environ.get(SDC_CHECK_EVERY_ENV) or 0)
