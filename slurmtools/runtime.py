@@ -12,6 +12,7 @@ supervisor, the submitit path and the trainer):
     stopped-for-requeue     written by rank 0 after it checkpointed on request
     complete                written by rank 0 when training has finished
     silent-data-corruption  written by rank 0 when the SDC canary found ranks disagreeing
+    gpu-events/node-<host>.json  XIDs the node's GPUs reported while it ran (gpu_events.py)
     ledger.jsonl            the attempts of the job (requeue/ledger.py)
     steps/<attempt id>.rank<N>.jsonl
                             each rank's finished steps and rank 0's checkpoints (steplog.py),
@@ -38,6 +39,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from slurmtools.errors import UsageError
 from slurmtools.fsutil import write_json_atomic
+from slurmtools.gpu_events import GpuEventWatch
 from slurmtools.node_beat import NodeBeats
 from slurmtools.node_sweep import LOCAL_JOB_ID as LOCAL_JOB_ID    # one source: the sweep reads job ids from names
 from slurmtools.rank_output import whole_lines
@@ -157,6 +159,7 @@ class TrainingControl:
                 (self.control_dir / REPORTS_PROGRESS_FILE).touch()
             self._node = NodeBeats.for_rank(self.control_dir, self.rank, socket.gethostname(), self.attempt_id,
                                             os.environ, (REQUEST_FILE, FLIGHT_RECORDER_REQUEST_FILE))
+            GpuEventWatch.for_rank(self.control_dir, self.rank, socket.gethostname(), self.attempt_id, os.environ)
 
     @contextlib.contextmanager
     def busy(self, synchronize: Optional[Callable[[], None]] = None) -> Iterator[None]:
@@ -335,8 +338,7 @@ class TrainingControl:
             record = this_process_summary(self.rank)
             if record is None:
                 return
-            prefix = os.environ.get(FLIGHT_RECORDER_FILE_ENVS[0]) or flight_recorder_prefix(control_dir,
-                                                                                             self.attempt_id)
+            prefix = os.environ.get(FLIGHT_RECORDER_FILE_ENVS[0]) or flight_recorder_prefix(control_dir, self.attempt_id)
             Path(prefix).parent.mkdir(parents=True, exist_ok=True)
             if self._node is not None:
                 self._node.write_flight_record(record, Path(prefix).parent)
@@ -380,9 +382,8 @@ class TrainingControl:
                  nodes: Sequence[str] = ()) -> None:
         """The canary found ranks computing wrong results: the supervisor blames node (and nodes)."""
         if self.control_dir is not None and self.rank == 0:
-            write_json_atomic(self.control_dir / SDC_FILE, {"step": step, "ranks": ranks, "node": node,
-                                                            "nodes": list(nodes), "detail": detail,
-                                                            "attempt_id": self.attempt_id})
+            write_json_atomic(self.control_dir / SDC_FILE, {"step": step, "ranks": ranks, "node": node, "detail": detail,
+                                                            "nodes": list(nodes), "attempt_id": self.attempt_id})
 
     def checkpoints_refused(self, refused: Sequence[Tuple[str, str]]) -> None:
         """Newer checkpoints the resume passed over ((path, why), as load_latest returns them):

@@ -13,6 +13,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from slurmtools import __version__
 from slurmtools.errors import SpecError
 from slurmtools.requeue import flags as requeue_flags
+from slurmtools.gpu_events import DEFAULT_SOURCE as DEFAULT_GPU_EVENTS
+from slurmtools.gpu_events import GPU_EVENTS_ENV
 from slurmtools.metric_names import METRICS_DIR_ENV
 from slurmtools.runtime import (CHECKPOINT_DIR_ENV, COLLECTIVE_TIMEOUT_ENV, SDC_CHECK_EVERY_ENV, SNAPSHOT_EVERY_ENV,
                                 SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV, control_root)
@@ -98,6 +100,8 @@ def environment(spec: JobSpec) -> List[Tuple[str, str]]:
         env[SNAPSHOT_MAX_OVERHEAD_ENV] = f"{spec.distributed.snapshot_max_overhead_pct:g}"
     if spec.metrics_dir:
         env[METRICS_DIR_ENV] = spec.metrics_dir
+    if spec.distributed.gpu_events != DEFAULT_GPU_EVENTS:
+        env[GPU_EVENTS_ENV] = spec.distributed.gpu_events
     if spec.distributed.dump_on_timeout:
         env["TORCH_FR_BUFFER_SIZE"] = env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = str(FLIGHT_RECORDER_ENTRIES)
     net = spec.network

@@ -18,6 +18,8 @@ import regex
 from slurmtools.errors import SpecError
 from slurmtools.schema import MAX_YAML_BYTES, attach_line, build, check_limits, doc, err, load_yaml_with_lines
 from slurmtools.schema import field_docs as _field_docs
+from slurmtools.gpu_events import DEFAULT_SOURCE as DEFAULT_GPU_EVENTS
+from slurmtools.gpu_events import source_problem as gpu_events_problem
 from slurmtools.snapshot import DEFAULT_EVERY_STEPS, DEFAULT_MAX_OVERHEAD_PCT, DEFAULT_MEMORY_GB
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -158,9 +160,17 @@ class DistributedSpec:
                                            "time and space snapshots out to a multiple of snapshot_every_steps "
                                            "when needed (SLURMTOOLS_SNAPSHOT_MAX_OVERHEAD_PCT). 0: the interval "
                                            "stays as set.", DEFAULT_MAX_OVERHEAD_PCT, min=0.0, max=100.0)
+    gpu_events: str = doc("Where each node's local rank 0 reads its GPUs' XID events while the job runs: `nvml` "
+                          "(NVML's event API, as the job's user), `none`, or `fixture:<path>` (a JSON-lines file "
+                          "of events, for rehearsals and tests; never used unless named). A node whose GPU reported "
+                          "a hardware-class XID (drain or reboot in NVIDIA's catalogue) before its step failed is "
+                          "blamed and replaced (SLURMTOOLS_GPU_EVENTS; docs/recovery.md).", DEFAULT_GPU_EVENTS)
 
     def __post_init__(self) -> None:
         check_limits(self, ())
+        problem = gpu_events_problem(self.gpu_events)
+        if problem:
+            raise err(problem, ("gpu_events",))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from slurmtools import metrics
+from slurmtools import gpu_events, metrics
 from slurmtools.checkpoint import Checkpoint, CheckpointManager
 from slurmtools.preflight.judge import Settings as PreflightSettings
 from slurmtools.requeue import ledger, observe, policy, progress, slurm_view, step, straggler, watchdog
@@ -72,6 +72,7 @@ def evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: Si
     last_step = max((beat.step for beat in beats), default=None)
     reports = progress.reports_progress(control, bool(beats))
     corruption = step.sdc_record(control)
+    gpu_faults = gpu_events.node_faults(gpu_events.read_events(control, attempt.attempt_id))
     collective = (observe.collective_laggard(attempt.recorder_dir, beats)
                   if not watch.killed_by_us and watch.exit_code else None)
     evidence = policy.Evidence(
@@ -105,6 +106,9 @@ def evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: Si
         straggler_node=watch.straggler.node if watch.straggler else None,
         straggler_detail=watch.straggler.detail if watch.straggler else "",
         handled_nodes=tuple(handled),
+        gpu_fault_node=gpu_faults[0][0] if gpu_faults else None,
+        gpu_fault_detail=gpu_events.fault_detail(gpu_faults),
+        gpu_fault_also=tuple(node for node, _ in gpu_faults[1:]),
     )
     return evidence, beats
 

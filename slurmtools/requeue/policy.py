@@ -82,6 +82,9 @@ class Evidence:
     preflight_check: str = ""                # e.g. preflight.busbw
     preflight_detail: str = ""
     handled_nodes: Tuple[str, ...] = ()      # dead nodes this run already replaced and gave back
+    gpu_fault_node: Optional[str] = None     # its GPU reported a hardware-class XID while the step ran (NVML)
+    gpu_fault_detail: str = ""
+    gpu_fault_also: Tuple[str, ...] = ()     # more nodes whose GPUs did
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,10 @@ def classify(evidence: Evidence) -> Diagnosis:
         node = node_fail.group(1).rstrip(":,") if node_fail else down[0]
         return Diagnosis(Cause.NODE_FAILURE, node=node, detail=f"node {node} failed",
                          also_nodes=tuple(n for n in down if n != node))
+    if ev.gpu_fault_node and (ev.exit_code not in (None, 0) or ev.hang_detected):
+        # the rank's own process saw the XID (gpu_events.py): the node, not the job, failed
+        return Diagnosis(Cause.GPU_FATAL, node=ev.gpu_fault_node, detail=ev.gpu_fault_detail, fatal_for_node=True,
+                         also_nodes=ev.gpu_fault_also)
     drained = sorted(node for node, state in ev.node_states.items() if state == DRAINED)
     if drained and ev.exit_code not in (None, 0):
         # replaced like a lost node, not drained again by us (the drain and its reason are theirs)

@@ -21,6 +21,7 @@ from typing import IO, Any, Callable, Collection, Deque, Dict, List, Mapping, Op
 from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError, UsageError
 from slurmtools.fsutil import read_small_regular, write_json_atomic
+from slurmtools.gpu_events import GPU_EVENTS_DIR
 from slurmtools.runtime import (COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, HEARTBEAT_DIR, REPORTS_PROGRESS_FILE,
                                 JOB_NODES_FILE, REQUEST_FILE, SDC_FILE, STOPPED_FILE, TERM_FILE)
 
@@ -194,6 +195,7 @@ def prepare_control_dir(control_dir: Path) -> None:
     for name in (REQUEST_FILE, STOPPED_FILE, COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, SDC_FILE,
                  REPORTS_PROGRESS_FILE, TERM_FILE):
         _remove(control_dir / name)
+    _remove(control_dir / GPU_EVENTS_DIR)
     heartbeats = control_dir / HEARTBEAT_DIR
     if heartbeats.is_symlink() or (heartbeats.exists() and not heartbeats.is_dir()):
         _remove(heartbeats)

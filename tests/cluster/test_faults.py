@@ -2,10 +2,11 @@
 
 a time-limit warning, b a person's requeue, c node kill mid-step, d node kill during a
 checkpoint write, e corrupted newest checkpoint, f a hung rank, g a user bug, h a repeating failure,
-k the checkpoint file system full during a save.
+k the checkpoint file system full during a save, l a GPU fault (an XID through NVML's event API).
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from slurmtools import drain, slurm
 from slurmtools.checkpoint import CheckpointManager
 from slurmtools.minicluster import cluster as mc
 from slurmtools.requeue import ledger
+from slurmtools.runtime import control_dir_for
 from tests.cluster import training
 from tests.conftest import wait_for
 
@@ -326,3 +328,41 @@ def test_k_the_checkpoint_file_system_full_during_a_save_training_goes_on(workdi
     finally:
         filler.unlink(missing_ok=True)
         shutil.rmtree(ckpt, ignore_errors=True)
+
+
+def test_l_a_gpu_fault_names_its_node_which_is_drained_and_replaced_by_the_spare(workdir, reference_run):
+    """XID 79 (fallen off the bus) on the second node's GPU 0 -- NVML's event, through its fixture
+    seam named in the spec -- and then that node's rank dies (SIGKILL, as the fault ends a CUDA
+    process): the step failed because of the node, not the job. Its local rank 0 saw the event and
+    wrote it into the control dir at once; the supervisor blames the node with the XID (drained by
+    the root path), the spare takes its place without a requeue, and the run ends with the
+    uninterrupted hash. Without the event this is a crash, counted, restarted on the same node."""
+    fixture = workdir / "gpu-events.jsonl"
+    fixture.write_text("")
+    spec = training.training_spec(workdir, "gpufault", extra=["--step-sleep-s", "0.5"],
+                                  requeue={"spare_nodes": 1}, distributed={"gpu_events": f"fixture:{fixture}"})
+    job = training.submit(spec)
+    training.wait_step(spec, job, 5)
+    started = training.supervisor_events(training.events(spec, job), "start")
+    victim = _expand(started[0]["nodes"])[1]
+    with open(fixture, "a") as out:
+        out.write(json.dumps({"host": victim, "gpu": 0, "xid": 79}) + "\n")
+    record = control_dir_for(spec.checkpoint_dir, spec.output_dir, str(job)) / "gpu-events" / f"node-{victim}.json"
+    wait_for(record.exists, 30, f"{victim}'s XID in the control dir")
+    assert training.kill_ranks_on(job, victim)
+    try:
+        info = training.wait_finished(job, 300)
+        reason = training.blamed_reason(victim, job)
+    finally:
+        training.lift_blame_drains()
+    evts = training.events(spec, job)
+    assert info.state == "COMPLETED", training.describe(spec, job)
+    decisions = training.supervisor_events(evts, "decision")
+    assert [(d["cause"], d["action"], d["node"]) for d in decisions] == [
+        ("gpu_fatal", "restart", victim), ("completed", "complete", None)]
+    starts = training.supervisor_events(evts, "start")
+    assert len(starts) == 2 and victim not in _expand(starts[1]["nodes"]), starts
+    assert reason.startswith(f"slurmtools: CRITICAL job.gpu_fatal xid=79 on GPU 0 of {victim} (reboot-class"), reason
+    assert slurm.job_state(job).restarts == 0
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+    assert training.leftover_trainers(job) == []

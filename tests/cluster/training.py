@@ -170,6 +170,27 @@ def leftover_trainers(job: int, program: Path = TRAIN) -> List[int]:
     return pids
 
 
+def kill_ranks_on(job: int, node: str, program: Path = TRAIN) -> List[int]:
+    """SIGKILL the training ranks (launched processes with a LOCAL_RANK, not torchrun's agent) of
+    this job on node, as a GPU fault ends its process; their pids."""
+    import os
+    import signal
+
+    import psutil
+    conf = os.environ.get("SLURM_CONF")
+    killed = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            env = p.environ() if str(program) in (p.info["cmdline"] or []) else {}
+            if (env.get("SLURM_JOB_ID"), env.get("SLURMD_NODENAME"), env.get("SLURM_CONF")) == (str(job), node, conf) \
+                    and "LOCAL_RANK" in env:
+                p.send_signal(signal.SIGKILL)
+                killed.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return killed
+
+
 def supervisor_events(evts: List[Dict[str, Any]], kind: str) -> List[Dict[str, Any]]:
     return [e for e in evts if e.get("slurmtools") == kind]
 
