@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from slurmtools import cgroup_memory
 from slurmtools.agreement import agree
 from slurmtools.checkpoint import CheckpointManager
 from slurmtools.node_beat import NODE_LOCAL_DIR_ENV, local_rank, memory_root
@@ -100,7 +101,11 @@ class Session:
         if local_rank(environ) == 0:
             store.sweep_stale(time.time())
         hosts = dict(enumerate(names))
-        snapshotter = Snapshotter(store, rank, hosts, every_steps, side_group(), limit_bytes=int(memory_gb * 1e9),
+        share = cgroup_memory.rank_share_bytes(cgroup_memory.job_headroom_bytes(), names.count(host))
+        limit_bytes, bound = cgroup_memory.snapshot_limit_bytes(memory_gb, share)
+        if bound and local_rank(environ) == 0:
+            print(f"slurmtools: {host}: {bound}", file=sys.stderr, flush=True)
+        snapshotter = Snapshotter(store, rank, hosts, every_steps, side_group(), limit_bytes=limit_bytes,
                                   max_overhead_pct=max_overhead_pct, attempt_id=attempt_id)
         return cls(snapshotter, hosts, control_dir, attempt_id)
 

@@ -152,8 +152,9 @@ class DistributedSpec:
                                     DEFAULT_EVERY_STEPS, min=0, max=1000000000)
     snapshot_memory_gb: float = doc("Each rank's share of node memory for its snapshots and the replicas it keeps, "
                                     "at a snapshot's peak (about 5x its shard and 4x each replica: "
-                                    "snapshot.peak_bytes); one that does not fit is not kept, and the job's output "
-                                    "says so (SLURMTOOLS_SNAPSHOT_MEMORY_GB).", DEFAULT_MEMORY_GB, min=0.001,
+                                    "snapshot.peak_bytes), within the node's share of the job's memory cgroup "
+                                    "headroom (slurmtools.cgroup_memory); one that does not fit is not kept, and the job's output says so "
+                                    "(SLURMTOOLS_SNAPSHOT_MEMORY_GB).", DEFAULT_MEMORY_GB, min=0.001,
                                     max=100000.0)
     snapshot_max_overhead_pct: float = doc("The share of training time, in percent, a snapshot's stall of training "
                                            "may take: at each snapshot the ranks measure it against their step "
