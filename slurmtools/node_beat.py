@@ -178,7 +178,7 @@ class NodeBeats:
             return None
         if local == 0:
             clear(directory)
-            sweep_stale(directory, time.time())
+            sweep_stale(directory, time.time(), node_sweep.stale_after_s(environ, STALE_AFTER_S))
         return cls(control_dir, directory, rank, host, local == 0, markers)
 
     def write(self, record: Dict[str, Any], heartbeat_dir: Path, now: float) -> None:

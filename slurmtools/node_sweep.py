@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Callable, Dict, FrozenSet, List, Optional, Pattern, Tuple
+from typing import Callable, Dict, FrozenSet, List, Mapping, Optional, Pattern, Tuple
 
 from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError
@@ -28,6 +28,18 @@ ATTEMPT_DIR = re.compile(rf"^(?P<job>[0-9]{{1,12}}|{LOCAL_JOB_ID})(?:\.[0-9]{{1,
 JOB_KEY_DIR = re.compile(rf"^(?P<job>[0-9]{{1,12}}|{LOCAL_JOB_ID})-{_HEX16}$")
 
 LiveJobs = Callable[[], Optional[FrozenSet[int]]]     # this user's jobs Slurm lists; None: cannot say
+# how long a directory of node memory stays untouched before a sweep asks Slurm about its job (the
+# sweeps' own defaults otherwise): a site or a rehearsal sets it shorter, the rule stays the same
+SWEEP_AFTER_ENV = "SLURMTOOLS_NODE_SWEEP_AFTER_S"
+
+
+def stale_after_s(environ: Mapping[str, str], default_s: float) -> float:
+    """SWEEP_AFTER_ENV when it is a number of seconds above 0, else default_s."""
+    try:
+        value = float(environ.get(SWEEP_AFTER_ENV, ""))
+    except ValueError:
+        return default_s
+    return value if 0 < value < float("inf") else default_s
 
 
 def job_of(name: str, shape: Pattern[str]) -> "Optional[str]":

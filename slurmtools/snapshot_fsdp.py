@@ -28,7 +28,8 @@ from slurmtools.node_beat import NODE_LOCAL_DIR_ENV, local_rank, memory_root
 from slurmtools.runtime import LOCAL_JOB_ID, SNAPSHOT_EVERY_ENV, SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV
 from slurmtools.snapshot import (job_key, refused_after, rolled_back, settings_from_env,
                                  timeline)
-from slurmtools.snapshot_io import SnapshotStore
+from slurmtools.node_sweep import stale_after_s
+from slurmtools.snapshot_io import STALE_AFTER_S, SnapshotStore
 from slurmtools.snapshot_torch import Snapshotter, restore, side_group
 from slurmtools.snapshot_wire import broadcast_json, gather_json
 from slurmtools.trainer_state import TrainerState
@@ -99,7 +100,7 @@ class Session:
                       f"on every node", file=sys.stderr, flush=True)
             return None
         if local_rank(environ) == 0:
-            store.sweep_stale(time.time())
+            store.sweep_stale(time.time(), stale_after_s(environ, STALE_AFTER_S))
         hosts = dict(enumerate(names))
         share = cgroup_memory.rank_share_bytes(cgroup_memory.job_headroom_bytes(), names.count(host))
         limit_bytes, bound = cgroup_memory.snapshot_limit_bytes(memory_gb, share)

@@ -23,6 +23,7 @@ class Faults:
     slow_checkpoint_at: int = -1
     slower_s: float = 0.0                   # this host's extra seconds per step (a straggler)
     sdc: Optional["tuple[int, int]"] = None       # (rank, from step): that rank computes wrong results
+    slow_requested_checkpoint: bool = False       # a requested save pauses before its commit
 
     @classmethod
     def of(cls, cfg: Any, rank: int, environ: Mapping[str, str], host: Optional[str] = None) -> "Faults":
@@ -40,7 +41,8 @@ class Faults:
         if node_fault_from is not None and int(environ.get("LOCAL_RANK", "0")) == 0:
             sdc = (rank, node_fault_from)       # the node's first rank, from that step on
         return cls(fail_at, _pair(cfg.hang_at_step) if on else None, _pair(cfg.skip_collective_at) if on else None,
-                   cfg.slow_checkpoint_at if on else -1, float(slow_s or 0) if slow_host == host else 0.0, sdc)
+                   cfg.slow_checkpoint_at if on else -1, float(slow_s or 0) if slow_host == host else 0.0, sdc,
+                   bool(cfg.slow_requested_checkpoint and on))
 
     def before_step(self, rank: int, step: int) -> None:
         if step == self.fail_at:

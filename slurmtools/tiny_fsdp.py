@@ -62,6 +62,7 @@ class TrainConfig:
     hang_at_step: str = ""
     slow_checkpoint_at: int = -1
     slow_checkpoint_s: float = 30.0
+    slow_requested_checkpoint: bool = False     # a requested save (SIGTERM, a warning) takes slow_checkpoint_s more
     faults_on_attempt: int = 0
     slow_node: str = ""             # "HOST:SECONDS": ranks on HOST are that much slower per step (a straggler)
     skip_collective_at: str = ""    # "RANK:STEP": that rank never enters the step's loss all-reduce
@@ -341,7 +342,8 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
                     if saver is not None:
                         saver.wait()
                         checkpoint_torch.report_failed_saves(saver, cfg.on_save_error, rank, log, control.attempt_id)
-                    pause = (lambda: time.sleep(cfg.slow_checkpoint_s)) if step == faults.slow_checkpoint_at else None
+                    slow = step == faults.slow_checkpoint_at or (requested and faults.slow_requested_checkpoint)
+                    pause = (lambda: time.sleep(cfg.slow_checkpoint_s)) if slow else None
                     try:
                         checkpoint_torch.save(manager, step, model, optim, meta=meta, before_commit=pause,
                                               trainer_state=trainer_state)

@@ -5,7 +5,7 @@ The model and loop live in slurmtools.tiny_fsdp; this is its command line. One J
 step on rank 0 (step, loss as float.hex, world size, attempt id); DCP checkpoints every N steps
 through slurmtools' CheckpointManager (async by default: --no-async-checkpoint for blocking saves),
 resume from the latest complete one on start.
-Fault hooks for tests: --fail-at-step (and --fail-again-at-step on the attempt after), --hang-at-step RANK:STEP, --slow-checkpoint-at, --step-sleep-s, --local-work-s,
+Fault hooks for tests: --fail-at-step (and --fail-again-at-step on the attempt after), --hang-at-step RANK:STEP, --slow-checkpoint-at, --slow-requested-checkpoint, --step-sleep-s, --local-work-s,
 --slow-node HOST:SECONDS (a straggler), --skip-collective-at RANK:STEP, --sdc-fault RANK:STEP (test only:
 that rank's silent-data-corruption canary computes a wrong result from STEP on).
 """

@@ -94,6 +94,18 @@ def test_a_job_past_its_memory_is_oom_killed_and_the_supervisor_says_oom(cluster
     assert steps
 
 
+def test_a_job_step_reads_its_memory_headroom_from_the_cgroup_slurm_made(cluster, user_tmp: Path):
+    """The snapshot budget's cgroup bound (slurmtools.cgroup_memory) as a rank reads it: a step of a
+    job given 0.5 GB finds a limit (Slurm's ConstrainRAMSpace), and at most that much free."""
+    training.settle()
+    out = user_tmp / "headroom.out"
+    job = training.submit_script(f"#!/bin/bash\n#SBATCH -N1 --mem=500M -o {out}\nsrun {sys.executable} -c "
+                                 f"'from slurmtools import cgroup_memory as cm; print(cm.job_headroom_bytes())'\n")
+    assert training.wait_finished(job, 60).state == "COMPLETED", out.read_text() if out.exists() else ""
+    headroom = out.read_text().strip().splitlines()[-1]
+    assert headroom.isdigit() and 0 < int(headroom) <= 500 * 2 ** 20, headroom
+
+
 @pytest.mark.every_release
 def test_a_job_opens_only_its_own_gpu_devices(cluster, user_tmp: Path):
     training.settle()

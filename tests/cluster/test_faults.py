@@ -2,7 +2,9 @@
 
 a time-limit warning, b a person's requeue, c node kill mid-step, d node kill during a
 checkpoint write, e corrupted newest checkpoint, f a hung rank, g a user bug, h a repeating failure,
-k the checkpoint file system full during a save, l a GPU fault (an XID through NVML's event API).
+k the checkpoint file system full during a save, l a GPU fault (an XID through NVML's event API),
+m a hang past the node-memory sweep age, restored from the in-memory snapshot, n a requeue whose
+save outlasts Slurm's KillWait.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import drain, slurm
+from slurmtools import drain, node_sweep, slurm
 from slurmtools.checkpoint import CheckpointManager
 from slurmtools.minicluster import cluster as mc
 from slurmtools.requeue import ledger
@@ -62,24 +64,30 @@ def test_a_time_limit_warning_checkpoints_requeues_and_completes(workdir, refere
     assert training.leftover_trainers(job) == []
 
 
+def _requeued_after_step_6(spec, timeout_s: float):
+    """Submit, requeue the job as a person would once it reached step 6, wait for its completion:
+    (job, its events, (cause, counted) of each attempt's end in its ledger)."""
+    job = training.submit(spec)
+    training.wait_step(spec, job, 6)
+    training.requeue(job)
+    info = training.wait_finished(job, timeout_s)
+    evts = training.events(spec, job)
+    assert info.state == "COMPLETED", training.describe(spec, job)
+    ends = ledger.read(control_dir_for(spec.checkpoint_dir, spec.output_dir, str(job)))
+    return job, evts, [(e.cause, e.counted) for e in ends if isinstance(e, ledger.AttemptEnd)]
+
+
 # not on every release: a requeue through Slurm is there in test_c (the supervisor's own) and in the
 # notebook's requeue test (a person's, through submitit)
 def test_b_requeue_by_a_person_checkpoints_and_resumes(workdir, reference_run):
     # the data loader's worker processes on (the suite's other jobs load in the main process): a
     # resumed loader with workers ends on the same state as the uninterrupted run without them
     spec = training.training_spec(workdir, "preempt", extra=["--step-sleep-s", "0.5"], loader_workers=2)
-    job = training.submit(spec)
-    training.wait_step(spec, job, 6)
-    training.requeue(job)
-    info = training.wait_finished(job, 240)
-    evts = training.events(spec, job)
-    assert info.state == "COMPLETED", training.describe(spec, job)
+    job, evts, ends = _requeued_after_step_6(spec, 240)
     # the ledger, the durable record: the supervisor records the preemption once the ranks stopped,
     # and should Slurm's SIGKILL (KillWait after the requeue's SIGTERM) still come first, the next
     # attempt records it from the ranks' stopped marker (R46)
-    ends = ledger.read(Path(spec.checkpoint_dir) / ".slurmtools" / str(job))
-    assert [(e.cause, e.counted) for e in ends if isinstance(e, ledger.AttemptEnd)] == [
-        ("preempted", False), ("completed", False)]
+    assert ends == [("preempted", False), ("completed", False)]
     assert_zero_steps_lost(evts)
     assert attempts(evts) == [f"{job}.0", f"{job}.1"]
     assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
@@ -364,5 +372,53 @@ def test_l_a_gpu_fault_names_its_node_which_is_drained_and_replaced_by_the_spare
     assert len(starts) == 2 and victim not in _expand(starts[1]["nodes"]), starts
     assert reason.startswith(f"slurmtools: CRITICAL job.gpu_fatal xid=79 on GPU 0 of {victim} (reboot-class"), reason
     assert slurm.job_state(job).restarts == 0
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+    assert training.leftover_trainers(job) == []
+
+
+def test_m_a_hang_past_the_node_memory_sweep_age_restores_from_the_snapshot(workdir, reference_run, monkeypatch):
+    """Snapshots every step and no checkpoint before the end; rank 1 hangs before step 6 and is found
+    after HANG_TIMEOUT_S, far past the node-memory sweep age set for this job (1 s: the rule, not
+    the default 600 s, is what is tested; SLURMTOOLS_NODE_SWEEP_AFTER_S). The restart on the spare
+    sweeps node memory as every launch does; the snapshots are a live job's and stay (a sweep by
+    age alone took `snapshots/` with them and the run began again at step 0), and the run resumes
+    from the newest one, rank 1's state pulled from its replica, ending with the uninterrupted hash."""
+    monkeypatch.setenv(node_sweep.SWEEP_AFTER_ENV, "1")
+    spec = training.training_spec(workdir, "hangsnap",
+                                  extra=["--hang-at-step", "1:6", "--step-sleep-s", "0.2", "--checkpoint-every", "100"],
+                                  requeue={"hang_timeout_s": HANG_TIMEOUT_S, "spare_nodes": 1},
+                                  distributed=training.SNAPSHOTS_EVERY_STEP)
+    job = training.submit(spec)
+    try:
+        info = training.wait_finished(job, 300)
+    finally:
+        training.lift_blame_drains()
+    evts = training.events(spec, job)
+    assert info.state == "COMPLETED", training.describe(spec, job)
+    decisions = training.supervisor_events(evts, "decision")
+    assert [(d["cause"], d["action"]) for d in decisions] == [("hang", "restart"), ("completed", "complete")]
+    assert training.supervisor_events(evts, "hang")[0]["idle_s"] >= HANG_TIMEOUT_S > 1
+    resumed = training.trainer_events(evts, "resumed")
+    assert len(resumed) == 1 and resumed[0]["step"] >= 4, resumed
+    assert resumed[0]["path"] == f"in-memory snapshot of step {resumed[0]['step']}, ranks 1 pulled from their replicas"
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+    assert training.leftover_trainers(job) == []
+
+
+def test_n_a_requeue_whose_save_outlasts_killwait_is_a_preemption_not_a_crash(workdir, reference_run):
+    """A person's requeue after step 6 while the requested save takes 30 s longer than it should,
+    past Slurm's KillWait (10 s here, 30 s by default; a save of hundreds of GB at scale): Slurm
+    SIGKILLs the batch script and the ranks mid-save. The SIGTERM was recorded in the control dir
+    the moment it came, before any save, so the next run records that attempt as preempted, not
+    counted, and resumes from the newest complete checkpoint (the partial one is no checkpoint) to
+    the uninterrupted run's hash. Without the record it was a counted crash, and two of them with
+    no newer checkpoint stopped the job."""
+    spec = training.training_spec(workdir, "slowterm", extra=["--step-sleep-s", "0.5", "--slow-requested-checkpoint"])
+    job, evts, ends = _requeued_after_step_6(spec, 300)
+    assert ends == [("preempted", False), ("completed", False)]
+    assert training.trainer_events(evts, "stopped_for_requeue") == []        # killed inside its save
+    resumed = training.trainer_events(evts, "resumed")
+    assert len(resumed) == 1 and resumed[0]["step"] in (4, 8), resumed
+    assert slurm.job_state(job).restarts == 1
     assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
     assert training.leftover_trainers(job) == []

@@ -110,3 +110,11 @@ def test_the_snapshot_sweep_keeps_a_requeued_jobs_snapshots_waiting_in_the_queue
 def test_this_users_live_jobs_is_none_without_slurm(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert node_sweep.this_users_live_jobs() is None
+
+
+def test_the_sweep_age_is_the_sites_when_it_is_a_number_of_seconds_else_the_default():
+    from slurmtools.node_sweep import SWEEP_AFTER_ENV, stale_after_s
+    assert stale_after_s({}, 600.0) == 600.0
+    assert stale_after_s({SWEEP_AFTER_ENV: "2.5"}, 600.0) == 2.5
+    for bad in ("", "x", "0", "-1", "inf", "nan"):
+        assert stale_after_s({SWEEP_AFTER_ENV: bad}, 600.0) == 600.0, bad

@@ -10,12 +10,13 @@ from slurmtools.tiny_faults import Faults
 from slurmtools.tiny_fsdp import TrainConfig
 
 CFG = TrainConfig(fail_at_step=6, fail_again_at_step=9, faults_on_attempt=0, hang_at_step="1:5",
-                  skip_collective_at="3:7", slow_checkpoint_at=8, slow_node="node2:0.5", sdc_fault="2:4")
+                  skip_collective_at="3:7", slow_checkpoint_at=8, slow_node="node2:0.5", sdc_fault="2:4",
+                  slow_requested_checkpoint=True)
 
 
 def test_the_faults_fire_on_their_attempt_and_a_second_crash_on_the_next():
     first = Faults.of(CFG, 1, {ATTEMPT_NUMBER_ENV: "0"}, host="node2")
-    assert first == Faults(6, (1, 5), (3, 7), 8, 0.5, (2, 4))
+    assert first == Faults(6, (1, 5), (3, 7), 8, 0.5, (2, 4), slow_requested_checkpoint=True)
     assert Faults.of(CFG, 1, {ATTEMPT_NUMBER_ENV: "0"}, host="node1").slower_s == 0.0
     assert Faults.of(CFG, 1, {ATTEMPT_NUMBER_ENV: "1"}, host="node2") == Faults(fail_at=9)
     assert Faults.of(CFG, 1, {ATTEMPT_NUMBER_ENV: "2"}, host="node2") == Faults()
