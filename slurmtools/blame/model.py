@@ -176,7 +176,11 @@ def decide(found: Verified, cluster: str, earlier: Sequence[Accepted], rules: Bl
     if action == "drain":
         return Decision("drain", f"{blame.kind} drains at once", detail)
     window_s = rules.confirm_window_h * 3600
-    alike = [a for a in earlier if a.node == blame.node and a.kind == blame.kind and now_s - a.time_s <= window_s]
+    # evidence that drained the node once has served: the node is blamed again only from here on
+    # (a person who resumed it, found nothing, is not overruled by the same old reports)
+    since_s = max((a.time_s for a in earlier if a.node == blame.node and a.drained), default=now_s - window_s)
+    alike = [a for a in earlier if a.node == blame.node and a.kind == blame.kind
+             and now_s - a.time_s <= window_s and a.time_s > since_s]
     jobs = {a.job for a in alike} | {blame.job}
     # one user's jobs confirm nothing: each must be another user's (a record of before has no uid)
     users = {a.uid if a.uid is not None else f"job {a.job}" for a in alike} | {found.uid}

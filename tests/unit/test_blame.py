@@ -121,6 +121,25 @@ def test_budgets_per_user_and_for_the_cluster_and_confirmation_by_other_users():
     assert decide(_verified(_blame(time_s=NOW + 60)), "mini", [], rules, NOW).action == "drain"
 
 
+def test_a_node_a_person_resumed_is_not_drained_again_by_the_reports_that_drained_it():
+    """Issue 51, finding 3: two users' hang reports drained node2; a person looked, found nothing and
+    resumed it. A third report must not drain it at once on the strength of the two old ones: it
+    needs confirmation from here on, as a node never blamed would."""
+    rules = BlameRules()
+    hang = _verified(_blame(check="job.hang", job="45"))
+    drained = [Accepted("43", "node2", "hang", NOW - 7200, 1001),
+               Accepted("44", "node2", "hang", NOW - 7100, 1002, True)]
+    again = decide(hang, "mini", drained, rules, NOW)
+    assert (again.action, again.why) == ("record", "hang needs 2 jobs of as many users within 24 h to drain; "
+                                                   "1 so far")
+    confirmed = drained + [Accepted("46", "node2", "hang", NOW - 60, 1003)]
+    assert decide(hang, "mini", confirmed, rules, NOW).action == "drain"
+    # a drain of another node, or an undrained record, changes nothing
+    elsewhere = [Accepted("43", "node2", "hang", NOW - 7200, 1001), Accepted("44", "node3", "hang", NOW - 7100,
+                                                                            1002, True)]
+    assert decide(hang, "mini", elsewhere, rules, NOW).action == "drain"
+
+
 def replace_time(accepted: Accepted, time_s: float) -> Accepted:
     from dataclasses import replace
     return replace(accepted, time_s=time_s)
