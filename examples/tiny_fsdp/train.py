@@ -61,7 +61,11 @@ def parse_args(argv=None) -> TrainConfig:
             continue
         kind = _pair(FAULT_FORMS[f.name]) if f.name in FAULT_FORMS else str if f.name == "checkpoint_dir" else type(default)
         ap.add_argument(flag, type=kind, default=default, choices=CHOICES.get(f.name))
-    return TrainConfig(**vars(ap.parse_args(argv)))
+    args = vars(ap.parse_args(argv))
+    for name, value in args.items():          # a sleep or a duration below 0 is no duration
+        if name.endswith("_s") and isinstance(value, float) and not value >= 0:
+            ap.error(f"argument --{name.replace('_', '-')}: must be at least 0, got {value:g}")
+    return TrainConfig(**args)
 
 
 def main(argv=None) -> int:

@@ -140,3 +140,11 @@ def test_a_marker_naming_two_nodes_blames_both(tmp_path):
     assert (diag.cause, diag.node, diag.also_nodes, diag.fatal_for_node) == (Cause.SDC, "n1", ("n3",), True)
     verdict = decide(diag, [], RequeueSpec(), 4, Capacity(True, frozenset({"n1", "n3"}), 1))
     assert (verdict.action, verdict.excluded, verdict.drained) == (Action.REQUEUE, ("n1", "n3"), ("n1", "n3"))
+
+
+@pytest.mark.parametrize("flag", ["--local-work-s", "--step-sleep-s", "--slow-checkpoint-s"])
+def test_a_negative_duration_of_the_example_trainer_is_a_one_line_usage_error(flag):
+    train = Path(__file__).resolve().parents[2] / "examples" / "tiny_fsdp" / "train.py"
+    out = subprocess.run([sys.executable, str(train), flag, "-0.5"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == f"train.py: error: argument {flag}: must be at least 0, got -0.5"
