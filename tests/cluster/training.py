@@ -152,42 +152,41 @@ def events(spec: JobSpec, job: int) -> List[Dict[str, Any]]:
     return json_lines(output(spec, job))
 
 
-def leftover_trainers(job: int, program: Path = TRAIN) -> List[int]:
-    """Pids of training processes of this job still alive (orphans), on any node of this suite's
-    cluster (scripts/test.sh runs other clusters beside it, whose job ids are the same numbers)."""
+def _trainers(job: int, program: Path):
+    """(process, its environment) of each process running program for this job on any node of this
+    suite's cluster (scripts/test.sh runs other clusters beside it, whose job ids are the same numbers)."""
     import os
 
     import psutil
     conf = os.environ.get("SLURM_CONF")
-    pids = []
     for p in psutil.process_iter(["cmdline"]):
         try:
             env = p.environ() if str(program) in (p.info["cmdline"] or []) else {}
             if env.get("SLURM_JOB_ID") == str(job) and env.get("SLURM_CONF") == conf:
-                pids.append(p.pid)
+                yield p, env
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    return pids
+
+
+def leftover_trainers(job: int, program: Path = TRAIN) -> List[int]:
+    """Pids of training processes of this job still alive (orphans)."""
+    return [p.pid for p, _ in _trainers(job, program)]
 
 
 def kill_ranks_on(job: int, node: str, program: Path = TRAIN) -> List[int]:
     """SIGKILL the training ranks (launched processes with a LOCAL_RANK, not torchrun's agent) of
     this job on node, as a GPU fault ends its process; their pids."""
-    import os
     import signal
 
     import psutil
-    conf = os.environ.get("SLURM_CONF")
     killed = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            env = p.environ() if str(program) in (p.info["cmdline"] or []) else {}
-            if (env.get("SLURM_JOB_ID"), env.get("SLURMD_NODENAME"), env.get("SLURM_CONF")) == (str(job), node, conf) \
-                    and "LOCAL_RANK" in env:
+    for p, env in _trainers(job, program):
+        if env.get("SLURMD_NODENAME") == node and "LOCAL_RANK" in env:
+            try:
                 p.send_signal(signal.SIGKILL)
                 killed.append(p.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
+            except psutil.NoSuchProcess:
+                continue
     return killed
 
 
