@@ -164,6 +164,25 @@ class Session:
                       f"{step_s or 0:.3f} s, at most {self.snapshotter.max_overhead_pct:g}% of training time)",
                       file=sys.stderr, flush=True)
         self._last_step_t = time.monotonic()
+        self._say_failures()
+
+    def before_requested_save(self, step: int, model: Any, optim: Any, trainer_state: Optional[TrainerState],
+                              extra: Mapping[str, Any]) -> bool:
+        """A requested stop (Slurm's SIGTERM, a warning, a swap) keeps this step in node memory
+        first, sealed and replicated, before the persistent save begins: a save of hundreds of GB
+        that KillWait cuts short then loses nothing on the same nodes (the next run restores this
+        snapshot, newer than the checkpoint; a save that finishes is as new and wins). Collective:
+        every rank calls it after after_step. Whether this step's snapshot is kept."""
+        if self.snapshotter.taken_step != step:
+            self.snapshotter.take(step, capture(model, optim, trainer_state, dict(extra, step=step)))
+        failed_before = len(self.snapshotter.failures)
+        self.snapshotter.wait()
+        kept = self.snapshotter.taken_step == step and not any(
+            failed == step for failed, _ in self.snapshotter.failures[failed_before:])
+        self._say_failures()
+        return not agree(not kept)
+
+    def _say_failures(self) -> None:
         for failed, why in self.snapshotter.failures:
             if dist.get_rank() == 0:
                 print(f"slurmtools: snapshot of step {failed} not kept: {why}", file=sys.stderr, flush=True)

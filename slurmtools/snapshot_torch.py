@@ -151,6 +151,7 @@ class Snapshotter:
         # must not wait at exit for an exchange that never ends (executors are joined at exit)
         self._pending: Optional[Tuple[int, threading.Thread, List[str]]] = None
         self._host: Any = None      # the last snapshot's host copy, written over by the next
+        self.taken_step: Optional[int] = None   # the newest snapshot taken (sealing, or sealed: wait())
 
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and step > 0 and step % self.every_steps == 0
@@ -178,6 +179,7 @@ class Snapshotter:
         thread = threading.Thread(target=self._run, args=(step, host_state, errors), name="snapshot", daemon=True)
         thread.start()
         self._pending = (step, thread, errors)
+        self.taken_step = step
 
     def _run(self, step: int, state: Any, errors: List[str]) -> None:
         try:

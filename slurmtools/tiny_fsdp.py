@@ -330,6 +330,10 @@ def _train(cfg: TrainConfig, control: TrainingControl, log: Callable[[Dict[str, 
                 raise RuntimeError(f"silent data corruption: {found.detail}")
         if snaps is not None:
             snaps.after_step(step, model, optim, trainer_state, meta)
+            if requested and manager is not None:     # the step in node memory before a save KillWait may cut
+                kept = snaps.before_requested_save(step, model, optim, trainer_state, meta)
+                if rank == 0:
+                    log({"event": "snapshot_before_save", "step": step, "kept": kept, "attempt_id": control.attempt_id})
         if sealing and manager is not None:
             t0 = time.monotonic()
             if saver is not None and not requested and step != cfg.steps:

@@ -405,20 +405,27 @@ def test_m_a_hang_past_the_node_memory_sweep_age_restores_from_the_snapshot(work
     assert training.leftover_trainers(job) == []
 
 
-def test_n_a_requeue_whose_save_outlasts_killwait_is_a_preemption_not_a_crash(workdir, reference_run):
+def test_n_a_requeue_whose_save_outlasts_killwait_is_a_preemption_resumed_from_the_stop_steps_snapshot(
+        workdir, reference_run):
     """A person's requeue after step 6 while the requested save takes 30 s longer than it should,
     past Slurm's KillWait (10 s here, 30 s by default; a save of hundreds of GB at scale): Slurm
     SIGKILLs the batch script and the ranks mid-save. The SIGTERM was recorded in the control dir
     the moment it came, before any save, so the next run records that attempt as preempted, not
-    counted, and resumes from the newest complete checkpoint (the partial one is no checkpoint) to
-    the uninterrupted run's hash. Without the record it was a counted crash, and two of them with
-    no newer checkpoint stopped the job."""
-    spec = training.training_spec(workdir, "slowterm", extra=["--step-sleep-s", "0.5", "--slow-requested-checkpoint"])
+    counted (without the record: a counted crash, and two of them with no newer checkpoint stopped
+    the job). Before the save the ranks kept the step they stopped at in node memory (snapshots on,
+    none due: every 100 steps), so the next run, on the same two nodes (pinned), resumes from that
+    snapshot, not from the older checkpoint, to the uninterrupted run's hash."""
+    spec = training.training_spec(workdir, "slowterm", extra=["--step-sleep-s", "0.5", "--slow-requested-checkpoint"],
+                                  nodelist="node[1-2]",
+                                  distributed=dict(training.SNAPSHOTS_EVERY_STEP, snapshot_every_steps=100))
     job, evts, ends = _requeued_after_step_6(spec, 300)
     assert ends == [("preempted", False), ("completed", False)]
     assert training.trainer_events(evts, "stopped_for_requeue") == []        # killed inside its save
+    kept = training.trainer_events(evts, "snapshot_before_save")
+    assert len(kept) == 1 and kept[0]["kept"] is True and kept[0]["step"] >= 6, kept
     resumed = training.trainer_events(evts, "resumed")
-    assert len(resumed) == 1 and resumed[0]["step"] in (4, 8), resumed
+    assert [(r["step"], r["path"]) for r in resumed] == [
+        (kept[0]["step"], f"in-memory snapshot of step {kept[0]['step']}")], resumed
     assert slurm.job_state(job).restarts == 1
     assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
     assert training.leftover_trainers(job) == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +92,44 @@ def test_after_silent_data_corruption_no_snapshot_is_restored(crashed):
     assert final and final[0]["state_sha256"] == reference_hash
     assert _restores(tmp_path)[-1] == ("5.0.1", None, "the attempt before ended in silent data corruption: "
                                                        "a snapshot since the last check may hold it")
+
+
+def test_a_stop_whose_save_is_cut_short_resumes_from_the_snapshot_of_the_stop_step(crashed_once, tmp_path):
+    """Slurm's SIGTERM after step 4 (a preemption), snapshots every 100 steps (none due), no
+    checkpoint but the final: the ranks keep the step they stop at in node memory, sealed and
+    replicated, before the persistent save; that save outlasts KillWait (paused, then SIGKILLed as
+    Slurm does). The restart resumes from that snapshot, not from step 0, to the uninterrupted
+    hash. Without the snapshot first, the state since the last checkpoint was lost."""
+    reference_hash, _ = crashed_once
+    (tmp_path / "memory").mkdir()
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2",
+               SLURMTOOLS_CONTROL_DIR=str(tmp_path / "job" / "control"), SLURMTOOLS_ATTEMPT_ID="5.0",
+               SLURMTOOLS_NODE_LOCAL_DIR=str(tmp_path / "memory"), SLURM_JOB_ID="5", **{SNAPSHOT_MAX_OVERHEAD_ENV: "0"})
+    argv = [sys.executable, str(EXAMPLE), "--steps", "10", "--checkpoint-every", "100", "--checkpoint-dir",
+            str(tmp_path / "job" / "ckpt"), "--loader-workers", "0", "--snapshot-every", "100",
+            "--step-sleep-s", "0.3", "--slow-requested-checkpoint", "--slow-checkpoint-s", "120"]
+    procs = [subprocess.Popen(argv, env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)), stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True) for rank in range(2)]
+    seen = []
+    try:
+        assert procs[0].stdout is not None
+        for line in procs[0].stdout:
+            if line.startswith("{"):
+                seen.append(json.loads(line))
+            if seen and seen[-1].get("step") == 4 and "event" not in seen[-1]:
+                for proc in procs:
+                    proc.send_signal(signal.SIGTERM)
+            if seen and seen[-1].get("event") == "snapshot_before_save":
+                break
+    finally:
+        for proc in procs:          # KillWait is over: Slurm's SIGKILL, mid-save
+            proc.kill()
+            proc.communicate(timeout=60)
+    stop = [event for event in seen if event.get("event") == "snapshot_before_save"]
+    assert len(stop) == 1 and stop[0]["kept"] is True and stop[0]["step"] >= 4, seen
+    assert not [event for event in seen if event.get("event") == "checkpoint"]      # cut short
+    again, outs = _train(tmp_path, "job", "--snapshot-every", "100", attempt="5.1")
+    resumed = [(event["step"], event["path"]) for event in again if event.get("event") == "resumed"]
+    assert resumed == [(stop[0]["step"], f"in-memory snapshot of step {stop[0]['step']}")], outs[0][1][-2000:]
+    final = [event for event in again if event.get("event") == "final"]
+    assert final and final[0]["state_sha256"] == reference_hash
