@@ -9,6 +9,7 @@ c a node killed during start-up, before any of its ranks beat
 d a second failure during the recovery from a first
 e the controller stopped while the job requeues itself (and started again 30 s later)
 f a node partitioned from the others (its link down), healed after the job ended
+g the checkpoint's storage failing over (EIO from the kernel) while the restart after a crash reads it
 """
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ from slurmtools import slurm
 from slurmtools.minicluster import cluster as mc
 from slurmtools.requeue import ledger
 from slurmtools.runtime import control_dir_for
-from tests.cluster import training
+from slurmtools.checkpoint import CheckpointManager
+from slurmtools.minicluster import daemons
+from tests.cluster import eio_fs, training
 from tests.cluster.test_faults import _expand
 from tests.conftest import TEST_CLUSTER_NODES, wait_for
 
@@ -224,3 +227,42 @@ def test_f_a_node_partitioned_from_the_others(cluster, workdir, reference3):
     assert f"the slurmd of {victim} does not answer: cut off from the other nodes" in reason, reason
     wait_for(lambda: training.leftover_trainers(job) == [], 90, f"the ranks left on {victim} to end once healed")
     training.settle(90)
+
+
+EIO_WINDOW_S = 2.5      # the failover: the verification's first reads and its first retry (after 1 s) fail
+
+
+def test_g_the_checkpoints_storage_failing_over_during_a_resume_is_waited_out(cluster, workdir, reference3,
+                                                                             tmp_path):
+    """A crash at step 10 restarts in place after a 15-s backoff; meanwhile the newest checkpoint
+    (step 8) is put behind a file system on every node of the job (FUSE, eio_fs.py) whose reads of
+    its shards fail with EIO for 2.5 s from the first one, as a parallel file system's client does
+    while a storage target fails over. The ranks read their shares again with backoff: step 8 is
+    neither quarantined nor passed over for step 4, and the run ends with the uninterrupted hash.
+    Before the mend an EIO was a corrupt checkpoint: quarantined, the next tried, and with none
+    left the trainer began at step 0."""
+    spec = _spec(workdir, "eio", extra=["--fail-at-step", "10"], backoff_s=15)
+    job = training.submit(spec)
+    wait_for(lambda: decisions(training.events(spec, job)) == [("crash", "restart")], 120,
+             f"job {job}'s crash decided (its restart waits the backoff)", interval_s=0.2)
+    step8 = CheckpointManager(spec.checkpoint_dir).final_dir(8)
+    assert [c.step for c in CheckpointManager(spec.checkpoint_dir).complete()][:1] == [8]
+    servers = []
+    try:
+        for node in _start_nodes(training.events(spec, job))[0]:
+            slurmd = daemons.read_pidfile(cluster.slurmd_pidfile(node))
+            assert slurmd is not None
+            servers.append(eio_fs.serve_in_namespace_of(slurmd, step8, EIO_WINDOW_S, tmp_path / f"eio-{node}.log"))
+        wait_for(lambda: training.trainer_events(training.events(spec, job), "resumed"), 120,
+                 f"job {job} resumed", interval_s=0.2)
+    finally:
+        for server in servers:       # before the save of step 16 prunes step 8 (a mount point)
+            server.terminate()
+            server.wait(timeout=30)
+    evts = _finished(spec, job, reference3, [("crash", "restart"), ("completed", "complete")])
+    failed_reads = sum(log.read_text().count("eio_fs: EIO") for log in tmp_path.glob("eio-*.log"))
+    assert failed_reads >= JOB_NODES, [log.read_text()[-300:] for log in tmp_path.glob("eio-*.log")]
+    resumed = training.trainer_events(evts, "resumed")
+    assert [(r["step"], r["path"]) for r in resumed] == [(8, str(step8))], resumed
+    assert training.trainer_events(evts, "checkpoint_refused") == []
+    assert not list(Path(spec.checkpoint_dir).glob("*.bad-*"))
