@@ -11,6 +11,7 @@ shape: the heartbeat sweep never sees `snapshots/`, the snapshot sweep only job 
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Dict, FrozenSet, List, Mapping, Optional, Pattern, Tuple
 
 from slurmtools import slurm
-from slurmtools.errors import SlurmCommandError
+from slurmtools.errors import SlurmCommandError, UsageError
 
 LOCAL_JOB_ID = "local"          # a run outside Slurm: its attempt ids and directories say so
 _HEX16 = "[0-9a-f]{16}"
@@ -34,12 +35,18 @@ SWEEP_AFTER_ENV = "SLURMTOOLS_NODE_SWEEP_AFTER_S"
 
 
 def stale_after_s(environ: Mapping[str, str], default_s: float) -> float:
-    """SWEEP_AFTER_ENV when it is a number of seconds above 0, else default_s."""
-    try:
-        value = float(environ.get(SWEEP_AFTER_ENV, ""))
-    except ValueError:
+    """SWEEP_AFTER_ENV's seconds, default_s when it is unset; anything but a finite number of
+    seconds above 0 is a UsageError naming the variable (a typo never silently keeps the default)."""
+    text = environ.get(SWEEP_AFTER_ENV, "").strip()
+    if not text:
         return default_s
-    return value if 0 < value < float("inf") else default_s
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:        # NaN fails too
+        raise UsageError(f"{SWEEP_AFTER_ENV}={text[:40]!r}: expected a number of seconds above 0")
+    return value
 
 
 def job_of(name: str, shape: Pattern[str]) -> "Optional[str]":

@@ -112,9 +112,13 @@ def test_this_users_live_jobs_is_none_without_slurm(monkeypatch):
     assert node_sweep.this_users_live_jobs() is None
 
 
-def test_the_sweep_age_is_the_sites_when_it_is_a_number_of_seconds_else_the_default():
+def test_the_sweep_age_is_the_sites_when_set_and_anything_else_is_one_line_naming_the_variable():
+    from slurmtools.errors import UsageError
     from slurmtools.node_sweep import SWEEP_AFTER_ENV, stale_after_s
     assert stale_after_s({}, 600.0) == 600.0
+    assert stale_after_s({SWEEP_AFTER_ENV: " "}, 600.0) == 600.0
     assert stale_after_s({SWEEP_AFTER_ENV: "2.5"}, 600.0) == 2.5
-    for bad in ("", "x", "0", "-1", "inf", "nan"):
-        assert stale_after_s({SWEEP_AFTER_ENV: bad}, 600.0) == 600.0, bad
+    for bad in ("x", "0", "-1", "inf", "nan", "10s"):
+        with pytest.raises(UsageError) as caught:
+            stale_after_s({SWEEP_AFTER_ENV: bad}, 600.0)
+        assert str(caught.value) == f"{SWEEP_AFTER_ENV}={bad!r}: expected a number of seconds above 0"
