@@ -40,6 +40,7 @@ from slurmtools.deadline import WarningClock
 from slurmtools.errors import SlurmCommandError, SpecError, UsageError
 from slurmtools.preflight import inprocess
 from slurmtools.requeue import goodput, ledger
+from slurmtools.rendezvous import SHELL_PORT_EXPR
 from slurmtools.runtime import (ATTEMPT_ID_ENV, CHECKPOINT_DIR_ENV, CHECKPOINT_GRACE_ENV, COLLECTIVE_TIMEOUT_ENV,
                                 LOCAL_JOB_ID, PREFLIGHT_ENV, WARNING_LEAD_ENV, TrainingControl, attempt_of,
                                 control_dir_for)
@@ -103,9 +104,10 @@ def executor_parameters(spec: JobSpec) -> Dict[str, Any]:
         "name": spec.name, "nodes": spec.nodes, "tasks_per_node": spec.procs_per_node,
         "timeout_min": spec.time_limit_min or DEFAULT_TIME_LIMIT_MIN,
         "slurm_signal_delay_s": spec.requeue.warning_lead_s,
-        # MASTER_PORT below the ephemeral port range (submitit's own pick can collide: EADDRINUSE)
+        # MASTER_PORT random and below the ephemeral port range (submitit's own pick can collide:
+        # EADDRINUSE; one derived from the job id is known to every user: slurmtools.rendezvous)
         "slurm_setup": [f"export {name}={sbatch.q(value)}" for name, value in sorted(exports)]
-        + [f"export MASTER_PORT={sbatch.master_port_expr()}"],
+        + [f"export MASTER_PORT={SHELL_PORT_EXPR}"],
         "slurm_additional_parameters": {"requeue": True},
         # one dead rank ends the step instead of leaving the others waiting in rendezvous
         "slurm_srun_args": ["--kill-on-bad-exit=1"],

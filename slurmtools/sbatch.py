@@ -16,6 +16,7 @@ from slurmtools.requeue import flags as requeue_flags
 from slurmtools.gpu_events import DEFAULT_SOURCE as DEFAULT_GPU_EVENTS
 from slurmtools.gpu_events import GPU_EVENTS_ENV
 from slurmtools.metric_names import METRICS_DIR_ENV
+from slurmtools.rendezvous import AGENT_WRAPPER, SHELL_PORT_EXPR
 from slurmtools.runtime import (CHECKPOINT_DIR_ENV, COLLECTIVE_TIMEOUT_ENV, SDC_CHECK_EVERY_ENV, SNAPSHOT_EVERY_ENV,
                                 SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV, control_root)
 from slurmtools.slurm_parse import EXPEDITE_SINCE
@@ -26,8 +27,6 @@ DIRECTIVE_FIELDS = ("name", "partition", "account", "qos", "constraint", "reserv
                     "nodelist", "output_dir")
 # Rendezvous ports 20000-31999: below Linux's ephemeral range (32768-60999), where a port can
 # already be taken by an outgoing connection (seen: EADDRINUSE with submitit's random 20000-60000).
-RDZV_PORT_BASE = 20000
-RDZV_PORT_SPAN = 12000
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 # collectives the flight recorder keeps per rank: without a buffer TORCH_NCCL_DUMP_ON_TIMEOUT
 # dumps nothing (torch >= 2.7 reads TORCH_FR_BUFFER_SIZE, older TORCH_NCCL_TRACE_BUFFER_SIZE)
@@ -119,11 +118,6 @@ def environment(spec: JobSpec) -> List[Tuple[str, str]]:
     return sorted(env.items())
 
 
-def master_port_expr() -> str:
-    """Shell arithmetic for the rendezvous port of this job (same on every attempt)."""
-    return f"$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % {RDZV_PORT_SPAN} ))"
-
-
 def train_nodes_expr(spec: JobSpec) -> str:
     """The training node count in the script: the allocation less the hot spares."""
     spare = spec.requeue.spare_nodes
@@ -144,11 +138,12 @@ def launch_argv(spec: JobSpec) -> List[str]:
     py = q(spec.python)
     cmd = [q(a) for a in spec.command]
     if spec.launcher == "torchrun":
+        # the endpoint and which agent hosts the store: the environment's (slurmtools.rendezvous)
         srun.append("--ntasks-per-node=1")
         return srun + [
-            py, "-m", "torch.distributed.run",
+            "bash", "-c", q(AGENT_WRAPPER), "slurmtools-agent", py, "-m", "torch.distributed.run",
             f'--nnodes={train_nodes_expr(spec)}', f"--nproc-per-node={spec.procs_per_node}",
-            "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv-id="$SLURM_JOB_ID"',
+            "--rdzv-backend=c10d", '--rdzv-id="$SLURM_JOB_ID"',
             f"--signals-to-handle={TORCHRUN_SIGNALS}", *cmd]
     srun.append(f"--ntasks-per-node={spec.procs_per_node}")
     # one task per process: ranks come from Slurm's own variables
@@ -192,11 +187,12 @@ def render(spec: JobSpec, *, slurmtools_cmd: Sequence[str] = ("slurmtools",), so
     lines += [f"export {k}={q(v)}" for k, v in environment(spec)]
     lines += [
         "",
-        "# rendezvous on the first node of the allocation; the port is derived from the job id",
+        "# rendezvous on the first node of the allocation, at a random port; the supervisor draws",
+        "# a new one for every step (slurmtools/rendezvous.py)",
         "# (no `| head -n1`: under pipefail it can kill the script with SIGPIPE on large allocations)",
         'JOB_HOSTS=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         "MASTER_ADDR=${JOB_HOSTS%%$'\\n'*}",
-        f"MASTER_PORT={master_port_expr()}",
+        f"MASTER_PORT={SHELL_PORT_EXPR}",
         "export MASTER_ADDR MASTER_PORT",
         "",
         "# the supervisor handles the warning signal, classifies failures, requeues, watches heartbeats",

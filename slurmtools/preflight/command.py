@@ -24,7 +24,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from slurmtools.requeue import actions
     from slurmtools.runtime import attempt_of
     from slurmtools.schema import check_hostlist
-    from slurmtools.sbatch import RDZV_PORT_BASE, RDZV_PORT_SPAN
+    from slurmtools.rendezvous import pick_port
 
     args.preflight = True
     settings = flags.preflight_from_args(args)
@@ -47,7 +47,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     nodes = list(NodeSet(nodelist))
     env = dict(os.environ)
     env.setdefault("MASTER_ADDR", nodes[0])
-    env.setdefault("MASTER_PORT", str(RDZV_PORT_BASE + job_number % RDZV_PORT_SPAN))
+    if "MASTER_PORT" not in env:
+        env["MASTER_PORT"] = str(pick_port())
     for name in ("SLURM_NTASKS", "SLURM_NPROCS"):        # the allocation's, not the step's
         env.pop(name, None)
     report_dir = Path(args.report_dir) if args.report_dir else Path.cwd()

@@ -22,7 +22,7 @@ from slurmtools.preflight.judge import Settings, named
 from slurmtools.requeue import actions, ledger, policy
 from slurmtools.requeue.actions import emit
 from slurmtools.runtime import PREFLIGHT_ENV
-from slurmtools.sbatch import RDZV_PORT_BASE, RDZV_PORT_SPAN
+from slurmtools.rendezvous import RDZV_PORT_BASE, RDZV_PORT_SPAN
 from slurmtools.spec import JobSpec, RequeueSpec
 
 

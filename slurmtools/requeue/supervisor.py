@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
-from slurmtools import metrics
+from slurmtools import metrics, rendezvous
 from slurmtools.checkpoint import Checkpoint, CheckpointManager
 from slurmtools.deadline import WarningClock
 from slurmtools.preflight import launch as preflight
@@ -228,6 +228,14 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
     number = sum(1 for event in events if isinstance(event, ledger.AttemptStart))
     child_env = dict(env, **{CONTROL_DIR_ENV: str(config.control_dir), ATTEMPT_ID_ENV: attempt.attempt_id,
                              ATTEMPT_NUMBER_ENV: str(number)})
+    if attempt.job_id is not None and env.get("MASTER_ADDR"):
+        try:                          # a new random port for every step, on this host (the first node)
+            port = rendezvous.pick_port()
+        except rendezvous.NoFreePort as exc:
+            emit("stop", attempt.attempt_id, reason=str(exc))
+            return 1
+        child_env.update(rendezvous.step_env(env["MASTER_ADDR"], port))
+        emit("rendezvous", attempt.attempt_id, port=port)
     expected = ledger.newest_checkpoint_step(events)
     if expected is not None:          # a resume that finds none verifiable fails, never starts at step 0
         child_env[EXPECTED_CHECKPOINT_ENV] = str(expected)

@@ -266,3 +266,6 @@ def test_g_the_checkpoints_storage_failing_over_during_a_resume_is_waited_out(cl
     assert [(r["step"], r["path"]) for r in resumed] == [(8, str(step8))], resumed
     assert training.trainer_events(evts, "checkpoint_refused") == []
     assert not list(Path(spec.checkpoint_dir).glob("*.bad-*"))
+    # each step met at a port of its own, drawn at random (slurmtools.rendezvous), not the job id's
+    ports = [r["port"] for r in training.supervisor_events(evts, "rendezvous")]
+    assert len(ports) == 2 and ports[0] != ports[1] and all(20000 <= port < 32000 for port in ports), ports

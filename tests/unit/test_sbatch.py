@@ -109,7 +109,7 @@ def test_hostile_values_are_inert_and_exact(payload: str, tmp_path: Path):
     assert got["env"]["SLURMTOOLS_CHECKPOINT_DIR"] == data["checkpoint_dir"]
     assert f"--checkpoint-dir={data['checkpoint_dir']}" in argv
     assert got["env"]["MASTER_ADDR"] == "node1"
-    assert got["env"]["MASTER_PORT"] == str(20000 + 4242 % 12000)
+    assert 20000 <= int(got["env"]["MASTER_PORT"]) < 32000      # random (slurmtools.rendezvous)
     # the attempt id has one rule (runtime.attempt_of), applied by the supervisor, not the script
     assert "SLURMTOOLS_ATTEMPT_ID" not in got["env"] and "SLURMTOOLS_CHAIN_ID" not in got["env"]
     assert attempt_of(got["env"]) == (4242, 0, "4242.0")
@@ -157,10 +157,6 @@ def test_random_specs_render_or_raise_spec_error(data):
     assert proc.returncode == 0, proc.stderr
 
 
-def test_rendezvous_port_stays_below_the_ephemeral_range():
-    assert sbatch.RDZV_PORT_BASE + sbatch.RDZV_PORT_SPAN - 1 < 32768
-
-
 def test_notebook_parameters_pin_the_port_and_kill_on_bad_exit():
     from slurmtools.notebook import executor_parameters
     params = executor_parameters(spec_from_dict({"name": "nb", "nodes": 2, "gpus_per_node": 8,
@@ -169,5 +165,5 @@ def test_notebook_parameters_pin_the_port_and_kill_on_bad_exit():
     assert params["slurm_srun_args"] == ["--kill-on-bad-exit=1", "--cpus-per-task=1", "--cpu-bind=cores",
                                          "--container-image=img:1"]
     assert params["cpus_per_task"] == 1
-    assert "export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 12000 ))" in params["slurm_setup"]
+    assert "export MASTER_PORT=$(( 20000 + $(od -An -N2 -tu2 /dev/urandom) % 12000 ))" in params["slurm_setup"]
     assert params["slurm_signal_delay_s"] == 180 and params["slurm_additional_parameters"] == {"requeue": True}
