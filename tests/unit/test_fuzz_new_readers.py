@@ -4,7 +4,8 @@ anything else, and within bounds. Properties: a hostlist's size is counted exact
 ClusterShell expands it) or said unreadable, whatever the text; a rank's snapshot settings are
 numbers in range or a UsageError; a blame payload is a Blame with one spelling of its job or a
 refusal with why; a peer's JSON bytes are a value or a CheckpointError; a progress line is matched
-within its bound."""
+within its bound; the node sweep age (SLURMTOOLS_NODE_SWEEP_AFTER_S) is seconds above 0 or one
+UsageError."""
 from __future__ import annotations
 
 import json
@@ -79,3 +80,15 @@ def test_a_progress_line_is_matched_within_its_bound(pattern, line):
     start = time.monotonic()
     log.feed(line)
     assert time.monotonic() - start < 1.0
+
+
+@FUZZ
+@given(st.one_of(st.text(max_size=12), st.floats(allow_nan=True).map(str), st.integers().map(str)))
+def test_the_node_sweep_age_is_seconds_above_0_or_one_usage_error(raw):
+    from slurmtools.node_sweep import SWEEP_AFTER_ENV, stale_after_s
+    try:
+        value = stale_after_s({SWEEP_AFTER_ENV: raw}, 600.0)
+    except UsageError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith(f"{SWEEP_AFTER_ENV}=")
+        return
+    assert value == 600.0 if not raw.strip() else 0 < value < float("inf")
