@@ -22,7 +22,7 @@ from slurmtools.errors import SlurmCommandError
 from slurmtools.slurm_parse import (SCONTROL_JSON_SINCE, TERMINAL_STATES, JobInfo, NodeInfo, parse_job_id,
                                     parse_job_record, parse_jobs_json, parse_node_record, parse_nodes_json,
                                     parse_release, parse_sacct_json, parse_sacct_row, parse_scontrol_record,
-                                    parse_time)
+                                    parse_time, owner_rows)
 
 __all__ = ["TERMINAL_STATES", "JobInfo", "NodeInfo", "SlurmCommandError", "parse_job_id", "parse_job_record",
            "parse_node_record", "parse_sacct_json", "parse_scontrol_record", "parse_time", "release"]
@@ -312,12 +312,13 @@ def sacct_rows(job_id: int, fields: Sequence[str] = ("JobID", "State", "NodeList
 
 
 
-def job_owner(job_id: int) -> Optional[Tuple[int, str, Optional[float]]]:
+def job_owner(job_id: int, ended_after_s: Optional[float] = None) -> Optional[Tuple[int, str, Optional[float]]]:
     """(uid, hostlist of every node the job was given) of a job, from slurmctld while it knows the
     job, and from accounting: its runs before a requeue, and its steps, which name the nodes the
     job gave back (a dead node it shrank itself by); a blame may come a little after the job ended,
     or from the run after the one whose node died. The third item: when its last run ended (None
-    while slurmctld knows it or a run has no end yet). None when neither knows the job.
+    while slurmctld knows it or a run has no end yet). None when neither knows the job. A run that
+    ended before ended_after_s names none of its nodes: a reused job id's old run, even the same user's.
 
     Root decides drains on this answer, so it is read only from fields no user writes, each asked
     by name (`squeue -o %U|%N`, `sacct --parsable2 -o JobID,UID,NodeList`): never from
@@ -334,7 +335,8 @@ def job_owner(job_id: int) -> Optional[Tuple[int, str, Optional[float]]]:
     theirs = owner_rows(rows, job_id, owner)
     ends = [parse_time(row.get("End", "")) for row in theirs if row["JobID"] == str(job_id)]
     ended = None if live or not ends or None in ends else max(end for end in ends if end is not None)
-    return owner, _hostlists([live[1] if live else "", *(row["NodeList"] for row in theirs)]), ended
+    recent = owner_rows(rows, job_id, owner, ended_after_s)
+    return owner, _hostlists([live[1] if live else "", *(row["NodeList"] for row in recent)]), ended
 
 
 def live_job_owner(job_id: int) -> Optional[Tuple[int, str]]:
@@ -349,23 +351,6 @@ def live_job_owner(job_id: int) -> Optional[Tuple[int, str]]:
         return None
     uids = {int(fields[0]) for fields in parsed}
     return (uids.pop(), ",".join(fields[1] for fields in parsed)) if len(uids) == 1 else None
-
-
-def owner_rows(rows: Sequence[Mapping[str, str]], job_id: int, uid: int) -> List[Mapping[str, str]]:
-    """The accounting rows of job_id's runs by uid, with their steps (a step row follows its job's
-    row and carries no uid): a reused job id's runs by another user name none of their nodes."""
-    kept: List[Mapping[str, str]] = []
-    theirs = False
-    for row in rows:
-        base = row["JobID"].split(".")[0]
-        if base != str(job_id):
-            theirs = False
-            continue
-        if row["JobID"] == base:
-            theirs = row["UID"] == str(uid)
-        if theirs:
-            kept.append(row)
-    return kept
 
 
 def _hostlists(lists: Sequence[str]) -> str:

@@ -18,7 +18,7 @@ import datetime
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurmtools.errors import SlurmCommandError
 
@@ -288,3 +288,23 @@ def hostlist_size(hostlist: str) -> Optional[int]:
         total += count
     return total
 
+
+def owner_rows(rows: Sequence[Mapping[str, str]], job_id: int, uid: int, ended_after_s: Optional[float] = None
+               ) -> List[Mapping[str, str]]:
+    """The accounting rows of job_id's runs by uid, with their steps (a step row follows its job's
+    row and carries no uid): a reused job id's runs by another user name none of their nodes, nor
+    do runs that ended before ended_after_s (a reused id's old runs, the same user's too)."""
+    kept: List[Mapping[str, str]] = []
+    theirs = False
+    for row in rows:
+        base = row["JobID"].split(".")[0]
+        if base != str(job_id):
+            theirs = False
+            continue
+        if row["JobID"] == base:
+            end = parse_time(row.get("End", ""))
+            theirs = row["UID"] == str(uid) and not (ended_after_s is not None and end is not None
+                                                     and end < ended_after_s)
+        if theirs:
+            kept.append(row)
+    return kept

@@ -105,7 +105,8 @@ def _one(name: str, raw: Optional[bytes], settings: BlameSettings, cluster: str,
                              "uid": decoded.uid,
                                 "user": decoded.user, "evidence": blame.evidence}
     try:
-        owner = slurm.job_owner(int(blame.job))
+        # a run that ended before the reports' age bound names no nodes (a reused job id's old run)
+        owner = slurm.job_owner(int(blame.job), now_s - settings.rules().report_max_age_h * 3600)
     except SlurmCommandError as exc:
         return Handled(name, "refuse", f"Slurm could not be asked about job {blame.job}: {exc}", blame.node,
                        blame.job), entry

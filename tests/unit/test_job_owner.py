@@ -49,3 +49,16 @@ def test_a_finished_job_comes_from_accounting_with_every_run_and_when_it_ended(m
     assert slurm.job_owner(7) == (64100, "node[1-2],node[2-3]", parse_time("2026-12-04T10:00:00"))
     monkeypatch.setattr(slurm, "sacct_rows", rows())
     assert slurm.job_owner(7) is None
+
+
+def test_a_reused_job_ids_old_run_names_none_of_its_nodes_even_the_same_users(monkeypatch):
+    """Issue 51, finding 7: job id 7 reused (a wrap, a reset database) by the same user a year
+    later: the old run's nodes are not the new run's to blame. Runs that ended before the reports'
+    age bound name none; the runs of this job's requeues within it still do."""
+    monkeypatch.setattr(slurm, "live_job_owner", live((64100, "node[2-3]")))
+    monkeypatch.setattr(slurm, "sacct_rows", rows(
+        "7|64100|node[8-9]|2025-12-04T10:00:00", "7.0||node[8-9]|2025-12-04T10:00:00",
+        "7|64100|node[1-2]|2026-12-04T10:00:00", "7|64100|node[2-3]|Unknown"))
+    bound = parse_time("2026-12-03T12:00:00")
+    assert slurm.job_owner(7, bound) == (64100, "node[2-3],node[1-2],node[2-3]", None)
+    assert slurm.job_owner(7) == (64100, "node[2-3],node[8-9],node[8-9],node[1-2],node[2-3]", None)
