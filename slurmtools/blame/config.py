@@ -4,7 +4,7 @@ which needs to know where to drop its reports."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from slurmtools.blame.model import ACTIONS, DEFAULT_ACTIONS, BlameRules
 from slurmtools.blame.munge import DEFAULT_SOCKET
@@ -34,6 +34,11 @@ class BlameSettings:
     report_max_age_h: float = doc("A report whose time is older than this (or in the future), or that names a job "
                                   "that ended longer ago, is refused.", 24.0,
                                   min=0.1, max=24.0 * 30)
+    handle_in: List[str] = doc("The health runs (phases) that handle waiting blames: the periodic one only by "
+                               "default (the HealthCheckProgram), so no job's prolog or epilog waits on others' "
+                               "blames. Where the HealthCheckProgram is another program (NHC), run `slurmtools "
+                               "blames handle` as root from a timer. Phases: prolog, epilog, periodic, active.",
+                               default_factory=lambda: ["periodic"])
 
     def __post_init__(self) -> None:
         check_limits(self, ())

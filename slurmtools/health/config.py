@@ -273,6 +273,9 @@ class NodeSettings:
         check_limits(self, ())
         if not (self.gpu_probe in ("nvml", "none") or self.gpu_probe.startswith("fixture:")):
             raise err(f"must be nvml, none or fixture:<path>; got {self.gpu_probe!r}", ("gpu_probe",))
+        for phase in self.blame.handle_in:
+            if phase not in PHASES:
+                raise err(f"unknown phase {phase!r}; phases are {', '.join(PHASES)}", ("blame", "handle_in"))
 
 
 @dataclass(frozen=True)

@@ -118,11 +118,13 @@ def run_phase(settings: NodeSettings, phase: str, host: str, *, job_id: Optional
         drained_reason = _take_out_of_service(settings, host, results, st, job_id, now_s)
     if phase == "periodic" and settings.auto_resume_after > 0:
         _auto_resume(settings, host, st, overall, results)
-    # others' blames after this node's own verdict, within what is left of the run's time box; a
-    # node found CRITICAL in a prolog or epilog leaves them to the next run (a kill at the shim's
-    # limit would turn its verdict into a pass)
+    # others' blames in the phases the admin chose (the periodic run only, by default: no job's
+    # prolog waits on them), after this node's own verdict, within what is left of the run's time
+    # box; a node found CRITICAL in a prolog or epilog leaves them to the next run (a kill at the
+    # shim's limit would turn its verdict into a pass)
     own_first = overall is Status.CRITICAL and phase in ("prolog", "epilog")
-    blames = _handle_blames(settings, deadline) if settings.drain and allow_drain and not own_first else []
+    handles = phase in settings.blame.handle_in and settings.drain and allow_drain and not own_first
+    blames = _handle_blames(settings, deadline) if handles else []
     relayed = _relay_metrics(settings, phase, host, job_id, job_owner)
 
     _remember(st, facts, overall, phase, job_id, now_s)

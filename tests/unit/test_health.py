@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -306,6 +307,8 @@ def test_host_sections_merge_in_order():
     ("default: {}\n", "h.yaml:1: default: unknown key; the top level has `defaults` and `hosts`"),
     ("defaults:\n  checks: {gpu: {count: {phases: [prolog, later]}}}\n",
      "h.yaml:2: defaults.checks.gpu.count.phases: unknown phase 'later'"),
+    ("defaults:\n  blame: {handle_in: [periodic, startup]}\n",
+     "h.yaml:2: defaults.blame.handle_in: unknown phase 'startup'"),
     ("- a\n", "h.yaml: must be a mapping with `defaults` and/or `hosts`"),
 ])
 def test_config_errors(text, expected):
@@ -378,20 +381,27 @@ def test_registry_names_every_check_once_and_filters_by_phase():
     assert registry.enabled(checks, "prolog", "active") == [] and registry.enabled(checks, "active", "gpu") == []
 
 
-@pytest.mark.parametrize("fixture, phase, handled", [
-    ("h100-8gpu-ecc-uncorrected", "prolog", False),     # its own verdict first: the blames wait
-    ("h100-8gpu-ecc-uncorrected", "periodic", True),
-    ("h100-8gpu", "prolog", True),
+@pytest.mark.parametrize("fixture, phase, handle_in, handled", [
+    ("h100-8gpu", "prolog", None, False),              # by default outside every job's prolog...
+    ("h100-8gpu", "epilog", None, False),              # ...and epilog
+    ("h100-8gpu", "periodic", None, True),             # the HealthCheckProgram's run
+    ("h100-8gpu-ecc-uncorrected", "periodic", None, True),
+    ("h100-8gpu", "prolog", ["prolog", "periodic"], True),          # where the admin chose it
+    ("h100-8gpu-ecc-uncorrected", "prolog", ["prolog"], False),     # its own verdict first: the blames wait
 ])
-def test_a_prolog_that_finds_its_node_critical_leaves_others_blames_for_the_next_run(tmp_path, monkeypatch,
-                                                                                       fixture, phase, handled):
-    """Issue 51, finding 6: blame handling ran inside the prolog whatever the node's verdict; a kill
-    at the shim's 60 s then turned a CRITICAL node into a pass. And it is bounded by the run's
-    time box (the deadline is handed to the spool's handling)."""
+def test_blames_are_handled_outside_the_prolog_unless_chosen_and_never_by_a_critical_one(
+        tmp_path, monkeypatch, fixture, phase, handle_in, handled):
+    """Issue 51, finding 6: blame handling ran inside every prolog, whatever the node's verdict; a
+    kill at the shim's 60 s then turned a CRITICAL node into a pass, and every job's start waited on
+    others' reports. Now the periodic run handles them (blame.handle_in), a prolog only where the
+    admin chose it and never one that found its node CRITICAL; bounded by the run's time box (the
+    deadline is handed to the spool's handling)."""
     asked = []
     monkeypatch.setattr(gate, "_handle_blames", lambda s, until=None: asked.append(until) or [])
     monkeypatch.setattr(gate, "_take_out_of_service", lambda *args: "drained")
     s = settings(tmp_path, probe=f"fixture:{fixture}", drain=True)
+    if handle_in is not None:
+        s = replace(s, blame=replace(s.blame, handle_in=handle_in))
     gate.run_phase(s, phase, "gpu001", job_id=None, allow_drain=True)
     assert bool(asked) is handled
     assert all(until is not None for until in asked)
