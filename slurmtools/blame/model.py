@@ -174,13 +174,14 @@ def decide(found: Verified, cluster: str, earlier: Sequence[Accepted], rules: Bl
         return Decision("refuse", over)
     detail = blame.evidence
     if action == "drain":
-        # a report no newer than one that drained the node has served (another rank's copy of the
-        # same event, handled after a person looked and resumed the node): kept, not drained again
+        # a report written before the node was last drained by a blame (Accepted.time_s: when that
+        # drain was handled) has served: another rank's copy of the same event, handled after a
+        # person looked and resumed the node, is kept, not drained again
         served = max((a.time_s for a in earlier if a.node == blame.node and a.drained and a.time_s >= blame.time_s),
                      default=None)
         if served is not None:
-            return Decision("record", f"{blame.node} was drained for a report as new or newer "
-                                      f"({(now_s - served) / 3600:.1f} h ago): this one has served")
+            return Decision("record", f"{blame.node} was drained by a blame after this report was written "
+                                      f"({(now_s - served) / 3600:.1f} h ago): it has served")
         return Decision("drain", f"{blame.kind} drains at once", detail)
     window_s = rules.confirm_window_h * 3600
     # evidence that drained the node once has served: the node is blamed again only from here on

@@ -140,16 +140,17 @@ def test_a_node_a_person_resumed_is_not_drained_again_by_the_reports_that_draine
     assert decide(hang, "mini", elsewhere, rules, NOW).action == "drain"
 
 
-def test_a_report_no_newer_than_one_that_drained_the_node_does_not_drain_it_again():
-    """Issue 51, finding 3: another rank's report of the same XID (the same time) handled after a
-    person looked at node2 and resumed it is kept as evidence, not a second drain; a newer report
-    (a new event) drains it again."""
+def test_a_report_written_before_the_nodes_last_drain_by_a_blame_does_not_drain_it_again():
+    """Issue 51, finding 3: another rank's report of the same XID (written at the same time as the
+    one whose handling drained node2 ten minutes ago) handled after a person looked at node2 and
+    resumed it is kept as evidence, not a second drain; a report written since (a new event)
+    drains it again. (An accepted record's time is when it was handled.)"""
     rules = BlameRules()
-    xid = _verified(_blame(check="job.gpu_fatal", time_s=NOW - 600))
+    xid = _verified(_blame(check="job.gpu_fatal", time_s=NOW - 610))
     drained = [Accepted("42", "node2", "xid", NOW - 600, 1000, True)]
     again = decide(xid, "mini", drained, rules, NOW)
-    assert (again.action, again.why) == ("record", "node2 was drained for a report as new or newer (0.2 h ago): "
-                                                   "this one has served")
+    assert (again.action, again.why) == ("record", "node2 was drained by a blame after this report was written "
+                                                   "(0.2 h ago): it has served")
     assert decide(_verified(_blame(check="job.gpu_fatal", time_s=NOW - 60)), "mini", drained, rules,
                   NOW).action == "drain"
     # a drain of another node, or a record that drained nothing, changes nothing
