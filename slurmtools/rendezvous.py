@@ -25,7 +25,9 @@ from typing import Callable, Dict
 from slurmtools.errors import SlurmToolsError
 
 RDZV_PORT_BASE = 20000
-RDZV_PORT_SPAN = 12000          # 20000-31999: below Linux's ephemeral range (32768-60999)
+# 20000-31999: below Linux's ephemeral range (32768-60999), where a port can already be taken by
+# an outgoing connection (seen: EADDRINUSE with submitit's random 20000-60000)
+RDZV_PORT_SPAN = 12000
 PORT_TRIES = 64
 # the shell's first pick (the script's MASTER_PORT, the notebook's): 16 random bits from the kernel
 SHELL_PORT_EXPR = f"$(( {RDZV_PORT_BASE} + $(od -An -N2 -tu2 /dev/urandom) % {RDZV_PORT_SPAN} ))"

@@ -25,8 +25,6 @@ from slurmtools.spec import JobSpec
 # Fields whose values end up in #SBATCH lines: sbatch's own parser drops backslashes there.
 DIRECTIVE_FIELDS = ("name", "partition", "account", "qos", "constraint", "reservation", "exclude",
                     "nodelist", "output_dir")
-# Rendezvous ports 20000-31999: below Linux's ephemeral range (32768-60999), where a port can
-# already be taken by an outgoing connection (seen: EADDRINUSE with submitit's random 20000-60000).
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 # collectives the flight recorder keeps per rank: without a buffer TORCH_NCCL_DUMP_ON_TIMEOUT
 # dumps nothing (torch >= 2.7 reads TORCH_FR_BUFFER_SIZE, older TORCH_NCCL_TRACE_BUFFER_SIZE)

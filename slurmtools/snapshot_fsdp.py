@@ -175,10 +175,9 @@ class Session:
         every rank calls it after after_step. Whether this step's snapshot is kept."""
         if self.snapshotter.taken_step != step:
             self.snapshotter.take(step, capture(model, optim, trainer_state, dict(extra, step=step)))
-        failed_before = len(self.snapshotter.failures)
-        self.snapshotter.wait()
-        kept = self.snapshotter.taken_step == step and not any(
-            failed == step for failed, _ in self.snapshotter.failures[failed_before:])
+        self.snapshotter.wait()         # after_step said and cleared the failures before this step's
+        failed = {failed_step for failed_step, _ in self.snapshotter.failures}
+        kept = self.snapshotter.taken_step == step and step not in failed
         self._say_failures()
         return not agree(not kept)
 

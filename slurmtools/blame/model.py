@@ -173,20 +173,19 @@ def decide(found: Verified, cluster: str, earlier: Sequence[Accepted], rules: Bl
     if over:
         return Decision("refuse", over)
     detail = blame.evidence
+    # evidence that drained the node once has served (a person who resumed it, found nothing, is
+    # not overruled by the same old reports): when the node was last drained by a blame
+    # (Accepted.time_s: when that drain was handled)
+    last_drain_s = max((a.time_s for a in earlier if a.node == blame.node and a.drained), default=None)
     if action == "drain":
-        # a report written before the node was last drained by a blame (Accepted.time_s: when that
-        # drain was handled) has served: another rank's copy of the same event, handled after a
-        # person looked and resumed the node, is kept, not drained again
-        served = max((a.time_s for a in earlier if a.node == blame.node and a.drained and a.time_s >= blame.time_s),
-                     default=None)
-        if served is not None:
+        # a report written before that drain (another rank's copy of the same event) is kept only
+        if last_drain_s is not None and last_drain_s >= blame.time_s:
             return Decision("record", f"{blame.node} was drained by a blame after this report was written "
-                                      f"({(now_s - served) / 3600:.1f} h ago): it has served")
+                                      f"({(now_s - last_drain_s) / 3600:.1f} h ago): it has served")
         return Decision("drain", f"{blame.kind} drains at once", detail)
     window_s = rules.confirm_window_h * 3600
-    # evidence that drained the node once has served: the node is blamed again only from here on
-    # (a person who resumed it, found nothing, is not overruled by the same old reports)
-    since_s = max((a.time_s for a in earlier if a.node == blame.node and a.drained), default=now_s - window_s)
+    # a confirm kind counts reports handled since that drain only
+    since_s = last_drain_s if last_drain_s is not None else now_s - window_s
     alike = [a for a in earlier if a.node == blame.node and a.kind == blame.kind
              and now_s - a.time_s <= window_s and a.time_s > since_s]
     jobs = {a.job for a in alike} | {blame.job}
