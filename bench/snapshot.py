@@ -85,7 +85,7 @@ def measure(state_mb: int, disk_dir: Path, memory_dir: Path) -> Dict[str, float]
     t0 = time.perf_counter()
     host = to_host(state, host)        # every later snapshot writes over the previous copy (Snapshotter)
     stall_s = time.perf_counter() - t0
-    store = SnapshotStore(memory_dir, "bench-snapshot", "localhost")
+    store = SnapshotStore(memory_dir, "bench-snapshot", "localhost", bytes(32))
     t1 = time.perf_counter()
     data = serialize(host)
     store.save_own(0, 1000, {STATE_FILE: data}, {"world": 1, "rank": 0})

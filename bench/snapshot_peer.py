@@ -35,7 +35,7 @@ before, after = {0: "a", 1: "b"}, {0: "c", 1: "b"}
 group = snapshot_torch.side_group()
 torch.manual_seed(rank)
 state = {"weights": torch.randn(mb * 1024 * 1024 // 4), "step": 10}
-snaps = snapshot_torch.Snapshotter(SnapshotStore(memory / before[rank], "bench", before[rank]), rank, before, 10, group)
+snaps = snapshot_torch.Snapshotter(SnapshotStore(memory / before[rank], "bench", before[rank], bytes(32)), rank, before, 10, group)
 t0 = time.perf_counter()
 snaps.take(10, state)
 snaps.wait()
@@ -44,7 +44,7 @@ assert not snaps.failures, snaps.failures
 model = torch.zeros_like(state["weights"])     # the trainer's own tensor the restore copies into
 dist.barrier()
 t1 = time.perf_counter()
-step, restored, why = snapshot_torch.restore(SnapshotStore(memory / after[rank], "bench", after[rank]), rank, after,
+step, restored, why = snapshot_torch.restore(SnapshotStore(memory / after[rank], "bench", after[rank], bytes(32)), rank, after,
                                              None, group)
 if restored is not None:
     model.copy_(restored["weights"])

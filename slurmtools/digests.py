@@ -28,6 +28,13 @@ def new(algorithm: str = ALGORITHM) -> Any:
     raise ValueError(f"unknown digest algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
 
 
+def of_buffer(data: Any, algorithm: str = ALGORITHM) -> str:
+    """The hex digest of bytes in memory (bytes, a memoryview of a received buffer)."""
+    running = new(algorithm)
+    running.update(data)
+    return str(running.hexdigest())
+
+
 def entry(size: int, digest: str, algorithm: str = ALGORITHM) -> Dict[str, Any]:
     """A manifest entry for one file."""
     return {"size": size, algorithm: digest}

@@ -21,11 +21,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from slurmtools import cgroup_memory
+from slurmtools import cgroup_memory, job_secret
 from slurmtools.agreement import agree
 from slurmtools.checkpoint import CheckpointManager
+from slurmtools.errors import CheckpointError
 from slurmtools.node_beat import NODE_LOCAL_DIR_ENV, local_rank, memory_root
-from slurmtools.runtime import LOCAL_JOB_ID, SNAPSHOT_EVERY_ENV, SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV
+from slurmtools.runtime import CONTROL_DIR_ENV, LOCAL_JOB_ID, SNAPSHOT_EVERY_ENV, SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV
 from slurmtools.snapshot import (job_key, refused_after, rolled_back, settings_from_env,
                                  timeline)
 from slurmtools.node_sweep import stale_after_s
@@ -89,11 +90,29 @@ class Session:
         if every_steps <= 0:
             return None
         rank, world = dist.get_rank(), dist.get_world_size()
+        if control_dir is None:         # the same on every rank: their environments agree
+            if rank == 0:
+                print(f"slurmtools: snapshots off: no control dir (the job's key, which authenticates replicas, is "
+                      f"kept there): run under `slurmtools run` or set {CONTROL_DIR_ENV}", file=sys.stderr, flush=True)
+            return None
+        if rank == 0:
+            try:
+                job_secret.ensure(control_dir)      # before the collective below: then every rank reads it
+            except OSError as exc:
+                print(f"slurmtools: cannot make the job key in {control_dir}: {exc.strerror}", file=sys.stderr,
+                      flush=True)
         host = socket.gethostname()
         names = gather_json(host)
+        try:
+            mac_key: Optional[bytes] = job_secret.read(control_dir)
+        except CheckpointError as exc:
+            mac_key = None
+            print(f"slurmtools: rank {rank}: snapshots off: {exc}", file=sys.stderr, flush=True)
+        if agree(mac_key is None) or mac_key is None:
+            return None
         root = memory_root(environ)
-        key = job_key(environ.get("SLURM_JOB_ID") or LOCAL_JOB_ID, control_dir or Path.cwd())
-        store = SnapshotStore(root, key, host)
+        key = job_key(environ.get("SLURM_JOB_ID") or LOCAL_JOB_ID, control_dir)
+        store = SnapshotStore(root, key, host, mac_key)
         if agree(not store.usable()):
             if rank == 0:
                 print(f"slurmtools: snapshots off: {NODE_LOCAL_DIR_ENV} {root} is not a directory of this user's own "

@@ -5,7 +5,9 @@ node's inventory of verified copies feeds snapshot.plan_restore; a copy is read 
 checked where it lies and mapped (open_verified: a restore's own copy).
 
 Only this user's private directory is used (node_beat.own_private_dir: ours, nobody else can
-write it): a snapshot another user could plant is never restored.
+write it): a snapshot another user could plant is never restored. What comes over the wire (a
+replica, a pull) is another matter: the store makes and checks its MAC under the job's key
+(slurmtools.job_secret).
 """
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from slurmtools import digests, node_sweep
-from slurmtools.checkpoint import CheckpointManager, open_regular_fd, verify_dir
+from slurmtools import digests, job_secret, node_sweep
+from slurmtools.checkpoint import CheckpointManager, open_regular_fd, seal_own_files, verify_dir
 from slurmtools.errors import CheckpointError
 from slurmtools.node_beat import own_private_dir, user_root
 from slurmtools.snapshot import KEEP, SNAPSHOTS_SUBDIR, Copy, own_dir, parse_copy_dir, replica_dir
@@ -31,9 +33,22 @@ STALE_AFTER_S = 24 * 3600.0
 class SnapshotStore:
     """The snapshots of one job on this node (every rank of the node uses the same directory)."""
 
-    def __init__(self, node_memory: Path, job_key: str, host: str) -> None:
+    def __init__(self, node_memory: Path, job_key: str, host: str, mac_key: bytes) -> None:
+        """job_key: the job's directory name (snapshot.job_key); mac_key: the job's secret
+        (job_secret.read), for the MACs of what goes over the wire."""
         self.root = user_root(node_memory, os.geteuid()) / SNAPSHOTS_SUBDIR / job_key
         self.host = host
+        self._mac_key = mac_key
+
+    def mac(self, copy: Copy, size: int, digest: Tuple[str, str]) -> str:
+        """The job's MAC of copy with size bytes of that digest, sent along with it."""
+        return job_secret.copy_mac(self._mac_key, copy.of_rank, copy.step, copy.world, copy.attempt, size, digest)
+
+    def authentic(self, copy: Copy, size: int, digest: Tuple[str, str], mac: str) -> bool:
+        """Whether a copy received (size bytes, the digest computed over them here) came with the
+        job's MAC of it: sent by a process that holds the job's key."""
+        return job_secret.mac_matches(self._mac_key, mac, copy.of_rank, copy.step, copy.world, copy.attempt, size,
+                                      digest)
 
     def usable(self) -> bool:
         """Whether the job's directory is (or could be made) ours alone."""
@@ -45,16 +60,19 @@ class SnapshotStore:
             raise CheckpointError(f"{self.root}: not a directory of this user's own (missing, or others can write it)")
         return CheckpointManager(directory, keep=KEEP)
 
-    def save_own(self, rank: int, step: int, files: Mapping[str, Bytes], meta: Optional[Mapping[str, Any]] = None) -> Path:
-        """This rank's state at step, sealed; the older ones past the two newest go."""
-        return self._save(own_dir(self.root, rank), step, files, meta)
+    def save_own(self, rank: int, step: int, files: Mapping[str, Bytes], meta: Optional[Mapping[str, Any]] = None,
+                 hashed: Optional[Mapping[str, str]] = None) -> Path:
+        """This rank's state at step, sealed; the older ones past the two newest go. hashed: {name:
+        hex digest (digests.ALGORITHM)} of files already hashed in memory: not read back to seal."""
+        return self._save(own_dir(self.root, rank), step, files, meta, hashed)
 
     def save_replica(self, of_rank: int, step: int, files: Mapping[str, Bytes],
-                     meta: Optional[Mapping[str, Any]] = None) -> Path:
-        """A peer's state at step, as it sent it, sealed here."""
-        return self._save(replica_dir(self.root, of_rank), step, files, meta)
+                     meta: Optional[Mapping[str, Any]] = None, hashed: Optional[Mapping[str, str]] = None) -> Path:
+        """A peer's state at step, as it sent it (its MAC checked by the caller), sealed here."""
+        return self._save(replica_dir(self.root, of_rank), step, files, meta, hashed)
 
-    def _save(self, directory: Path, step: int, files: Mapping[str, Bytes], meta: Optional[Mapping[str, Any]]) -> Path:
+    def _save(self, directory: Path, step: int, files: Mapping[str, Bytes], meta: Optional[Mapping[str, Any]],
+              hashed: Optional[Mapping[str, str]]) -> Path:
         manager = self._manager(directory)
         if manager.final_dir(step).exists():          # a step saved again (a restarted attempt): the new one
             manager.quarantine(manager.final_dir(step), "replaced by a newer save of the same step")
@@ -63,6 +81,8 @@ class SnapshotStore:
             if not name or "/" in name or name.startswith("."):
                 raise CheckpointError(f"snapshot file name {name!r}: one plain name per file")
             (staging / name).write_bytes(data)
+        known = {name: (len(files[name]), digest) for name, digest in (hashed or {}).items() if name in files}
+        seal_own_files(staging, "snapshot", files, known)
         checkpoint = manager.commit(step, meta)
         for stale in directory.glob("step_*.bad-*"):      # memory is scarce: nothing kept for inspection
             shutil.rmtree(stale, ignore_errors=True)

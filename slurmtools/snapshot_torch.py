@@ -25,11 +25,12 @@ from typing import IO, Any, Dict, FrozenSet, List, Mapping, Optional, Tuple, cas
 import torch
 import torch.distributed as dist
 
+from slurmtools import digests
 from slurmtools.errors import CheckpointError
 from slurmtools.snapshot import Copy, interval_for, over_limit, peer_of, plan_restore, replicas_kept_by
 from slurmtools.snapshot_io import SnapshotStore, open_regular
-from slurmtools.snapshot_wire import (ViewReader, agree_max, exchange, exchange_sizes, first_rank_over, gather_json, pull,
-                                      serve)
+from slurmtools.snapshot_wire import (ViewReader, agree_max, exchange, exchange_macs, exchange_sizes, first_rank_over,
+                                      gather_json, pull, serve)
 
 STATE_FILE = "state.pt"
 
@@ -218,17 +219,32 @@ class Snapshotter:
         return tensor_bytes(self._host) if self._host is not None else 0
 
     def _write_and_replicate(self, step: int, state: Any) -> None:
-        """In the background: serialize, exchange with the peers (its peer waits for it), keep."""
+        """In the background: serialize, exchange with the peers (its peer waits for it), keep. A
+        replica is kept only with the job's MAC of it (its sender holds the job's key: a process
+        outside the job that joined the transport cannot make one), checked over the bytes received."""
         data = serialize(state)
+        digest = digests.of_buffer(data)
+        own = Copy(self.rank, step, self.store.host, True, self.world, self.attempt_id)
         received = exchange(data, self.peer, self.sources, self.group)
+        macs = exchange_macs(self.store.mac(own, len(data), (digests.ALGORITHM, digest)), self.peer, self.sources,
+                             self.group)
         too_large = over_limit(len(data), [len(payload) for payload in received.values()], self.limit_bytes)
         if too_large:               # the serialized framing alone took it over: rare, and not kept
             raise CheckpointError(too_large)
         self.store.save_own(self.rank, step, {STATE_FILE: data},
-                            {"world": self.world, "rank": self.rank, "attempt": self.attempt_id})
+                            {"world": self.world, "rank": self.rank, "attempt": self.attempt_id}, {STATE_FILE: digest})
+        refused: List[int] = []
         for source, payload in received.items():
+            got = digests.of_buffer(payload)
+            replica = Copy(source, step, self.store.host, False, self.world, self.attempt_id)
+            if not self.store.authentic(replica, len(payload), (digests.ALGORITHM, got), macs[source]):
+                refused.append(source)
+                continue
             self.store.save_replica(source, step, {STATE_FILE: payload},
-                                    {"world": self.world, "rank": source, "attempt": self.attempt_id})
+                                    {"world": self.world, "rank": source, "attempt": self.attempt_id}, {STATE_FILE: got})
+        if refused:
+            raise CheckpointError(f"the replica of rank {refused[0]}'s step {step} does not carry the job's MAC (sent "
+                                  f"by a process without the job's key, or spoiled on the wire): not kept")
 
 
 def restore(store: SnapshotStore, rank: int, hosts: Mapping[int, str], checkpoint_step: Optional[int],
@@ -283,7 +299,8 @@ def _fetch(store: SnapshotStore, rank: int, hosts: Mapping[int, str], plan: Any,
             _serve(store, copy, target, group)
         elif rank == target:
             incoming: List[Path] = []
-            received, failure = pull(server, group, lambda size: _receive_buffer(store, rank, size, incoming))
+            received, failure = pull(server, group, lambda size: _receive_buffer(store, rank, size, incoming),
+                                     lambda size, digest, mac: store.authentic(copy, size, digest, mac))
             if received is not None:
                 data = incoming[0] if incoming else received.numpy().data
             else:
@@ -294,6 +311,9 @@ def _fetch(store: SnapshotStore, rank: int, hosts: Mapping[int, str], plan: Any,
             elif failure == "size":
                 problem = (f"rank {rank}: {copy.host} announced an implausible size for its replica of step "
                            f"{copy.step}", asdict(copy))
+            elif failure == "mac":
+                problem = (f"rank {rank}: the replica of step {copy.step} pulled from {copy.host} does not carry "
+                           f"the job's MAC", asdict(copy))
             elif failure:
                 problem = (f"rank {rank}: the replica of step {copy.step} pulled from {copy.host} does not match "
                            f"its digest", asdict(copy))
@@ -320,11 +340,11 @@ def _serve(store: SnapshotStore, copy: Copy, target: int, group: Any) -> None:
     try:
         path, size, digest = store.locate(copy, STATE_FILE)
     except CheckpointError:
-        serve(None, 0, ("", ""), target, group)
+        serve(None, 0, ("", ""), "", target, group)
         return
     handle = open_regular(path, size)
     try:
-        serve(handle, size, digest, target, group)
+        serve(handle, size, digest, store.mac(copy, size, digest), target, group)
     finally:
         if handle is not None:
             handle.close()

@@ -59,6 +59,23 @@ def plausible_size(size: int) -> bool:
     return 0 <= size <= MAX_PEER_BYTES
 
 
+MAC_BYTES = 64                 # job_secret.copy_mac's hex
+
+
+def exchange_macs(mac: str, peer: Optional[int], sources: Sequence[int], group: Any) -> Dict[int, str]:
+    """Send peer the MAC of what this rank sent it; hear each source's (fixed size: text that is not
+    a MAC simply fails the check)."""
+    incoming = {source: torch.zeros(MAC_BYTES, dtype=torch.uint8) for source in sources}
+    mine = torch.zeros(MAC_BYTES, dtype=torch.uint8)
+    encoded = mac.encode()[:MAC_BYTES]
+    if encoded:
+        mine[:len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
+    sends = [dist.isend(mine, peer, group=group)] if peer is not None else []
+    _wait(sends + [dist.irecv(incoming[source], source, group=group) for source in sources])
+    return {source: bytes(buffer.numpy().tobytes()).rstrip(b"\0").decode("ascii", errors="replace")
+            for source, buffer in incoming.items()}
+
+
 def exchange(data: Any, peer: Optional[int], sources: Sequence[int], group: Any) -> Dict[int, memoryview]:
     """Send data to peer and receive each source's (their sizes first), all at once; what came in
     is a view of the received buffer, not a copy. A source announcing an implausible size is a
@@ -131,13 +148,15 @@ def agree_max(value: int, group: Any) -> int:
     return int(proposed.item())
 
 
-def serve(handle: Optional[io.FileIO], size: int, digest: Tuple[str, str], target: int, group: Any) -> None:
-    """Send a copy's file (handle, size bytes, its recorded digest) to target in chunks; handle None:
-    the copy cannot be read here, and target is told so (it never waits for bytes that will not
-    come). A file shorter than it was sealed is sent zero-filled: the puller's digest refuses it."""
+def serve(handle: Optional[io.FileIO], size: int, digest: Tuple[str, str], mac: str, target: int,
+          group: Any) -> None:
+    """Send a copy's file (handle, size bytes, its recorded digest, the job's MAC of it) to target in
+    chunks; handle None: the copy cannot be read here, and target is told so (it never waits for
+    bytes that will not come). A file shorter than it was sealed is sent zero-filled: the puller's
+    digest refuses it."""
     header = torch.zeros(_HEADER_BYTES + 8, dtype=torch.uint8)
     if handle is not None:
-        label = f"{digest[0]}:{digest[1]}".encode()
+        label = f"{digest[0]}:{digest[1]}:{mac}".encode()[:_HEADER_BYTES]
         header[:len(label)] = torch.frombuffer(bytearray(label), dtype=torch.uint8)
         header[_HEADER_BYTES:] = torch.tensor([size], dtype=torch.int64).view(torch.uint8)
     dist.send(header, target, group=group)
@@ -163,11 +182,13 @@ def serve(handle: Optional[io.FileIO], size: int, digest: Tuple[str, str], targe
     _wait([request for request in in_flight if request is not None])
 
 
-def pull(server: int, group: Any, allocate: Callable[[int], torch.Tensor] = lambda size: torch.empty(
-        size, dtype=torch.uint8)) -> Tuple[Optional[torch.Tensor], str]:
+def pull(server: int, group: Any, allocate: Callable[[int], torch.Tensor],
+         authentic: Callable[[int, Tuple[str, str], str], bool]) -> Tuple[Optional[torch.Tensor], str]:
     """(the copy's bytes, "") from server, received into allocate(size) (a uint8 tensor) and
-    checked against the digest its manifest records as they arrive, or (None, "unreadable": the
-    server could not read it; "mismatch": the bytes do not match their digest)."""
+    checked against the digest its manifest records as they arrive, then the MAC sent with them
+    (authentic(size, digest, mac)), or (None, "unreadable": the server could not read it; "size":
+    an implausible size; "mismatch": the bytes do not match their digest; "mac": no MAC of the
+    job's: the server does not hold the job's key)."""
     header = torch.empty(_HEADER_BYTES + 8, dtype=torch.uint8)
     dist.recv(header, server, group=group)
     label = bytes(header[:_HEADER_BYTES].numpy().tobytes()).rstrip(b"\0").decode(errors="replace")
@@ -176,7 +197,8 @@ def pull(server: int, group: Any, allocate: Callable[[int], torch.Tensor] = lamb
     size = int(header[_HEADER_BYTES:].view(torch.int64).item())
     if not plausible_size(size):
         return None, "size"
-    algorithm, _, expected = label.partition(":")
+    algorithm, _, rest = label.partition(":")
+    expected, _, mac = rest.partition(":")
     buffer = allocate(size)
     starts = list(range(0, size, CHUNK_BYTES))
     receives: List[Any] = [dist.irecv(buffer[start:start + CHUNK_BYTES], server, group=group) for start in starts[:2]]
@@ -193,6 +215,8 @@ def pull(server: int, group: Any, allocate: Callable[[int], torch.Tensor] = lamb
             digest.update(buffer[start:start + CHUNK_BYTES].numpy().data)
     if digest is None or digest.hexdigest() != expected:
         return None, "mismatch"
+    if not authentic(size, (algorithm, expected), mac):
+        return None, "mac"
     return buffer, ""
 
 

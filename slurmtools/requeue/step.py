@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Collection, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from slurmtools import slurm
+from slurmtools import job_secret, slurm
 from slurmtools.errors import SlurmCommandError, UsageError
 from slurmtools.fsutil import read_small_regular, write_json_atomic
 from slurmtools.gpu_events import GPU_EVENTS_DIR
@@ -190,8 +190,13 @@ def _remove(path: Path) -> None:
 
 
 def prepare_control_dir(control_dir: Path) -> None:
-    """Markers and heartbeats belong to one attempt: clear the previous attempt's."""
+    """Markers and heartbeats belong to one attempt: clear the previous attempt's. The job's key
+    (job_secret) is made once, here, before any rank starts (ranks on other nodes then find it)."""
     ensure_control_dir(control_dir)
+    try:
+        job_secret.ensure(control_dir)
+    except OSError as exc:
+        raise UsageError(f"control dir {control_dir}: cannot make the job key: {exc.strerror}") from None
     for name in (REQUEST_FILE, STOPPED_FILE, COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, SDC_FILE,
                  REPORTS_PROGRESS_FILE, TERM_FILE):
         _remove(control_dir / name)

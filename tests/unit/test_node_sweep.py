@@ -95,13 +95,13 @@ def test_slurm_is_not_asked_when_nothing_is_old(tmp_path):
 
 
 def test_the_snapshot_sweep_keeps_a_requeued_jobs_snapshots_waiting_in_the_queue(tmp_path):
-    waiting = SnapshotStore(tmp_path, job_key("41", tmp_path / "a"), "n1")
+    waiting = SnapshotStore(tmp_path, job_key("41", tmp_path / "a"), "n1", bytes(32))
     waiting.save_own(0, 5, {"state.pt": b"x"})
-    ended = SnapshotStore(tmp_path, job_key("40", tmp_path / "b"), "n1")
+    ended = SnapshotStore(tmp_path, job_key("40", tmp_path / "b"), "n1", bytes(32))
     ended.save_own(0, 5, {"state.pt": b"x"})
     for store in (waiting, ended):
         _age(store.root, NOW - 25 * 3600)
-    new = SnapshotStore(tmp_path, job_key("43", tmp_path / "c"), "n1")
+    new = SnapshotStore(tmp_path, job_key("43", tmp_path / "c"), "n1", bytes(32))
     new.save_own(0, 1, {"state.pt": b"x"})
     assert new.sweep_stale(NOW, live_jobs=lambda: frozenset({41, 43})) == [ended.root.name]
     assert waiting.inventory() and not ended.root.exists()

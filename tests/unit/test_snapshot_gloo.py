@@ -28,7 +28,9 @@ if os.environ.get("NODE_MEMORY_FULL"):   # node memory refuses the pull's file: 
     SnapshotStore.incoming = _full
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank, hosts = dist.get_rank(), {int(k): v for k, v in json.loads(os.environ["HOSTS"]).items()}
-store = SnapshotStore(pathlib.Path(os.environ["MEMORY"]) / hosts[rank], "77-job", hosts[rank])
+# the job's key; a rank named in OUTSIDERS holds another (a process that joined the transport from outside the job)
+key = bytes(32) if str(rank) in os.environ.get("OUTSIDERS", "").split(",") else bytes(range(32))
+store = SnapshotStore(pathlib.Path(os.environ["MEMORY"]) / hosts[rank], "77-job", hosts[rank], key)
 group = snapshot_torch.side_group()
 if sys.argv[1] == "train":
     weights = torch.zeros(5000 if os.environ.get("BIG_RANK") == str(rank) else 1000) + rank
@@ -59,10 +61,10 @@ dist.destroy_process_group()
 
 
 def _run(tmp_path: Path, hosts: dict, *args: str, limit: str = "", memory_full: bool = False,
-         big_rank: str = "", overhead: str = "") -> list:
+         big_rank: str = "", overhead: str = "", outsiders: str = "") -> list:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(len(hosts)),
                HOSTS=json.dumps(hosts), MEMORY=str(tmp_path / "memory"), LIMIT=limit,
-               NODE_MEMORY_FULL="1" if memory_full else "", BIG_RANK=big_rank, OVERHEAD=overhead)
+               NODE_MEMORY_FULL="1" if memory_full else "", BIG_RANK=big_rank, OVERHEAD=overhead, OUTSIDERS=outsiders)
     procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, *args], env=dict(env, RANK=str(rank)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in hosts]
     outs = [proc.communicate(timeout=120) for proc in procs]
@@ -155,6 +157,36 @@ def test_a_rank_whose_own_copy_is_corrupted_still_serves_its_pull_and_all_plan_a
     why = results[0]["why"]
     assert why.startswith("snapshot of step 5, ranks 2,3 pulled from their replicas (snapshot of step 10 refused: "
                           "rank 0: snapshot ") and why.endswith("rank0/step_10: checksum mismatch in state.pt)"), why
+
+
+def test_a_replica_sent_without_the_jobs_key_is_not_kept(tmp_path):
+    """Rank 2 sends its replicas with a MAC under another key (a process outside the job that
+    joined its transport, standing in for rank 2): rank 0, which keeps rank 2's replica, refuses
+    each one and says so; its own copy, and every other replica, are kept. (Rank 2 refuses rank
+    0's replicas alike: under its key they carry no MAC it knows.)"""
+    for node in ("n1", "n2"):
+        (tmp_path / "memory" / node).mkdir(parents=True)
+    results = _run(tmp_path, {0: "n1", 1: "n1", 2: "n2", 3: "n2"}, "train", outsiders="2")
+    def refused(of_rank: int) -> list:
+        return [[step, f"CheckpointError: the replica of rank {of_rank}'s step {step} does not carry the job's MAC "
+                       f"(sent by a process without the job's key, or spoiled on the wire): not kept"] for step in (5, 10)]
+    assert [r["failures"] for r in results] == [refused(2), [], refused(0), []]
+    assert _copies(tmp_path, "n1") == ["rank0/step_10", "rank0/step_5", "rank1/step_10", "rank1/step_5",
+                                       "replica-of-rank3/step_10", "replica-of-rank3/step_5"]
+
+
+def test_a_pull_served_without_the_jobs_key_is_refused(trained):
+    """Node n2 is lost; ranks 2 and 3 pull their replicas from n1, whose ranks now hold another
+    key (processes outside the job serving the pulls): the bytes match the digest sent with them,
+    but not the job's MAC, so no pulled state is restored; n1's own copies need no MAC (node
+    memory is the user's own)."""
+    shutil.rmtree(trained / "memory" / "n2")
+    results = _run(trained, {0: "n1", 1: "n1", 2: "n3", 3: "n3"}, "restore", "4", outsiders="0,1")
+    assert [r["step"] for r in results] == [None] * 4
+    assert [r["why"] for r in results] == [
+        "snapshot of step 10 refused: rank 2: the replica of step 10 pulled from n1 does not carry the job's MAC; "
+        "snapshot of step 5 refused: rank 2: the replica of step 5 pulled from n1 does not carry the job's MAC; "
+        "step 10: no copy of rank 2 and 1 more on a living node"] * 4
 
 
 def test_both_nodes_of_a_pair_lost_uses_the_checkpoint(trained):

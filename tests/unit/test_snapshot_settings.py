@@ -61,7 +61,7 @@ if dist.get_rank() == 0:        # a hostile peer: a header with a label and a si
     header[snapshot_wire._HEADER_BYTES:] = torch.tensor([int(sys.argv[1])], dtype=torch.int64).view(torch.uint8)
     dist.send(header, 1)
 else:
-    buffer, why = snapshot_wire.pull(0, None)
+    buffer, why = snapshot_wire.pull(0, None, lambda size: torch.empty(size, dtype=torch.uint8), lambda *_: True)
     print("PULLED", buffer is None, why, flush=True)
 dist.barrier()
 dist.destroy_process_group()
@@ -105,3 +105,46 @@ def test_a_peers_json_that_is_not_json_of_ours_is_a_checkpoint_error():
     for raw in (b"\x80\x04cos\nsystem\n", b"NaN", b'{"a": Infinity}', b"[" * 100000 + b"]" * 100000):
         with pytest.raises(CheckpointError, match="a rank sent what is no JSON of ours"):
             _parsed(raw)
+
+
+ONE_RANK_SESSION = r"""
+import os, pathlib, sys, torch.distributed as dist
+from slurmtools import snapshot_fsdp
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+control = pathlib.Path(sys.argv[2]) if sys.argv[2] else None
+session = snapshot_fsdp.Session.open(5, control, "9.0", dict(os.environ, SLURM_JOB_ID="9"))
+print("SESSION", session is not None, flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _open_session(tmp_path, control: str):
+    import os
+    import subprocess
+    import sys
+    memory = tmp_path / "memory"
+    memory.mkdir(exist_ok=True)
+    done = subprocess.run([sys.executable, "-c", ONE_RANK_SESSION, str(tmp_path / "rendezvous"), control],
+                          env=dict(os.environ, SLURMTOOLS_NODE_LOCAL_DIR=str(memory)), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (tmp_path / "rendezvous").unlink(missing_ok=True)
+    return done.stdout.split("SESSION ")[-1].strip(), [line for line in done.stderr.splitlines() if "slurmtools" in line]
+
+
+def test_snapshots_need_the_jobs_key_and_say_so_in_one_line_when_there_is_none(tmp_path):
+    """The replicas' MAC needs the job's key, kept in the control dir: without one (no supervisor,
+    no SLURMTOOLS_CONTROL_DIR) snapshots are off, said once; with one, rank 0 makes the key; a key
+    others can read turns them off on the rank that finds it so."""
+    pytest.importorskip("torch")
+    assert _open_session(tmp_path, "") == ("False", [
+        "slurmtools: snapshots off: no control dir (the job's key, which authenticates replicas, is kept there): run "
+        "under `slurmtools run` or set SLURMTOOLS_CONTROL_DIR"])
+    control = tmp_path / "control"
+    control.mkdir()
+    assert _open_session(tmp_path, str(control)) == ("True", [])
+    assert (control / "job.key").stat().st_mode & 0o777 == 0o600
+    (control / "job.key").chmod(0o640)
+    assert _open_session(tmp_path, str(control)) == ("False", [
+        f"slurmtools: rank 0: snapshots off: job key {control}/job.key: not this user's alone (owner uid "
+        f"{(control / 'job.key').stat().st_uid}, mode 0640)"])

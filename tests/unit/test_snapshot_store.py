@@ -21,7 +21,7 @@ from slurmtools.snapshot_wire import ViewReader
 @pytest.fixture
 def store(tmp_path):
     (tmp_path / "shm").mkdir()
-    return SnapshotStore(tmp_path / "shm", "42-abcdef", "node1")
+    return SnapshotStore(tmp_path / "shm", "42-abcdef", "node1", bytes(32))
 
 
 def test_own_copies_and_replicas_are_sealed_and_two_are_kept(store):
@@ -64,7 +64,7 @@ def test_the_same_step_saved_again_replaces_it(store):
 def test_a_directory_others_can_write_is_refused(tmp_path):
     shm = tmp_path / "shm"
     shm.mkdir()
-    store = SnapshotStore(shm, "42-abcdef", "node1")
+    store = SnapshotStore(shm, "42-abcdef", "node1", bytes(32))
     store.save_own(0, 10, {"a": b"1"})
     store.root.parent.chmod(0o777)
     assert not store.usable()
@@ -86,14 +86,14 @@ def test_a_finished_rank_removes_its_copies_and_stale_jobs_are_swept(store, tmp_
     assert sorted(path.name for path in store.root.iterdir()) == ["rank1"]
     store.remove(1, [])
     assert not store.root.exists()                       # the last one takes the job's directory
-    ended = SnapshotStore(tmp_path, job_key("41", tmp_path / "a"), "n1")
+    ended = SnapshotStore(tmp_path, job_key("41", tmp_path / "a"), "n1", bytes(32))
     ended.save_own(0, 5, {"state.pt": b"x"})
-    running = SnapshotStore(tmp_path, job_key("42", tmp_path / "b"), "n1")
+    running = SnapshotStore(tmp_path, job_key("42", tmp_path / "b"), "n1", bytes(32))
     running.save_own(0, 5, {"state.pt": b"x"})
     day_ago = ended.root.stat().st_mtime - 25 * 3600
     for path in [ended.root, *ended.root.rglob("*")]:
         os.utime(path, (day_ago, day_ago))
-    SnapshotStore(tmp_path, job_key("43", tmp_path / "c"), "n1").sweep_stale(
+    SnapshotStore(tmp_path, job_key("43", tmp_path / "c"), "n1", bytes(32)).sweep_stale(
         now=running.root.stat().st_mtime + 60, live_jobs=lambda: frozenset({42, 43}))
     assert not ended.root.exists() and running.inventory() == [Copy(0, 5, "n1", True, 0)]
 
