@@ -68,7 +68,9 @@ def _handle_waiting(settings: BlameSettings, spool_dir: Path, done: Path, now_s:
     now_s = time.time() if now_s is None else now_s
     earlier = model.accepted_from(spool.records(done, now_s))
     cluster = slurm.cluster_name()
-    out = []
+    out = [Handled(f"quota of uid {uid}", "refuse", f"{count} reports past the {spool.MAX_WAITING_PER_USER} a user may "
+                                                     f"have waiting, removed unread")
+           for uid, count in sorted(spool.remove_over_quota(spool_dir).items())]
     reports = spool.claim(spool_dir)
     while until is None or time.monotonic() < until:
         try:

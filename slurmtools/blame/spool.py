@@ -34,6 +34,9 @@ SPOOL_MODE = 0o1733
 
 
 MAX_RECORDS = 20000               # done/'s records kept at most (a week of them, or fewer)
+# a user's reports waiting at once: a job blames a node or a few, and each run takes 64 in turns;
+# past this a user's newest are removed unread, so no flood grows what every run lists
+MAX_WAITING_PER_USER = 256
 
 
 def _mtime(path: Path) -> float:
@@ -93,23 +96,41 @@ def make_spool(spool_dir: Path) -> None:
     check_spool(spool_dir)
 
 
+def _by_owner(spool_dir: Path) -> Dict[int, List[Tuple[float, str]]]:
+    """The waiting reports (modification time, name) by the user who wrote them (the file's owner),
+    in name order."""
+    by_owner: Dict[int, List[Tuple[float, str]]] = {}
+    for name in sorted(name for name in os.listdir(spool_dir) if REPORT.match(name)):
+        try:
+            info = os.lstat(spool_dir / name)
+        except OSError:
+            continue                      # gone meanwhile (another node's run claimed it)
+        by_owner.setdefault(info.st_uid, []).append((info.st_mtime, name))
+    return by_owner
+
+
 def waiting(spool_dir: Path) -> List[str]:
     """The names of the reports waiting, at most MAX_REPORTS_PER_RUN, taken in turn from each
     user who wrote them (the file's owner): one user's flood of reports never holds back another's."""
-    by_owner: Dict[int, List[str]] = {}
-    for name in sorted(name for name in os.listdir(spool_dir) if REPORT.match(name)):
-        try:
-            owner = os.lstat(spool_dir / name).st_uid
-        except OSError:
-            continue                      # gone meanwhile (another node's run claimed it)
-        by_owner.setdefault(owner, []).append(name)
-    turns = [names for _, names in sorted(by_owner.items())]
+    turns = [[name for _, name in dated] for _, dated in sorted(_by_owner(spool_dir).items())]
     taken: List[str] = []
     for index in range(max((len(names) for names in turns), default=0)):
         taken += [names[index] for names in turns if index < len(names)]
         if len(taken) >= MAX_REPORTS_PER_RUN:
             break
     return taken[:MAX_REPORTS_PER_RUN]
+
+
+def remove_over_quota(spool_dir: Path) -> Dict[int, int]:
+    """Each user's waiting reports past their MAX_WAITING_PER_USER oldest, removed unread (root
+    may, in the sticky spool): {uid: how many}. Unrecorded one by one: a flood fills no records."""
+    removed: Dict[int, int] = {}
+    for owner, dated in _by_owner(spool_dir).items():
+        for _, name in sorted(dated)[MAX_WAITING_PER_USER:]:
+            _discard(spool_dir / name)
+        if len(dated) > MAX_WAITING_PER_USER:
+            removed[owner] = len(dated) - MAX_WAITING_PER_USER
+    return removed
 
 
 def claim(spool_dir: Path) -> Iterator[Tuple[str, Optional[bytes]]]:
@@ -187,24 +208,27 @@ def records(done: Path, now_s: Optional[float] = None) -> List[Dict[str, Any]]:
     that the oldest (by modification time) are removed first, so a flood of garbage reports
     cannot grow root's done/ nor what every run reads without bound."""
     now_s = time.time() if now_s is None else now_s
-    out = []
-    paths = sorted(done.glob("blame.*.json"))
-    if len(paths) > MAX_RECORDS:
-        by_age = sorted(paths, key=_mtime)
-        for path in by_age[:len(paths) - MAX_RECORDS]:
-            path.unlink(missing_ok=True)
-        paths = sorted(by_age[len(paths) - MAX_RECORDS:])
-    for path in paths:
+    read: List[Tuple[Path, Dict[str, Any]]] = []
+    for path in sorted(done.glob("blame.*.json")):
         raw = read_small_regular(path, 65536)
         try:
             entry = json.loads(raw) if raw is not None else None
         except (ValueError, RecursionError):      # a record nested past the parser's depth is no record
             entry = None
         if not isinstance(entry, dict):
+            path.unlink(missing_ok=True)
             continue
         handled = entry.get("handled_s")
         if isinstance(handled, (int, float)) and now_s - handled > KEEP_RECORDS_S:
             path.unlink(missing_ok=True)
             continue
-        out.append(entry)
-    return out
+        read.append((path, entry))
+    if len(read) > MAX_RECORDS:
+        # refused reports go first, the oldest of them: garbage never pushes out the evidence that
+        # counts against a budget or for a confirmation
+        order = sorted(read, key=lambda item: (item[1].get("accepted") is True, _mtime(item[0])))
+        for path, _ in order[:len(read) - MAX_RECORDS]:
+            path.unlink(missing_ok=True)
+        kept = {path for path, _ in order[len(read) - MAX_RECORDS:]}
+        read = [(path, entry) for path, entry in read if path in kept]
+    return [entry for _, entry in read]

@@ -288,7 +288,7 @@ def test_a_record_nested_past_the_parsers_depth_is_skipped_not_the_end_of_all_bl
     spool.record(done, "blame.b.munge", {"job": "2", "node": "n1", "kind": "hang", "time_s": NOW, "accepted": True,
                                          "handled_s": NOW})
     assert [entry["job"] for entry in spool.records(done, NOW)] == ["2"]
-
+    assert not (done / "blame.deepdeepdeep.munge.json").exists()       # no record: removed, not read every run
 
 
 def test_one_users_flood_of_reports_does_not_hold_back_anothers(spool_dir):
@@ -314,6 +314,45 @@ def test_done_keeps_at_most_its_bound_of_records_the_oldest_going_first(spool_di
         os.utime(done / f"blame.r{index}.munge.json", (NOW + index, NOW + index))
     assert [entry["job"] for entry in spool.records(done, NOW)] == ["2", "3", "4"]
     assert sorted(p.name for p in done.glob("blame.*.json")) == [f"blame.r{i}.munge.json" for i in (2, 3, 4)]
+
+
+def test_refused_reports_records_go_before_the_evidence_that_counts(spool_dir, monkeypatch):
+    """A flood of garbage reports, each refused and recorded, pushed the oldest records out of done/
+    whatever they were: an accepted one (a budget's, a confirmation's evidence) went too. Now the
+    refused ones go first, the oldest of them."""
+    monkeypatch.setattr(spool, "MAX_RECORDS", 3)
+    done = spool.check_spool(spool_dir)
+    for index, accepted in enumerate([True, False, True, False, False]):
+        spool.record(done, f"blame.r{index}.munge", {"job": str(index), "node": "n1", "kind": "hang", "time_s": NOW,
+                                                    "handled_s": NOW, "accepted": accepted})
+        os.utime(done / f"blame.r{index}.munge.json", (NOW + index, NOW + index))
+    assert [entry["job"] for entry in spool.records(done, NOW)] == ["0", "2", "4"]
+    assert sorted(p.name for p in done.glob("blame.*.json")) == [f"blame.r{i}.munge.json" for i in (0, 2, 4)]
+
+
+def test_a_users_reports_past_the_quota_are_removed_unread_and_said_in_one_line(spool_dir, monkeypatch):
+    """Per-uid quota (issue 51, finding 6): one user's flood no longer grows what every run lists;
+    past MAX_WAITING_PER_USER waiting, that user's newest go unread; another user's stay."""
+    from slurmtools.blame import intake
+    monkeypatch.setattr(spool, "MAX_WAITING_PER_USER", 3)
+    flood = []
+    for index in range(5):
+        path = spool_dir / f"blame.f{index:015d}.munge"
+        path.write_text("MUNGE:flood")
+        os.chown(path, 1000, 1000)
+        os.utime(path, (NOW + index, NOW + index))
+        flood.append(path.name)
+    other = spool_dir / "blame.zzzzzzzzzzzzzzzz.munge"
+    other.write_text("MUNGE:real")
+    os.chown(other, 2000, 2000)
+    monkeypatch.setattr(intake.slurm, "cluster_name", lambda: "mini")
+    handled = intake.handle(BlameSettings(spool_dir=str(spool_dir), munge_socket="/nonexistent/socket"))
+    assert handled[0].line() == ("slurmtools: blame quota of uid 1000: refuse (2 reports past the 3 a user may have "
+                                 "waiting, removed unread)")
+    # the three oldest of the flood and the other user's were handled (refused here: no munged)
+    assert sorted(h.name for h in handled[1:]) == sorted(flood[:3] + [other.name])
+    assert sorted(p.name for p in (spool_dir / "done").glob("blame.*.json")) == sorted(
+        f"{name}.json" for name in flood[:3] + [other.name])
 
 
 def test_handling_stops_claiming_at_its_deadline_and_the_rest_wait(spool_dir, monkeypatch):
