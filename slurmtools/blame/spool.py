@@ -204,9 +204,10 @@ def record(done: Path, name: str, entry: Dict[str, Any]) -> None:
 
 
 def records(done: Path, now_s: Optional[float] = None) -> List[Dict[str, Any]]:
-    """The records of the last KEEP_RECORDS_S (older ones are removed), at most MAX_RECORDS: past
-    that the oldest (by modification time) are removed first, so a flood of garbage reports
-    cannot grow root's done/ nor what every run reads without bound."""
+    """The records of the last KEEP_RECORDS_S (older ones, and files that are no record, are
+    removed), at most MAX_RECORDS: past that the oldest refused ones are removed first, so a flood
+    of garbage reports grows neither root's done/ nor what every run reads, and never pushes out
+    the accepted records the budgets and confirmations count."""
     now_s = time.time() if now_s is None else now_s
     read: List[Tuple[Path, Dict[str, Any]]] = []
     for path in sorted(done.glob("blame.*.json")):
