@@ -4,7 +4,7 @@ the real Lightning Trainer and the real Transformers Trainer, 2 processes under 
 CPU), a step that takes --step-s (a sleep inside the step: the model is tiny), run once with the
 slurmtools callback and once without it. Per framework it prints the time spent inside the
 callback's per-step hooks once warm (a heartbeat, the step record, the all-ranks agreement on a
-checkpoint request: slurmtools.agreement, an all-reduce about every 0.5 s), the time per step once warm with and without the callback, and
+checkpoint request: slurmtools.train.agreement, an all-reduce about every 0.5 s), the time per step once warm with and without the callback, and
 
     ratio <framework> <x>     (time inside the hooks per step, the rank that spends most / step without)
 

@@ -24,8 +24,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.resume import events, finished, spec, submit, victim_of, wait  # noqa: E402
-from slurmtools import drain, slurm  # noqa: E402
 from slurmtools.minicluster import cluster as mc  # noqa: E402
+from slurmtools.minicluster import faults  # noqa: E402
+from slurmtools.slurm import drain, commands as slurm  # noqa: E402
 
 STATE_DIR = Path("/var/tmp/slurmtools-bench-blame")
 
@@ -36,7 +37,7 @@ def one_sample(layout, work: Path, fault: str, index: int) -> Dict[str, float]:
     job = submit(s)
     if fault == "node kill":
         wait(lambda: any(e.get("step", 0) >= 12 and "loss" in e for e in events(s, job)), 120, "step 12")
-        mc.kill_node(layout, victim_of(s, job))
+        faults.kill_node(layout, victim_of(s, job))
     blame = wait(lambda: next((e for e in events(s, job) if e.get("slurmtools") in ("blame", "blame_failed")), None),
                  300, "the supervisor's blame", interval_s=0.05)
     if blame["slurmtools"] == "blame_failed":
@@ -49,7 +50,7 @@ def one_sample(layout, work: Path, fault: str, index: int) -> Dict[str, float]:
     resumed = next(e for e in evts if e.get("event") == "resumed" and e["t"] > blame["t"])
     first = next(e for e in evts if "loss" in e and e["t"] > resumed["t"])
     if fault == "node kill":
-        mc.restart_node(layout, node)
+        faults.restart_node(layout, node)
     for n in slurm.nodes():
         if n.drained and drain.is_ours(n.reason):
             drain.resume(n.name)

@@ -34,9 +34,9 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from slurmtools import checkpoint_resume, checkpoint_torch
-    from slurmtools.checkpoint import CheckpointManager
-    from slurmtools.tiny_fsdp import TinyLM, TrainConfig, batch_for
+    from slurmtools.checkpoint import resume as checkpoint_resume, torch_dcp as checkpoint_torch
+    from slurmtools.checkpoint.manager import CheckpointManager
+    from slurmtools.reference.tiny_model import TinyLM, TrainConfig, batch_for
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -167,7 +167,7 @@ CHECKPOINT_BYTES_PER_PARAM = 12
 
 def layers_for(size_gb: float, dim: int = SWEEP_DIM, heads: int = 4) -> int:
     """Blocks of a dim-wide TinyLM whose checkpoint is about size_gb."""
-    from slurmtools.tiny_fsdp import Block
+    from slurmtools.reference.tiny_model import Block
     block_params = sum(p.numel() for p in Block(dim, heads).parameters())
     return max(1, math.ceil(size_gb * 1e9 / (CHECKPOINT_BYTES_PER_PARAM * block_params)))
 

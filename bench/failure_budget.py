@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slurmtools.requeue.policy import Action, AttemptRecord, Cause, Diagnosis, decide  # noqa: E402
+from slurmtools.common.ledger import AttemptRecord, Cause  # noqa: E402
+from slurmtools.requeue.policy import Action, Diagnosis, decide
 from slurmtools.spec import RequeueSpec  # noqa: E402
 
 RATES_PER_1000_NODE_DAYS = (2.3, 3.8, 6.5)

@@ -13,8 +13,9 @@ import statistics
 import time
 from pathlib import Path
 
-from slurmtools import slurm
 from slurmtools.minicluster import cluster as mc
+from slurmtools.minicluster import faults
+from slurmtools.slurm import commands as slurm
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -70,7 +71,7 @@ def main() -> None:
         wait(lambda: running(job), 30)
         time.sleep(1)
         t_kill = time.monotonic()
-        mc.kill_node(layout, "node2")
+        faults.kill_node(layout, "node2")
         down_s = wait(lambda: any(n.name == "node2" and n.state == "down" for n in slurm.nodes()), 90, 0.1)
         print(f"node kill -> node DOWN: {down_s:.1f} s (SlurmdTimeout=10, MessageTimeout=10)")
         wait(lambda: slurm.job_state(job).state == "PENDING", 60, 0.1)
@@ -78,7 +79,7 @@ def main() -> None:
         wait(lambda: running(job), 90, 0.1)
         print(f"node kill -> job running again on other nodes: {time.monotonic() - t_kill:.1f} s")
         slurm.cancel(job)
-        mc.restart_node(layout, "node2")
+        faults.restart_node(layout, "node2")
         wait(lambda: all(n.state == "idle" for n in slurm.nodes()), 60)
 
         job = slurm.submit("#!/bin/bash\n#SBATCH -N2 --requeue -o /dev/null\nsrun sleep 300\n")

@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-from slurmtools import slurm
 from slurmtools.minicluster import cluster as mc
+from slurmtools.minicluster import faults
+from slurmtools.slurm import commands as slurm
 
 REPO = Path(__file__).resolve().parent.parent
 SLURMTOOLS = [sys.executable, "-m", "slurmtools"]
@@ -74,12 +75,12 @@ def main() -> None:
             print(f"healthy: {len(healthy)} preflights on 3 nodes, {len(false)} not passed "
                   f"({[v.get('findings') for v in false]}); wall median {statistics.median(walls):.2f} s, "
                   f"max {max(walls):.2f} s")
-            mc.degrade_node(layout, "node2", rate_mbit=100)
+            faults.degrade_node(layout, "node2", rate_mbit=100)
             show_fault("slow link (node2 at 100 Mbit/s)", preflights(work, 1))
-            mc.heal_node(layout, "node2")
-            mc.degrade_node(layout, "node2", cpu_percent=15)
+            faults.heal_node(layout, "node2")
+            faults.degrade_node(layout, "node2", cpu_percent=15)
             show_fault("slow node (node2 at 15% of a core)", preflights(work, 1))
-            mc.heal_node(layout, "node2")
+            faults.heal_node(layout, "node2")
     finally:
         mc.down(layout, purge=True)
     print("in-training SDC canary (bench/sdc.py):", flush=True)

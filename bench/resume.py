@@ -32,11 +32,14 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from slurmtools import jobs, slurm  # noqa: E402
-from slurmtools.fsutil import json_lines  # noqa: E402
+from slurmtools.common import ledger  # noqa: E402
+from slurmtools.common.control_dir import control_dir_for  # noqa: E402
+from slurmtools.common.fsutil import json_lines  # noqa: E402
+from slurmtools.job import submit as jobs
 from slurmtools.minicluster import cluster as mc  # noqa: E402
-from slurmtools.requeue import goodput, ledger  # noqa: E402
-from slurmtools.runtime import control_dir_for  # noqa: E402
+from slurmtools.minicluster import faults as mc_faults  # noqa: E402
+from slurmtools.requeue import goodput
+from slurmtools.slurm import commands as slurm  # noqa: E402
 from slurmtools.spec import spec_from_dict  # noqa: E402
 
 TRAIN = REPO / "examples" / "tiny_fsdp" / "train.py"
@@ -162,11 +165,11 @@ def one_fault(layout, work: Path, fault: str, path: str) -> Dict[str, float]:
             wait(lambda: signal_rank(job, "3"), 10, "a rank to kill")
         else:
             victim = victim_of(s, job)
-            mc.kill_node(layout, victim)
+            mc_faults.kill_node(layout, victim)
         wait(lambda: finished(job), 400, f"{fault} run")
         evts = events(s, job)
     if victim:
-        mc.restart_node(layout, victim)
+        mc_faults.restart_node(layout, victim)
     resume_drained()
     wait(lambda: all(n.state == "idle" and not n.flags for n in slurm.nodes()), 90, "nodes idle")
     b = breakdown(evts, fault_t)
@@ -192,12 +195,12 @@ def correlated_fault(layout, work: Path, fault: str) -> Dict[str, float]:
     victims = {"one node killed, requeue": nodes[1:2], "batch host killed, requeue": nodes[:1]}.get(fault, nodes[1:])
     fault_t = time.time()
     for node in victims:
-        mc.kill_node(layout, node)
+        mc_faults.kill_node(layout, node)
     decided_t = requeued_at(job, 400) if nodes[0] in victims else 0.0
     wait(lambda: finished(job), 400, f"{fault} run")
     evts = events(s, job)
     for node in victims:
-        mc.restart_node(layout, node)
+        mc_faults.restart_node(layout, node)
     wait(lambda: all(n.state == "idle" and not n.flags or n.drained for n in slurm.nodes()), 90, "nodes back")
     resume_drained()
     wait(lambda: all(n.state == "idle" and not n.flags for n in slurm.nodes()), 90, "nodes idle")
@@ -218,9 +221,9 @@ def goodput_run(layout, work: Path, name: str, steps: int, faults: bool) -> floa
         wait(lambda: signal_rank(job, "1", signal.SIGSTOP), 10, "a rank to stop")   # hung rank
         wait(lambda: step_reached(s, job, marks[2]), 600, f"step {marks[2]}")
         victim = current_nodes(s, job)[1]
-        mc.kill_node(layout, victim)                                                  # node kill
+        mc_faults.kill_node(layout, victim)                                                  # node kill
         wait(lambda: finished(job), 900, f"{name} run")
-        mc.restart_node(layout, victim)
+        mc_faults.restart_node(layout, victim)
     else:
         wait(lambda: finished(job), 900, f"{name} run")
     wall = time.time() - t0

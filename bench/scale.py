@@ -51,13 +51,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scale_attribution import attributions  # noqa: E402
 
-from slurmtools.fsutil import write_json_atomic  # noqa: E402
-from slurmtools.node_beat import NODE_LOCAL_DIR_ENV, NodeBeats, node_dir  # noqa: E402
+from slurmtools.common.control_dir import HEARTBEAT_DIR, HEARTBEAT_INTERVAL_S
+from slurmtools.common.fsutil import write_json_atomic  # noqa: E402
 from slurmtools.requeue import flightrec, straggler, watchdog  # noqa: E402
 from slurmtools.requeue.observe import pace_s  # noqa: E402
 from slurmtools.requeue.supervisor import SupervisorConfig  # noqa: E402
-from slurmtools.runtime import HEARTBEAT_DIR, HEARTBEAT_INTERVAL_S, TrainingControl  # noqa: E402
-from slurmtools.steplog import StepLog  # noqa: E402
+from slurmtools.train.control import TrainingControl  # noqa: E402
+from slurmtools.train.node_beat import NODE_LOCAL_DIR_ENV, NodeBeats, node_dir  # noqa: E402
+from slurmtools.train.steplog import StepLog  # noqa: E402
 
 NODE_TIMEOUT_S = 10.0            # the spec's floor for node_timeout_s (4x the median step, at least 10 s)
 

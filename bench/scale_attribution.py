@@ -12,11 +12,11 @@ import tracemalloc
 from pathlib import Path
 from typing import Any, Dict
 
-from slurmtools import fr_dump
-from slurmtools.node_beat import NodeBeats, node_dir
+from slurmtools.common.control_dir import HEARTBEAT_DIR, HEARTBEAT_INTERVAL_S
 from slurmtools.requeue import flightrec
 from slurmtools.requeue.observe import pace_s
-from slurmtools.runtime import HEARTBEAT_DIR, HEARTBEAT_INTERVAL_S
+from slurmtools.train import fr_dump
+from slurmtools.train.node_beat import NodeBeats, node_dir
 
 
 def torch_like_dump(entries: int, newest_seq: int) -> Dict[str, Any]:

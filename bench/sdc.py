@@ -21,8 +21,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from slurmtools.sdc_canary import canary
-    from slurmtools.tiny_fsdp import TrainConfig, batch_for, build, train_step
+    from slurmtools.train.sdc_canary import canary
+    from slurmtools.reference.tiny_model import TrainConfig, batch_for, build, train_step
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""In-memory snapshots (slurmtools/snapshot_torch.py) against the persistent checkpoint, on this
+"""In-memory snapshots (slurmtools/snapshot/torch_state.py) against the persistent checkpoint, on this
 machine:
 
 - the training thread's stall per snapshot (the state copied to host memory, over the previous
@@ -40,10 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from slurmtools.checkpoint import CheckpointManager  # noqa: E402
-from slurmtools.snapshot import DEFAULT_MAX_OVERHEAD_PCT, Copy, interval_for  # noqa: E402
-from slurmtools.snapshot_io import SnapshotStore  # noqa: E402
-from slurmtools.snapshot_torch import STATE_FILE, deserialize, serialize, to_host  # noqa: E402
+from slurmtools.checkpoint.manager import CheckpointManager  # noqa: E402
+from slurmtools.snapshot.rules import DEFAULT_MAX_OVERHEAD_PCT, Copy, interval_for  # noqa: E402
+from slurmtools.snapshot.store import SnapshotStore  # noqa: E402
+from slurmtools.snapshot.torch_state import STATE_FILE, deserialize, serialize, to_host  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import snapshot_goodput  # noqa: E402

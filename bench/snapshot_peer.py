@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 RANK_SCRIPT = r"""
 import datetime, json, os, pathlib, sys, time, torch, torch.distributed as dist
-from slurmtools.snapshot_io import SnapshotStore
-from slurmtools import snapshot_torch
+from slurmtools.snapshot.store import SnapshotStore
+from slurmtools.snapshot import torch_state as snapshot_torch
 torch.set_num_threads(1)
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
 rank, memory, mb = dist.get_rank(), pathlib.Path(os.environ["MEMORY"]), int(os.environ["STATE_MB"])

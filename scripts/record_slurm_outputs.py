@@ -20,10 +20,10 @@ from typing import Callable, Dict, List
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from slurmtools import slurm  # noqa: E402
 from slurmtools.errors import SlurmCommandError, SlurmToolsError  # noqa: E402
 from slurmtools.minicluster import cluster, debroot  # noqa: E402
 from slurmtools.minicluster.release import RELEASES  # noqa: E402
+from slurmtools.slurm import commands as slurm  # noqa: E402
 
 DRAIN_REASON = "slurmtools: CRITICAL recorded.check node=node3 measured=1 expected=0"
 CLUSTER_NAME = "rec"

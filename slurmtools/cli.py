@@ -50,7 +50,7 @@ def _slurm_release(text: str) -> Tuple[int, int]:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from slurmtools import sbatch
+    from slurmtools.job import sbatch
     from slurmtools.spec import load_spec
 
     spec = load_spec(args.spec)
@@ -60,7 +60,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from slurmtools import jobs
+    from slurmtools.job import submit as jobs
     from slurmtools.spec import load_spec
 
     spec = load_spec(args.spec)
@@ -74,21 +74,23 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from slurmtools import jobs, slurm
+    from slurmtools.job import submit as jobs
+    from slurmtools.slurm import commands as slurm
 
     print(jobs.format_status(slurm.job_state(_job_id(args.job_id)), as_json=args.json))
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from slurmtools import slurm
+    from slurmtools.slurm import commands as slurm
 
     slurm.cancel(_job_id(args.job_id))
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from slurmtools import jobs, slurm
+    from slurmtools.job import submit as jobs
+    from slurmtools.slurm import commands as slurm
 
     job_id = _job_id(args.job_id)
     out_path, err_path = jobs.log_paths(job_id)
@@ -108,7 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import os
 
     from slurmtools.requeue import flags, supervisor
-    from slurmtools.runtime import default_control_dir
+    from slurmtools.common.control_dir import default_control_dir
 
     argv = list(args.command)
     if argv and argv[0] == "--":
@@ -126,8 +128,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_goodput(args: argparse.Namespace) -> int:
     import json
 
-    from slurmtools import jobreport, jobs
-    from slurmtools.requeue import goodput, ledger
+    from slurmtools.report import text as jobreport
+    from slurmtools.job import submit as jobs
+    from slurmtools.requeue import goodput
+    from slurmtools.common import ledger
 
     target = jobs.ledger_location(args.target, args.spec)
     report = jobreport.load(target)           # the report's figures: the step log's step time when kept
@@ -139,7 +143,8 @@ def cmd_goodput(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from slurmtools import jobreport, jobs
+    from slurmtools.report import text as jobreport
+    from slurmtools.job import submit as jobs
 
     target = jobs.ledger_location(args.target, args.spec)
     report = jobreport.load(target)
@@ -150,7 +155,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.html is None:
         print(jobreport.format_text(report))
         return 0
-    from slurmtools import report_html
+    from slurmtools.report import html as report_html
     try:
         page = report_html.render(report)        # matplotlib is imported here, not at start-up
     except ImportError as exc:
@@ -265,7 +270,7 @@ def cmd_health_record_gpu(args: argparse.Namespace) -> int:
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
-    from slurmtools import drain, slurm
+    from slurmtools.slurm import drain, commands as slurm
 
     if args.nodes_action == "drain":
         drain.drain_manual(args.node, args.reason)
@@ -335,11 +340,11 @@ def _record_ib(args: argparse.Namespace) -> int:
 
 
 def _add_preflight(sub: Any) -> None:
-    from slurmtools.preflight.command import add_preflight
+    from slurmtools.requeue.preflight_command import add_preflight
     add_preflight(sub)
-    from slurmtools.blame.command import add_blames
+    from slurmtools.health.blame_command import add_blames
     add_blames(sub)
-    from slurmtools.metricsrelay.command import add_metrics
+    from slurmtools.health.relay_command import add_metrics
     add_metrics(sub)
 
 

@@ -15,12 +15,12 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import regex
 
+from slurmtools.common.schema import MAX_YAML_BYTES, attach_line, build, check_limits, doc, err, load_yaml_with_lines
+from slurmtools.common.schema import field_docs as _field_docs
 from slurmtools.errors import SpecError
-from slurmtools.schema import MAX_YAML_BYTES, attach_line, build, check_limits, doc, err, load_yaml_with_lines
-from slurmtools.schema import field_docs as _field_docs
-from slurmtools.gpu_events import DEFAULT_SOURCE as DEFAULT_GPU_EVENTS
-from slurmtools.gpu_events import source_problem as gpu_events_problem
-from slurmtools.snapshot import DEFAULT_EVERY_STEPS, DEFAULT_MAX_OVERHEAD_PCT, DEFAULT_MEMORY_GB
+from slurmtools.snapshot.rules import DEFAULT_EVERY_STEPS, DEFAULT_MAX_OVERHEAD_PCT, DEFAULT_MEMORY_GB
+from slurmtools.train.gpu_events import DEFAULT_SOURCE as DEFAULT_GPU_EVENTS
+from slurmtools.train.gpu_events import source_problem as gpu_events_problem
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MIN_MEM_GB = 0.1
@@ -143,17 +143,17 @@ class DistributedSpec:
     sdc_check_every: int = doc("Silent-data-corruption canary: every N steps and before each checkpoint is "
                                "sealed, all ranks recompute a fixed reference batch and compare checksums; a "
                                "rank that disagrees is blamed with its node (SLURMTOOLS_SDC_CHECK_EVERY, for "
-                               "trainers that use slurmtools.sdc). 0: off.", 100, min=0, max=1000000000)
+                               "trainers that use slurmtools.train.sdc). 0: off.", 100, min=0, max=1000000000)
     snapshot_every_steps: int = doc("In-memory snapshots: every N steps each rank keeps its state in node memory "
                                     "and a rank of another node keeps a replica; a restart in the allocation "
                                     "restores from them, a spare pulls a lost node's state from its replicas "
                                     "(docs/snapshots.md; SLURMTOOLS_SNAPSHOT_EVERY, for trainers that use "
-                                    "slurmtools.snapshot_fsdp). 0: off; the default from bench/snapshot.py.",
+                                    "slurmtools.snapshot.fsdp). 0: off; the default from bench/snapshot.py.",
                                     DEFAULT_EVERY_STEPS, min=0, max=1000000000)
     snapshot_memory_gb: float = doc("Each rank's share of node memory for its snapshots and the replicas it keeps, "
                                     "at a snapshot's peak (about 5x its shard and 4x each replica: "
                                     "snapshot.peak_bytes), within the node's share of the job's memory cgroup "
-                                    "headroom (slurmtools.cgroup_memory); one that does not fit is not kept, and the job's output says so "
+                                    "headroom (slurmtools.snapshot.cgroup_memory); one that does not fit is not kept, and the job's output says so "
                                     "(SLURMTOOLS_SNAPSHOT_MEMORY_GB).", DEFAULT_MEMORY_GB, min=0.001,
                                     max=100000.0)
     snapshot_max_overhead_pct: float = doc("The share of training time, in percent, a snapshot's stall of training "

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 
 from slurmtools.blame.model import ACTIONS, DEFAULT_ACTIONS, BlameRules
 from slurmtools.blame.munge import DEFAULT_SOCKET
-from slurmtools.schema import check_limits, doc, err
+from slurmtools.common.schema import check_limits, doc, err
 
 
 @dataclass(frozen=True)

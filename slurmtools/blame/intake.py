@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from slurmtools import drain, slurm
 from slurmtools.blame import model, munge, spool
 from slurmtools.blame.config import BlameSettings
 from slurmtools.errors import SlurmCommandError, one_line
-from slurmtools.slurm_parse import hostlist_size
+from slurmtools.slurm import drain, commands as slurm
+from slurmtools.slurm.parse import hostlist_size
 
 
 @dataclass(frozen=True)

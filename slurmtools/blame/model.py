@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from slurmtools.fsutil import json_object
+from slurmtools.common.fsutil import json_object
 
 # The kinds of evidence a job may report, each with its default: drain at once, or confirm first.
 # (The requeue policy's causes map onto them in KIND_OF_CAUSE.)

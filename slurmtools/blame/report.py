@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from slurmtools.blame import munge, spool
-from slurmtools.blame.model import Blame, clean_evidence, kind_of_check
 from slurmtools.blame.config import BlameSettings
+from slurmtools.blame.model import Blame, clean_evidence, kind_of_check
 from slurmtools.errors import SlurmToolsError
 
 class BlameError(SlurmToolsError):
@@ -34,5 +34,5 @@ def report(job_id: int, node: str, check: str, evidence: str, settings: BlameSet
 
 
 def _cluster() -> str:
-    from slurmtools import slurm
+    from slurmtools.slurm import commands as slurm
     return slurm.cluster_name()

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from slurmtools.fsutil import read_small_regular, write_json_atomic
+from slurmtools.common.fsutil import read_small_regular, write_json_atomic
 
 REPORT = re.compile(r"^blame\.[A-Za-z0-9]{8,32}\.munge$")
 DONE_DIR = "done"

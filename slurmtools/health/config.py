@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from slurmtools.errors import ConfigError, SpecError
-from slurmtools import xid as xid_policy
 from slurmtools.blame.config import BlameSettings
+from slurmtools.common import xid as xid_policy
+from slurmtools.common.schema import attach_line, build, check_hostlist, check_limits, doc, err, load_yaml_with_lines
+from slurmtools.errors import ConfigError, SpecError
 from slurmtools.metricsrelay.config import JobMetricsSettings
-from slurmtools.schema import (attach_line, build, check_hostlist, check_limits, doc, err,
-                               load_yaml_with_lines)
 
 # passive phases read counters and states within seconds; `active` runs diagnostics that load
 # the node for minutes (DCGM diag, nccl-tests, perftest): idle nodes only, never in a prolog
@@ -66,7 +65,7 @@ class GpuMemory(CheckParams):
 
 @dataclass(frozen=True)
 class GpuXid(CheckParams):
-    """Each XID's action comes from NVIDIA's XID catalogue (slurmtools/xid.py): drain (CRITICAL),
+    """Each XID's action comes from NVIDIA's XID catalogue (slurmtools/common/xid.py): drain (CRITICAL),
     reboot (CRITICAL, the node is rebooted and returns by itself), restart_app (WARN: the job's
     fault) or ignore (OK)."""
 

@@ -7,8 +7,8 @@ import stat
 from pathlib import Path
 from typing import Optional
 
+from slurmtools.common.schema import MAX_YAML_BYTES
 from slurmtools.errors import ConfigError
-from slurmtools.schema import MAX_YAML_BYTES
 
 DEFAULT_PATH = Path("/etc/slurmtools/health.yaml")
 CONFIG_ENV = "SLURMTOOLS_HEALTH_CONFIG"

@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from slurmtools import drain as drains
-from slurmtools import slurm
+from slurmtools.common.fsutil import write_json_atomic
+from slurmtools.common.xid import REBOOT
 from slurmtools.errors import ConfigError, SlurmCommandError, SlurmToolsError, one_line
-from slurmtools.fsutil import write_json_atomic
 from slurmtools.health import active_probe, remedy, report, runner, state
 from slurmtools.health.checks.ib import IbHistory
 from slurmtools.health.config import NodeSettings
 from slurmtools.health.gpu_probe import FixtureProbe, ProbeError, make_gpu_probe
 from slurmtools.health.model import CheckResult, Status, worst
-from slurmtools.xid import REBOOT
+from slurmtools.slurm import drain as drains
+from slurmtools.slurm import commands as slurm
 
 EXIT_HEALTHY = 0
 EXIT_CRITICAL = 3

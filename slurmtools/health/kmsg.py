@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 from typing import List, Tuple
 
+from slurmtools.common.xid import XID_LINE
 from slurmtools.health.model import XidEvent
-from slurmtools.xid import XID_LINE
 
 
 def parse_records(lines: List[str]) -> List[Tuple[int, str]]:

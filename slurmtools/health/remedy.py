@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Sequence
 
+from slurmtools.common.xid import REBOOT
 from slurmtools.health.model import CheckResult, Status
-from slurmtools.xid import REBOOT
 
 DAY_S = 24 * 3600.0
 DRAIN = "drain"

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from slurmtools.common.fsutil import write_json_atomic
 from slurmtools.errors import ConfigError
-from slurmtools.fsutil import write_json_atomic
 
 BASELINE_MAX_AGE_S = 7 * 24 * 3600
 MAX_STATE_BYTES = 8 << 20

@@ -22,9 +22,10 @@ import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
 
-from slurmtools.agreement import RequestAgreement
-from slurmtools.checkpoint import CheckpointManager
-from slurmtools.runtime import CHECKPOINT_DIR_ENV, TrainingControl
+from slurmtools.checkpoint.manager import CheckpointManager
+from slurmtools.common.control_dir import CHECKPOINT_DIR_ENV
+from slurmtools.train.agreement import RequestAgreement
+from slurmtools.train.control import TrainingControl
 
 CHECKPOINT_FILE = "model.ckpt"
 

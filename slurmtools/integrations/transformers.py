@@ -21,9 +21,9 @@ from typing import Any, Optional
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from slurmtools.checkpoint import verify_dir, write_manifest
-from slurmtools.agreement import RequestAgreement, barrier
-from slurmtools.runtime import TrainingControl
+from slurmtools.checkpoint.manager import verify_dir, write_manifest
+from slurmtools.train.agreement import RequestAgreement, barrier
+from slurmtools.train.control import TrainingControl
 
 _CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")     # transformers' PREFIX_CHECKPOINT_DIR-<global step>
 

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from slurmtools.metric_names import NODE_PLACEHOLDER
-from slurmtools.schema import check_limits, doc, err
+from slurmtools.common.metric_names import NODE_PLACEHOLDER
+from slurmtools.common.schema import check_limits, doc, err
 
 
 @dataclass(frozen=True)

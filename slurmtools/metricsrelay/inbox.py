@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import List, Optional, Set, Tuple
 
+from slurmtools.common.fsutil import read_small_regular, write_text_atomic
 from slurmtools.errors import one_line
-from slurmtools.fsutil import read_small_regular, write_text_atomic
 from slurmtools.metricsrelay import model
 from slurmtools.metricsrelay.config import JobMetricsSettings
 

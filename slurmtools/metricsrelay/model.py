@@ -4,7 +4,7 @@ node_exporter's textfile directory is root's, and one directory for all: a job t
 there could also write series in another job's name. So a job writes into an inbox of its own
 (`<inbox_dir>/<job id>/`, made by the prolog as root, owned by the job's user), and root's side
 (every health run, the epilog, a periodic `slurmtools metrics relay`) copies each file across after
-vetting it here: only the job metrics of slurmtools.metric_names' table, with the table's type and
+vetting it here: only the job metrics of slurmtools.common.metric_names' table, with the table's type and
 help (a file cannot make node_exporter reject another job's series of the same name with a help of
 its own) and the table's labels only, every sample labelled with the inbox's own job id, this node
 and the job's user (set here, never taken from the file); a sample that names another job
@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurmtools.metric_names import METRICS, labels_of
+from slurmtools.common.metric_names import METRICS, labels_of
 
 JOB_LABEL = "slurm_job"
 ATTEMPT_LABEL = "attempt"

@@ -11,24 +11,27 @@ import functools
 import os
 import shlex
 import shutil
-import signal
 import socket
 import stat
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from slurmtools import node_beat, slurm
-from slurmtools.errors import MiniClusterError, SlurmCommandError, UsageError
 from slurmtools.blame import spool
+from slurmtools.errors import MiniClusterError, SlurmCommandError, UsageError
+from slurmtools.minicluster import conf_text
 from slurmtools.minicluster import daemons, debroot, degrade, jobcgroups, jobuser, netns, node_files, release
 from slurmtools.minicluster import record as record_mod
 from slurmtools.minicluster.record import (ETC_SLURM_CONF, allocate_slot, find_layout, held_by_others,
                                            layout_from_record, load_record, registered, save_record)
+from slurmtools.slurm import commands as slurm
+from slurmtools.train import node_beat
 
 __all__ = ["ETC_SLURM_CONF", "find_layout", "load_record", "layout_for_up", "up", "down"]
+from slurmtools.minicluster.faults import kill_namespace
 from slurmtools.minicluster.layout import DEFAULT_NAME, JOB_IDS_PER_SLOT, MiniClusterLayout
 from slurmtools.minicluster.packages import install_packages
+from slurmtools.minicluster.sysrun import require_root
 
 FAKE_GPU_MAJOR = 195
 CGROUP_CONTROLLERS = jobcgroups.SLURM_CONTROLLERS
@@ -75,11 +78,6 @@ def layout_for_up(name: str, state_dir: Optional[Path], *, nodes: int, gpus_per_
         raise UsageError(str(exc)) from None
 
 
-def require_root() -> None:
-    if os.geteuid() != 0:
-        raise MiniClusterError("the mini-cluster needs root (namespaces, daemons, cgroups); run it as root")
-
-
 def release_name(slurm_release: str) -> str:
     return f"Slurm {slurm_release}" if slurm_release else "the machine's own Slurm"
 
@@ -88,16 +86,16 @@ def release_name(slurm_release: str) -> str:
 def write_configs(layout: MiniClusterLayout) -> None:
     for directory in (layout.etc_dir, layout.log_dir, layout.run_dir, layout.fake_gpu_dir, layout.ctld_state_dir):
         directory.mkdir(parents=True, exist_ok=True)
-    (layout.etc_dir / "slurm.conf").write_text(layout.render_slurm_conf())
-    (layout.etc_dir / "gres.conf").write_text(layout.render_gres_conf())
+    (layout.etc_dir / "slurm.conf").write_text(conf_text.slurm_conf(layout))
+    (layout.etc_dir / "gres.conf").write_text(conf_text.gres_conf(layout))
     layout.hosts_file.write_text(node_files.render_hosts(layout))
     layout.hosts_file.chmod(0o644)
-    (layout.etc_dir / "cgroup.conf").write_text(layout.render_cgroup_conf())
+    (layout.etc_dir / "cgroup.conf").write_text(conf_text.cgroup_conf(layout))
     from slurmtools.minicluster.reboot import program_text
     layout.reboot_program.write_text(program_text(layout))
     layout.reboot_program.chmod(0o755)
     dbd = layout.etc_dir / "slurmdbd.conf"
-    dbd.write_text(layout.render_slurmdbd_conf(daemons.db_password(layout)))
+    dbd.write_text(conf_text.slurmdbd_conf(layout, daemons.db_password(layout)))
     dbd.chmod(0o600)
     spool.make_spool(layout.blame_spool)
     layout.blames_program.write_text(node_files.blames_program_text(layout))
@@ -273,90 +271,6 @@ def _remove_stale_job_cgroups(layout: MiniClusterLayout, *, top: bool) -> None:
     for node in layout.node_names:
         if not daemons.pid_alive(daemons.read_pidfile(layout.slurmd_pidfile(node))):
             jobcgroups.remove_job_cgroups(node, top=top and alone, job_ids=ours)
-
-
-# ---- faults --------------------------------------------------------------------------
-KILL_ROUNDS_TIMEOUT_S = 10.0
-
-
-def kill_namespace(layout: MiniClusterLayout, node: str) -> List[int]:
-    """SIGKILL every process in the node's network namespace: slurmd, slurmstepd, tasks.
-
-    Rounds until the namespace is empty: a process forked between one listing and the kill of
-    its parent (torchrun starting its ranks) is only in the next listing (CI stop 42: a rank
-    forked while its node was killed during start-up outlived the node)."""
-    killed: List[int] = []
-    deadline = time.monotonic() + KILL_ROUNDS_TIMEOUT_S
-    while True:
-        alive = netns.namespace_pids(layout, node)
-        for pid in alive:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                if pid not in killed:
-                    killed.append(pid)
-            except ProcessLookupError:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return killed
-        time.sleep(0.05)
-
-
-def kill_node(layout: MiniClusterLayout, node: str) -> List[int]:
-    require_root()
-    killed = kill_namespace(layout, node)
-    node_files.wipe_node_memory(layout, node)
-    return killed
-
-
-def partition_node(layout: MiniClusterLayout, node: str) -> None:
-    require_root()
-    netns.set_link(layout, node, up=False)
-
-
-def heal_node(layout: MiniClusterLayout, node: str) -> None:
-    """Undo partition and degrade: the link up, no rate limit, no CPU quota."""
-    require_root()
-    netns.set_link(layout, node, up=True)
-    degrade.restore(layout, node)
-
-
-def degrade_node(layout: MiniClusterLayout, node: str, *, rate_mbit: Optional[int] = None,
-                 cpu_percent: Optional[int] = None) -> List[str]:
-    require_root()
-    return degrade.degrade(layout, node, rate_mbit=rate_mbit, cpu_percent=cpu_percent)
-
-
-def restart_controller(layout: MiniClusterLayout) -> None:
-    """Stop slurmctld and start it again (state is saved): clients see "Unable to contact slurm
-    controller" in between, the transient error slurm.py rides through."""
-    stop_controller(layout)
-    start_controller(layout)
-
-
-def stop_controller(layout: MiniClusterLayout) -> None:
-    """Stop slurmctld (its state saved) until start_controller: a controller outage."""
-    require_root()
-    daemons.stop_pid(daemons.read_pidfile(layout.run_dir / "slurmctld.pid"))
-
-
-def start_controller(layout: MiniClusterLayout) -> None:
-    require_root()
-    pid = daemons.start_slurmctld(layout)
-    record = load_record(layout)
-    if pid:
-        record.setdefault("pids", {})["slurmctld"] = pid
-        save_record(layout, record)
-
-
-def restart_node(layout: MiniClusterLayout, node: str) -> None:
-    """Restart the node's slurmd (brings a killed node back; ReturnToService=2 makes it idle)."""
-    require_root()
-    daemons.stop_pid(daemons.read_pidfile(layout.slurmd_pidfile(node)))
-    pid = daemons.start_slurmd(layout, node)
-    record = load_record(layout)
-    if pid:
-        record.setdefault("pids", {})[f"slurmd-{node}"] = pid
-        save_record(layout, record)
 
 
 # ---- status ------------------------------------------------------------------------

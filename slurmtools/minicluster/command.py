@@ -11,8 +11,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def cmd_minicluster(args: argparse.Namespace) -> int:
-    from slurmtools import slurm
-    from slurmtools.minicluster import cluster
+    from slurmtools.slurm import commands as slurm
+    from slurmtools.minicluster import cluster, faults
 
     name = args.name
     state_dir = Path(args.state_dir) if args.state_dir else None
@@ -38,17 +38,17 @@ def cmd_minicluster(args: argparse.Namespace) -> int:
     elif args.action == "env":
         print(cluster.format_env(layout))
     elif args.action == "restart-controller":
-        cluster.restart_controller(layout)
+        faults.restart_controller(layout)
         print(f"restart-controller: {name}")
     else:
         if args.node not in layout.node_names:
             raise UsageError(f"unknown node {args.node!r}; cluster {name} has {layout.nodelist}")
         if args.action == "degrade":
-            done = cluster.degrade_node(layout, args.node, rate_mbit=args.rate_mbit, cpu_percent=args.cpu_percent)
+            done = faults.degrade_node(layout, args.node, rate_mbit=args.rate_mbit, cpu_percent=args.cpu_percent)
             print(f"degrade: {args.node}: {', '.join(done)}")
             return 0
-        actions = {"kill": cluster.kill_node, "partition": cluster.partition_node,
-                   "heal": cluster.heal_node, "restart": cluster.restart_node}
+        actions = {"kill": faults.kill_node, "partition": faults.partition_node,
+                   "heal": faults.heal_node, "restart": faults.restart_node}
         actions[args.action](layout, args.node)
         print(f"{args.action}: {args.node}")
     return 0

@@ -1,4 +1,5 @@
-"""Pure description of a mini-cluster: paths, names, addresses and the config files' text.
+"""Pure description of a mini-cluster: paths, names and addresses (the config files made of them:
+conf_text.py).
 
 Nothing here touches the system, so every setting is unit-tested as text.
 """
@@ -11,7 +12,6 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from slurmtools.minicluster import release
-from slurmtools.slurm_parse import EXPEDITE_SINCE
 
 # Named clusters, like kind's: each name has its own state dir, slot (subnet, ports), bridge,
 # namespaces, munged and MariaDB, so several run side by side and never touch each other.
@@ -237,130 +237,6 @@ class MiniClusterLayout:
     def record_file(self) -> Path:
         """What `up` started or changed, so `down` undoes exactly that."""
         return self.root / "record.json"
-
-    # ---- config text ---------------------------------------------------------
-    def render_slurm_conf(self) -> str:
-        """slurm.conf tuned for fast, deterministic tests on a 2-core machine (docs/minicluster.md)."""
-        gres = f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else ""
-        last = 10 + self.nodes
-        addrs = (f"{self.subnet_prefix}.[11-{last}]" if self.nodes > 1 else f"{self.subnet_prefix}.11")
-        lines = [
-            "# Written by `slurmtools minicluster up`; edits are overwritten.",
-            f"ClusterName={self.cluster_name}",
-            "# job ids of their own: every cluster's node2 shares the cgroup dir slurm_node2, and a job_5 that",
-            "# ends in one cluster would remove a running job_5's cgroups in another",
-            f"FirstJobId={self.first_job_id}",
-            f"SlurmctldHost={self.controller_host}({self.controller_addr})",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
-            "# requeue delay = cred_expire + 1 s (default 120 s); takes effect only on daemon restart",
-            f"AuthInfo=cred_expire=10,socket={self.munge_socket}",
-            f"SlurmctldPort={self.slurmctld_port}",
-            f"SlurmdPort={self.slurmd_port}",
-            f"StateSaveLocation={self.ctld_state_dir}",
-            f"SlurmdSpoolDir={self.root}/slurmd/%n",
-            f"SlurmctldPidFile={self.run_dir}/slurmctld.pid",
-            f"SlurmdPidFile={self.run_dir}/slurmd-%n.pid",
-            f"SlurmctldLogFile={self.log_dir}/slurmctld.log",
-            f"SlurmdLogFile={self.log_dir}/slurmd-%n.log",
-            "SlurmctldDebug=info",
-            "SlurmdDebug=info",
-            "MailProg=/bin/true",
-            *self._confinement_lines(),
-            "JobAcctGatherType=jobacct_gather/none",
-            "MpiDefault=none",
-            "SelectType=select/cons_tres",
-            "SchedulerType=sched/backfill",
-            "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2,"
-            "bf_interval=1,nohold_on_prolog_fail",
-            "GresTypes=gpu",
-            "SlurmdParameters=config_overrides",
-            "ReturnToService=2",
-            # a ping round waits for its slowest node (up to MessageTimeout, 10 s, for a killed one)
-            # before it records the others' answers: 10 s let Slurm 24.11 mark every node not
-            # responding at once and requeue a job from a healthy one (docs/minicluster.md)
-            "SlurmdTimeout=30",
-            "InactiveLimit=0",
-            "KillWait=10",
-            "MinJobAge=300",
-            "JobRequeue=1",
-            *self._release_lines(),
-            f"Prolog={self.prolog_dir}/*",
-            f"Epilog={self.epilog_dir}/*",
-            f"TaskProlog={self.task_prolog}",
-            "PrologFlags=Alloc",
-            "# `scontrol reboot` restarts the node's slurmd in a new time namespace (minicluster/reboot.py);",
-            "# a node not back within ResumeTimeout is marked DOWN (reboot timed out)",
-            f"RebootProgram={self.reboot_program}",
-            "ResumeTimeout=60",
-            "# the blames jobs report (slurmtools/blame), handled as root every 10 s besides every prolog/epilog",
-            f"HealthCheckProgram={self.blames_program}",
-            "HealthCheckInterval=10",
-            "HealthCheckNodeState=ANY",
-            "AccountingStorageType=accounting_storage/slurmdbd",
-            "# on the bridge, not 127.0.0.1: the nodes reach slurmdbd as a real cluster's do (sacct from a",
-            "# node: the blame path's check of a requeued job's earlier nodes, a job's own sacct)",
-            f"AccountingStorageHost={self.controller_addr}",
-            f"AccountingStoragePort={self.slurmdbd_port}",
-            "# the munge socket of slurmctld's connection to slurmdbd (AuthInfo's is not used for it)",
-            f"AccountingStoragePass={self.munge_socket}",
-            "AccountingStorageTRES=gres/gpu",
-            f"NodeName={self.nodelist} NodeAddr={addrs} CPUs={self.cpus_per_node} Sockets=1 "
-            f"CoresPerSocket={self.cpus_per_node} ThreadsPerCore=1 RealMemory={self.mem_per_node_mb}"
-            f"{gres} State=UNKNOWN",
-            f"PartitionName={self.partition} Nodes={self.nodelist} Default=YES MaxTime=INFINITE State=UP",
-        ]
-        return "\n".join(lines) + "\n"
-
-    def _release_lines(self) -> List[str]:
-        """Settings only some releases know: expedited requeue (sbatch --requeue=expedite) from 25.11."""
-        if self.slurm_release and release.release_tuple(self.slurm_release) >= EXPEDITE_SINCE:
-            return ["SlurmctldParameters=enable_expedited_requeue"]
-        return []
-
-    def _confinement_lines(self) -> List[str]:
-        """cgroups: each job is confined to its CPUs (and bound to them), its memory (a step past
-        --mem is OOM-killed) and its GPUs' device files; memory is a consumable resource."""
-        if not self.cgroups:
-            return ["ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SelectTypeParameters=CR_CPU"]
-        return ["ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup,task/affinity",
-                "SelectTypeParameters=CR_CPU_Memory",
-                f"DefMemPerCPU={self.mem_per_node_mb // self.cpus_per_node}"]
-
-    def render_cgroup_conf(self) -> str:
-        if not self.cgroups:
-            return "CgroupPlugin=autodetect\nIgnoreSystemd=yes\n"
-        return ("CgroupPlugin=cgroup/v1\nIgnoreSystemd=yes\nConstrainCores=yes\nConstrainRAMSpace=yes\n"
-                "ConstrainDevices=yes\n")
-
-    def render_gres_conf(self) -> str:
-        """Fake GPUs must be character devices: file-less or regular-file GRES are dropped in 22.05."""
-        if not self.gpus_per_node:
-            return "AutoDetect=off\n"
-        last = self.gpus_per_node - 1
-        files = f"nvidia[0-{last}]" if last else "nvidia0"
-        return f"AutoDetect=off\nNodeName={self.nodelist} Name=gpu File={self.fake_gpu_dir}/{files}\n"
-
-    def render_slurmdbd_conf(self, db_password: str) -> str:
-        return "\n".join([
-            "AuthType=auth/munge",
-            f"AuthInfo=socket={self.munge_socket}",
-            "DbdHost=localhost",
-            f"DbdAddr={self.controller_addr}",
-            f"DbdPort={self.slurmdbd_port}",
-            "SlurmUser=root",
-            f"PidFile={self.run_dir}/slurmdbd.pid",
-            f"LogFile={self.log_dir}/slurmdbd.log",
-            "DebugLevel=info",
-            "StorageType=accounting_storage/mysql",
-            "StorageHost=127.0.0.1",
-            f"StoragePort={self.db_port}",
-            "StorageUser=slurm",
-            f"StoragePass={db_password}",
-            "StorageLoc=slurm_acct_db",
-        ]) + "\n"
 
     @property
     def blame_spool(self) -> Path:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from slurmtools.minicluster.layout import MiniClusterLayout
-from slurmtools.node_beat import NODE_LOCAL_DIR_ENV
+from slurmtools.train.node_beat import NODE_LOCAL_DIR_ENV
 
 
 def node_memory_root(layout: MiniClusterLayout) -> Path:

@@ -8,8 +8,8 @@ import socket
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from slurmtools.common.fsutil import write_json_atomic
 from slurmtools.errors import MiniClusterError
-from slurmtools.fsutil import write_json_atomic
 from slurmtools.minicluster import daemons, netns
 from slurmtools.minicluster.layout import DEFAULT_NAME, MAX_SLOTS, REGISTRY_DIR, MiniClusterLayout
 

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from slurmtools.slurm_parse import version_tuple
+from slurmtools.slurm.parse import version_tuple
 
 
 @dataclass(frozen=True)

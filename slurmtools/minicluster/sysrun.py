@@ -1,6 +1,7 @@
 """Run a system (non-Slurm-client) command for the mini-cluster, with a timeout and a clear error."""
 from __future__ import annotations
 
+import os
 import subprocess
 from typing import Mapping, Optional, Sequence
 
@@ -22,3 +23,8 @@ def run(argv: Sequence[str], *, timeout_s: float = 60.0, check: bool = True,
         err = (proc.stderr or proc.stdout).strip().splitlines()
         raise MiniClusterError(f"{' '.join(argv)} exited {proc.returncode}" + (f": {err[-1]}" if err else ""))
     return proc
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise MiniClusterError("the mini-cluster needs root (namespaces, daemons, cgroups); run it as root")

@@ -18,7 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from slurmtools.fsutil import write_json_atomic
+from slurmtools.common.fsutil import write_json_atomic
 from slurmtools.preflight import canary, judge
 
 LINK_BYTES = 4 * 1024 * 1024

@@ -9,11 +9,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Set
 
-from slurmtools import drain, slurm
+from slurmtools.common.signals import SignalFlags
 from slurmtools.errors import SlurmCommandError
 from slurmtools.requeue import policy, step
 from slurmtools.requeue.topology import Topology
-from slurmtools.signals import SignalFlags
+from slurmtools.slurm import drain, commands as slurm
 
 
 @dataclass

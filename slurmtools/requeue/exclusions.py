@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Dict, FrozenSet, Sequence
 
-from slurmtools.requeue import ledger
-from slurmtools.requeue.policy import Cause
+from slurmtools.common import ledger
+from slurmtools.common.ledger import Cause
 
 SUSPICION_H = 6.0       # hang, straggler, collective timeout, preflight: the node may not be at fault
 FAULT_H = 72.0          # the node failed (dead, a fatal GPU fault, wrong results)

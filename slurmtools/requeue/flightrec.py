@@ -1,6 +1,6 @@
 """Flight-recorder dumps: which rank never entered the collective the others wait in.
 
-torch records every collective of a process group in a ring buffer (slurmtools/fr_dump.py). NCCL
+torch records every collective of a process group in a ring buffer (slurmtools/train/fr_dump.py). NCCL
 dumps it on a collective timeout (TORCH_NCCL_DUMP_ON_TIMEOUT) to `<prefix><rank>`; on any
 backend a rank's keep-alive thread reduces its own dump when the supervisor asks (runtime.py),
 also while the rank's main thread waits in a collective, and writes `<prefix><rank>.json`, or,
@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from slurmtools.fr_dump import (MAX_DUMP_BYTES, MAX_SUMMARY_BYTES, Reduced, parse_dump, parse_summary,
-                                reduce)
-from slurmtools.fsutil import read_small_regular, write_json_atomic
-from slurmtools.node_beat import MAX_RANKS_PER_NODE, NODE_FILE_PREFIX
-from slurmtools.runtime import FLIGHT_RECORDER_REQUEST_FILE
+from slurmtools.common.control_dir import FLIGHT_RECORDER_REQUEST_FILE
+from slurmtools.common.fsutil import read_small_regular, write_json_atomic
+from slurmtools.train.fr_dump import MAX_DUMP_BYTES, MAX_SUMMARY_BYTES, Reduced, parse_dump, parse_summary, reduce
+from slurmtools.train.node_beat import MAX_RANKS_PER_NODE, NODE_FILE_PREFIX
 
 _RANK_FILE = re.compile(r"^rank_(\d{1,7})$")
 _SUMMARY_FILE = re.compile(r"^rank_(\d{1,7})\.json$")

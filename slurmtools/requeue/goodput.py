@@ -9,8 +9,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from slurmtools.requeue.ledger import Attempt, Event, attempts
-from slurmtools.requeue.policy import Cause
+from slurmtools.common.ledger import Attempt, Event, attempts
+from slurmtools.common.ledger import Cause
 
 @dataclass(frozen=True)
 class Goodput:

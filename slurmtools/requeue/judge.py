@@ -10,14 +10,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from slurmtools import gpu_events, metrics
-from slurmtools.checkpoint import Checkpoint, CheckpointManager
+from slurmtools.checkpoint.manager import Checkpoint, CheckpointManager
+from slurmtools.common import ledger
+from slurmtools.common.control_dir import COMPLETE_FILE, STOPPED_FILE
+from slurmtools.common.signals import SignalFlags
 from slurmtools.preflight.judge import Settings as PreflightSettings
-from slurmtools.requeue import ledger, observe, policy, progress, slurm_view, step, straggler, watchdog
+from slurmtools.requeue import job_metrics
+from slurmtools.requeue import observe, policy, progress, slurm_view, step, straggler, watchdog
 from slurmtools.requeue.actions import emit
-from slurmtools.runtime import COMPLETE_FILE, STOPPED_FILE
-from slurmtools.signals import SignalFlags
 from slurmtools.spec import RequeueSpec
+from slurmtools.train import gpu_events
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ def decide(config: SupervisorConfig, attempt: Attempt, evidence: policy.Evidence
         exit_code=exit_code, last_step=last_step, first_step_t=watchdog.first_progress(beats),
         checkpoint_step=checkpoint_step, last_step_t=watchdog.last_progress(beats),
         excluded=",".join(verdict.excluded)))
-    metrics.write_job_metrics(config.control_dir, attempt.attempt_id.split(".", 1)[0], os.environ)
+    job_metrics.write_job_metrics(config.control_dir, attempt.attempt_id.split(".", 1)[0], os.environ)
     emit("decision", attempt.attempt_id, cause=diag.cause.value, action=verdict.action.value, reason=verdict.reason,
          node=diag.node, exclude=verdict.exclude_node, drain=verdict.drain_node, also=list(verdict.also_nodes),
          exit_code=exit_code, last_step=last_step, checkpoint_step=checkpoint_step)

@@ -14,9 +14,9 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError
 from slurmtools.requeue import watchdog
+from slurmtools.slurm import commands as slurm
 
 CONNECT_TIMEOUT_S = 2.0
 PROBE_INTERVAL_S = 2.0

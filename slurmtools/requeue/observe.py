@@ -12,11 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from slurmtools.fr_dump import Reduced
-from slurmtools.fsutil import write_json_atomic
-from slurmtools.requeue import flightrec, ledger, nodecheck, straggler, watchdog
+from slurmtools.common import ledger
+from slurmtools.common.control_dir import REQUEST_FILE, TERM_FILE
+from slurmtools.common.fsutil import write_json_atomic
+from slurmtools.requeue import flightrec, nodecheck, straggler, watchdog
 from slurmtools.requeue.actions import emit
-from slurmtools.runtime import REQUEST_FILE, TERM_FILE
+from slurmtools.train.fr_dump import Reduced
 
 
 def record_term(control: Path, attempt_id: str, now: float) -> None:

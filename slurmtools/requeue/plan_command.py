@@ -6,7 +6,7 @@ import argparse
 from dataclasses import replace
 from typing import Any
 
-from slurmtools.cli_args import positive
+from slurmtools.common.cli_args import positive
 from slurmtools.errors import UsageError
 
 # bench/resume.py on the rehearsal cluster (2026-11-30): a node found dead in 10.2 s, a restart on

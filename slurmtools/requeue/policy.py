@@ -21,25 +21,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
+# the ledger records these, so they are defined with it; the policy speaks them
+from slurmtools.common.ledger import AttemptRecord as AttemptRecord, Cause as Cause
+from slurmtools.common.xid import XID_LINE, node_fault_xids
 from slurmtools.requeue import output_signs as signs
 from slurmtools.spec import RequeueSpec
-from slurmtools.xid import XID_LINE, node_fault_xids
-
-
-class Cause(str, Enum):
-    COMPLETED = "completed"
-    PREEMPTED = "preempted"              # warning signal / requeue by a person, checkpointed or not
-    NODE_FAILURE = "node_failure"
-    COLLECTIVE_TIMEOUT = "collective_timeout"
-    HANG = "hang"
-    GPU_FATAL = "gpu_fatal"
-    OOM = "oom"
-    USER_ERROR = "user_error"
-    CRASH = "crash"
-    CANCELLED = "cancelled"
-    STRAGGLER = "straggler"              # checkpointed away from a persistently slow node
-    SDC = "sdc"                          # the canary found ranks computing wrong results
-    PREFLIGHT = "preflight"              # the check before training named a node (wrong, slow, slow link)
 
 
 class Action(str, Enum):
@@ -105,17 +91,6 @@ class Diagnosis:
     check: str = ""                  # the drain reason's check (default: job.<cause>)
     also_nodes: Tuple[str, ...] = ()  # lost together with node, on the same evidence
     aftermath: bool = False          # Slurm's own removal of a node failure already handled ended the step
-
-
-@dataclass(frozen=True)
-class AttemptRecord:
-    """One earlier attempt, as the ledger remembers it."""
-
-    cause: Cause
-    counted: bool
-    checkpoint_step: Optional[int]
-    node: Optional[str] = None
-    time_s: Optional[float] = None   # when it ended (older ledgers: unknown, always inside the window)
 
 
 @dataclass(frozen=True)

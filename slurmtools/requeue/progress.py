@@ -20,9 +20,9 @@ from typing import Any, Dict, Optional
 
 import regex
 
+from slurmtools.common.control_dir import REPORTS_PROGRESS_FILE
 from slurmtools.requeue import watchdog
 from slurmtools.requeue.step import marker
-from slurmtools.runtime import REPORTS_PROGRESS_FILE
 
 _LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
 

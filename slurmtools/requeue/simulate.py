@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from collections import Counter
 from typing import List, Tuple
 
-from slurmtools.requeue.policy import Action, AttemptRecord, Capacity, Cause, Diagnosis, decide
+from slurmtools.common.ledger import AttemptRecord, Cause
+from slurmtools.requeue.policy import Action, Capacity, Diagnosis, decide
 from slurmtools.spec import RequeueSpec
 
 DAY_S = 24 * 3600.0

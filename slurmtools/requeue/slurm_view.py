@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Optional, Set
 
-from slurmtools import slurm
+from slurmtools.common import ledger
 from slurmtools.errors import SlurmCommandError
-from slurmtools.requeue import ledger, nodecheck, policy, step, watchdog
+from slurmtools.requeue import nodecheck, policy, step, watchdog
+from slurmtools.slurm import commands as slurm
 
 def node_states(nodelist: str) -> Dict[str, str]:
     """Each node's base state; not_responding when Slurm flags it so and its slurmd answers

@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Collection, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from slurmtools import job_secret, slurm
+from slurmtools.common import job_secret
+from slurmtools.common.control_dir import (COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, HEARTBEAT_DIR,
+                                           REPORTS_PROGRESS_FILE, JOB_NODES_FILE, REQUEST_FILE, SDC_FILE,
+                                           STOPPED_FILE, TERM_FILE)
+from slurmtools.common.fsutil import read_small_regular, write_json_atomic
 from slurmtools.errors import SlurmCommandError, UsageError
-from slurmtools.fsutil import read_small_regular, write_json_atomic
-from slurmtools.gpu_events import GPU_EVENTS_DIR
-from slurmtools.runtime import (COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, HEARTBEAT_DIR, REPORTS_PROGRESS_FILE,
-                                JOB_NODES_FILE, REQUEST_FILE, SDC_FILE, STOPPED_FILE, TERM_FILE)
+from slurmtools.slurm import commands as slurm
+from slurmtools.train.gpu_events import GPU_EVENTS_DIR
 
 TAIL_LINES = 300
 # The first error lines of the step are kept beside its tail: at thousands of ranks the cascade

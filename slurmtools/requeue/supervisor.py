@@ -21,20 +21,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
-from slurmtools import metrics, rendezvous
-from slurmtools.checkpoint import Checkpoint, CheckpointManager
-from slurmtools.deadline import WarningClock
-from slurmtools.preflight import launch as preflight
-from slurmtools.requeue import (actions, exclusions, judge, ledger, nodecheck, observe, policy, progress, slurm_view,
-                                step, straggler, watchdog)
+from slurmtools.checkpoint.manager import Checkpoint, CheckpointManager
+from slurmtools.common import rendezvous
+from slurmtools.common import ledger
+from slurmtools.requeue import job_metrics
+from slurmtools.requeue import preflight_launch as preflight
+from slurmtools.requeue import (actions, exclusions, judge, nodecheck, observe, policy, progress, slurm_view, step,
+                                straggler, watchdog)
 from slurmtools.requeue.actions import Run, emit
+from slurmtools.requeue.deadline import WarningClock
 # re-exported: `slurmtools run` and the tests build a supervisor.SupervisorConfig
+from slurmtools.common.control_dir import (ATTEMPT_ID_ENV, ATTEMPT_NUMBER_ENV, COMPLETE_FILE, CONTROL_DIR_ENV,
+                                           EXPECTED_CHECKPOINT_ENV, FLIGHT_RECORDER_FILE_ENVS, attempt_of,
+                                           flight_recorder_prefix)
+from slurmtools.common.signals import SignalFlags, signal_number
 from slurmtools.requeue.judge import Attempt as Attempt, SupervisorConfig as SupervisorConfig, Watch as Watch
 from slurmtools.requeue.topology import shrunk_below_training, step_argv, topology_of
-from slurmtools.runtime import (ATTEMPT_ID_ENV, ATTEMPT_NUMBER_ENV, COMPLETE_FILE, CONTROL_DIR_ENV,
-                                EXPECTED_CHECKPOINT_ENV, FLIGHT_RECORDER_FILE_ENVS, attempt_of,
-                                flight_recorder_prefix)
-from slurmtools.signals import SignalFlags, signal_number
 
 STARTUP_ALLOWANCE_S = 120.0
 STEP_OVERRIDDEN_ENV = ("SLURM_NTASKS", "SLURM_NPROCS")
@@ -43,7 +45,7 @@ OVERLAP_DROPPED_ENV = ("SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE", "SLURM_MEM_PER
 
 def _warn_when_due(clock: WarningClock, attempt: Attempt, flags: SignalFlags, warn_sig: int) -> None:
     """No warning yet, but the time left is inside the lead: Slurm's was lost or is late
-    (slurmtools.deadline) -- raise it ourselves; the flag handler records it like Slurm's."""
+    (slurmtools.requeue.deadline) -- raise it ourselves; the flag handler records it like Slurm's."""
     if flags.any() or not clock.due(time.time()):
         return
     emit("warning_self_timed", attempt.attempt_id, end_s=clock.end_s, lead_s=clock.lead_s)
@@ -72,7 +74,7 @@ def _begin(config: SupervisorConfig, attempt: Attempt, manager: Optional[Checkpo
                                                resume.step if resume else None))
     emit("start", attempt.attempt_id, nodes=attempt.nodelist, resume_step=resume.step if resume else None,
          resume_path=str(resume.path) if resume else None)
-    metrics.write_job_metrics(control, attempt.attempt_id.split(".", 1)[0], os.environ)
+    job_metrics.write_job_metrics(control, attempt.attempt_id.split(".", 1)[0], os.environ)
     return events, resume
 
 

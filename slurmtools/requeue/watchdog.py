@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from slurmtools.fsutil import read_small_regular
-from slurmtools.node_beat import MAX_RANK_RECORD_BYTES, MAX_RANKS_PER_NODE, NODE_FILE_PREFIX
-from slurmtools.runtime import HEARTBEAT_DIR
+from slurmtools.common.control_dir import HEARTBEAT_DIR
+from slurmtools.common.fsutil import read_small_regular
+from slurmtools.train.node_beat import MAX_RANK_RECORD_BYTES, MAX_RANKS_PER_NODE, NODE_FILE_PREFIX
 
 
 @dataclass(frozen=True)

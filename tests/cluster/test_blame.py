@@ -15,10 +15,10 @@ from typing import Dict, List
 
 import pytest
 
-from slurmtools import drain, slurm
 from slurmtools.blame import model, spool
 from slurmtools.minicluster import cluster as mc
 from slurmtools.minicluster import jobuser
+from slurmtools.slurm import drain, commands as slurm
 from tests.cluster import training
 from tests.conftest import TEST_CLUSTER_NAME, TEST_STATE_DIR, wait_for
 

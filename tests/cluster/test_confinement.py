@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import slurm
+from slurmtools.slurm import commands as slurm
 from tests.cluster import training
 from tests.conftest import wait_for
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.cluster
 # the run complete so the supervisor ends the job as COMPLETED.
 AFFINITY = """
 import json, os, sys
-from slurmtools.runtime import TrainingControl
+from slurmtools.train.control import TrainingControl
 rank = int(os.environ.get("RANK", "0"))
 parent = sorted(os.sched_getaffinity(os.getppid())) if sys.argv[1] == "torchrun" else None
 # one write per line: two unbuffered ranks share the pipe, and print() writes text and newline apart
@@ -95,12 +95,12 @@ def test_a_job_past_its_memory_is_oom_killed_and_the_supervisor_says_oom(cluster
 
 
 def test_a_job_step_reads_its_memory_headroom_from_the_cgroup_slurm_made(cluster, user_tmp: Path):
-    """The snapshot budget's cgroup bound (slurmtools.cgroup_memory) as a rank reads it: a step of a
+    """The snapshot budget's cgroup bound (slurmtools.snapshot.cgroup_memory) as a rank reads it: a step of a
     job given 0.5 GB finds a limit (Slurm's ConstrainRAMSpace), and at most that much free."""
     training.settle()
     out = user_tmp / "headroom.out"
     job = training.submit_script(f"#!/bin/bash\n#SBATCH -N1 --mem=500M -o {out}\nsrun {sys.executable} -c "
-                                 f"'from slurmtools import cgroup_memory as cm; print(cm.job_headroom_bytes())'\n")
+                                 f"'from slurmtools.snapshot import cgroup_memory as cm; print(cm.job_headroom_bytes())'\n")
     assert training.wait_finished(job, 60).state == "COMPLETED", out.read_text() if out.exists() else ""
     headroom = out.read_text().strip().splitlines()[-1]
     assert headroom.isdigit() and 0 < int(headroom) <= 500 * 2 ** 20, headroom

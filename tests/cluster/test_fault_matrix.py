@@ -21,12 +21,13 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import pytest
 
-from slurmtools import slurm
+from slurmtools.checkpoint.manager import CheckpointManager
+from slurmtools.common import ledger
+from slurmtools.common.control_dir import control_dir_for
 from slurmtools.minicluster import cluster as mc
-from slurmtools.requeue import ledger
-from slurmtools.runtime import control_dir_for
-from slurmtools.checkpoint import CheckpointManager
+from slurmtools.minicluster import faults
 from slurmtools.minicluster import daemons
+from slurmtools.slurm import commands as slurm
 from tests.cluster import eio_fs, training
 from tests.cluster.test_faults import _expand
 from tests.conftest import TEST_CLUSTER_NODES, wait_for
@@ -72,12 +73,12 @@ def _start_nodes(evts: List[Dict[str, Any]]) -> List[List[str]]:
 def _killed(cluster, nodes: Sequence[str]) -> Iterator[None]:
     """Kill these nodes at once; bring them back (drains lifted, idle) after the test's checks."""
     for node in nodes:
-        mc.kill_node(cluster, node)
+        faults.kill_node(cluster, node)
     try:
         yield
     finally:
         for node in nodes:
-            mc.restart_node(cluster, node)
+            faults.restart_node(cluster, node)
         training.settle(90)
 
 
@@ -188,7 +189,7 @@ def test_e_the_controller_stopped_during_a_requeue(cluster, workdir, reference3)
     spec = _spec(workdir, "ctldrequeue")
     job, nodes = _at_step_6(spec)
     victim = nodes[1]
-    mc.stop_controller(cluster)
+    faults.stop_controller(cluster)
     with _killed(cluster, [victim]):
         try:
             decided = wait_for(lambda: training.supervisor_events(training.events(spec, job), "decision"), 120,
@@ -196,7 +197,7 @@ def test_e_the_controller_stopped_during_a_requeue(cluster, workdir, reference3)
             assert (decided[0]["cause"], decided[0]["action"]) == ("node_failure", "requeue")
             time.sleep(CONTROLLER_DOWN_AFTER_DECISION_S)
         finally:
-            mc.start_controller(cluster)
+            faults.start_controller(cluster)
         evts = _finished(spec, job, reference3, [("node_failure", "requeue"), ("completed", "complete")])
         assert victim not in _start_nodes(evts)[1]
         assert slurm.job_state(job).restarts == 1
@@ -209,11 +210,11 @@ def test_f_a_node_partitioned_from_the_others(cluster, workdir, reference3):
     spec = _spec(workdir, "partition", hang_timeout_s=15)
     job, nodes = _at_step_6(spec)
     victim = nodes[1]
-    mc.partition_node(cluster, victim)
+    faults.partition_node(cluster, victim)
     try:
         info = training.wait_finished(job, 300)
     finally:
-        mc.heal_node(cluster, victim)
+        faults.heal_node(cluster, victim)
     evts = training.events(spec, job)
     assert info.state == "COMPLETED", training.describe(spec, job)
     assert decisions(evts) == [("node_failure", "requeue"), ("completed", "complete")], training.describe(spec, job)
@@ -266,6 +267,6 @@ def test_g_the_checkpoints_storage_failing_over_during_a_resume_is_waited_out(cl
     assert [(r["step"], r["path"]) for r in resumed] == [(8, str(step8))], resumed
     assert training.trainer_events(evts, "checkpoint_refused") == []
     assert not list(Path(spec.checkpoint_dir).glob("*.bad-*"))
-    # each step met at a port of its own, drawn at random (slurmtools.rendezvous), not the job id's
+    # each step met at a port of its own, drawn at random (slurmtools.common.rendezvous), not the job id's
     ports = [r["port"] for r in training.supervisor_events(evts, "rendezvous")]
     assert len(ports) == 2 and ports[0] != ports[1] and all(20000 <= port < 32000 for port in ports), ports

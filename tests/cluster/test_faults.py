@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import drain, node_sweep, slurm
-from slurmtools.checkpoint import CheckpointManager
+from slurmtools.checkpoint.manager import CheckpointManager
+from slurmtools.common import ledger
+from slurmtools.common.control_dir import control_dir_for
 from slurmtools.minicluster import cluster as mc
-from slurmtools.requeue import ledger
-from slurmtools.runtime import control_dir_for
+from slurmtools.minicluster import faults
+from slurmtools.slurm import drain, commands as slurm
+from slurmtools.train import node_sweep
 from tests.cluster import training
 from tests.conftest import wait_for
 
@@ -44,7 +46,7 @@ def test_a_time_limit_warning_checkpoints_requeues_and_completes(workdir, refere
     # The warning 30 s ahead. Slurm checks time limits every 30 s and may warn up to 60 s early --
     # or not at all, when it lands during the prolog or the script's start-up (seen in CI: that
     # attempt ended TIMEOUT). The supervisor's own clock warns at the lead's time left when Slurm's
-    # did not come (slurmtools.deadline).
+    # did not come (slurmtools.requeue.deadline).
     # This is the suite's one test that waits for Slurm's real time limit. With --time=2 and a 30-s lead
     # the warning lands 30 to 90 s after the start (the clock's at 90 s), so an attempt trains for a
     # minute on average where --time=1 left it 0 to 30 s (1.5-s steps made 10 attempts: 597 s); 20 steps
@@ -98,12 +100,12 @@ def _kill_second_node(cluster, job: int) -> str:
     from ClusterShell.NodeSet import NodeSet
     nodes = list(NodeSet(slurm.job_state(job).nodes))
     victim = nodes[1]
-    mc.kill_node(cluster, victim)
+    faults.kill_node(cluster, victim)
     return victim
 
 
 def _restore(cluster, node: str) -> None:
-    mc.restart_node(cluster, node)
+    faults.restart_node(cluster, node)
 
     def back():
         training.lift_blame_drains()          # the dead node's blame, if the job reported one
@@ -244,7 +246,7 @@ def test_j_the_batch_host_killed_requeues_resumes_and_blames_it(cluster, workdir
     job = training.submit(spec)
     training.wait_step(spec, job, 6)
     host = _expand(slurm.job_state(job).nodes)[0]
-    mc.kill_node(cluster, host)
+    faults.kill_node(cluster, host)
     try:
         info = training.wait_finished(job, 300)
         reason = training.blamed_reason(host, job)

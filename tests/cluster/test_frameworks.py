@@ -14,7 +14,7 @@ from typing import Callable
 
 import pytest
 
-from slurmtools import slurm
+from slurmtools.slurm import commands as slurm
 from slurmtools.spec import JobSpec, spec_from_dict
 from tests.cluster import asuser, training
 from tests.cluster.test_fault_matrix import _completed_with_a_node_killed, _start_nodes, decisions

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import slurm
 from slurmtools.health.fixture_data import write_ib_tree, xid_line
+from slurmtools.slurm import commands as slurm
 from tests.cluster import training
 from tests.conftest import wait_for
 

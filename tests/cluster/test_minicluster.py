@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import slurm
 from slurmtools.minicluster import cluster as mc
+from slurmtools.minicluster import faults
 from slurmtools.minicluster import daemons, netns, node_files
+from slurmtools.slurm import commands as slurm
 from tests.cluster import asuser, training
 from tests.conftest import wait_for
 
@@ -101,7 +102,7 @@ srun bash -c '(while :; do sleep 2 & sleep 0.05; done) & touch "$SLURMTOOLS_NODE
         f"memory node1 {memory}/node1", f"memory node2 {memory}/node2"]
     assert (memory / "node2" / f"in-memory-{job}").exists()
     time.sleep(1)
-    assert mc.kill_node(cluster, "node2")
+    assert faults.kill_node(cluster, "node2")
     assert netns.namespace_pids(cluster, "node2") == []              # nothing outlived its node
     assert list((memory / "node2").iterdir()) == []                   # its RAM went with it
     assert (memory / "node1" / f"in-memory-{job}").exists()
@@ -114,19 +115,19 @@ srun bash -c '(while :; do sleep 2 & sleep 0.05; done) & touch "$SLURMTOOLS_NODE
         assert rerun == "start restart=1 nodes=node[1,3]"
     finally:
         training.cancel(job)
-        mc.restart_node(cluster, "node2")
+        faults.restart_node(cluster, "node2")
         wait_for(lambda: all(n.state == "idle" and not n.flags for n in slurm.nodes()), 60, "all nodes idle again")
 
 
 def test_partition_and_heal_change_link_state(cluster):
-    mc.partition_node(cluster, "node3")
+    faults.partition_node(cluster, "node3")
     try:
         state = Path(f"/sys/class/net/{cluster.veth('node3')}/operstate").read_text().strip()
         assert state == "down"
         # node3's slurmd port is unreachable while partitioned
         assert not daemons.port_open(cluster.node_addr("node3"), cluster.slurmd_port)
     finally:
-        mc.heal_node(cluster, "node3")
+        faults.heal_node(cluster, "node3")
     wait_for(lambda: Path(f"/sys/class/net/{cluster.veth('node3')}/operstate").read_text().strip() == "up",
              10, "link up")
     wait_for(lambda: daemons.port_open(cluster.node_addr("node3"), cluster.slurmd_port), 10, "node3 reachable again")

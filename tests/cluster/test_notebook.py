@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import drain, notebook, slurm
+from slurmtools.common import ledger
+from slurmtools.common.control_dir import control_dir_for
 from slurmtools.errors import SpecError
+from slurmtools.job import notebook
 from slurmtools.preflight.canary import CANARY_FAULT_ENV
-from slurmtools.requeue import ledger
-from slurmtools.runtime import control_dir_for
+from slurmtools.slurm import drain, commands as slurm
 from tests.cluster import asuser, training
 from tests.conftest import REPO, wait_for
 
@@ -29,8 +30,8 @@ def spec(work: Path, **over):
 
 def job_for(**cfg):
     """The trainer without a checkpoint dir of its own: the spec's reaches it."""
-    from slurmtools.notebook import TinyFSDPJob
-    from slurmtools.tiny_fsdp import TrainConfig
+    from slurmtools.job.notebook import TinyFSDPJob
+    from slurmtools.reference.tiny_model import TrainConfig
     return TinyFSDPJob(TrainConfig(steps=training.STEPS, checkpoint_every=training.CHECKPOINT_EVERY, **cfg))
 
 

@@ -19,10 +19,11 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from slurmtools import runtime
-from slurmtools.metric_names import JOB_PLACEHOLDER, NODE_PLACEHOLDER
+from slurmtools.common import ledger
+from slurmtools.common.metric_names import JOB_PLACEHOLDER, NODE_PLACEHOLDER
 from slurmtools.minicluster import cluster as mc
-from slurmtools.requeue import goodput, ledger
+from slurmtools.requeue import goodput
+from slurmtools.train import control as runtime
 from tests import browser
 from tests.cluster import asuser, training
 from tests.cluster.test_faults import _expand

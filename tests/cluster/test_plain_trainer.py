@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import slurm
+from slurmtools.slurm import commands as slurm
 from slurmtools.spec import JobSpec, spec_from_dict
 from tests.cluster import training
 from tests.cluster.test_fault_matrix import _completed_with_a_node_killed, _start_nodes, decisions

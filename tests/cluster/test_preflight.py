@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import drain, slurm
+from slurmtools.common import ledger
 from slurmtools.minicluster import cluster as mc
+from slurmtools.minicluster import faults
 from slurmtools.preflight.canary import CANARY_FAULT_ENV
-from slurmtools.requeue import ledger
+from slurmtools.slurm import drain, commands as slurm
 from tests.cluster import training
 from tests.cluster.test_faults import _expand
 
@@ -26,7 +27,7 @@ def workdir(cluster, user_tmp):
     training.settle()
     yield user_tmp
     for node in cluster.node_names:
-        mc.heal_node(cluster, node)
+        faults.heal_node(cluster, node)
     training.cancel_all()
     for node in slurm.nodes():
         if node.drained and drain.is_ours(node.reason):
@@ -59,7 +60,7 @@ def _run_naming(spec, node, test):
 
 
 def test_a_a_slow_link_is_named_by_the_pairwise_rounds(cluster, workdir, reference_run):
-    mc.degrade_node(cluster, "node2", rate_mbit=100)
+    faults.degrade_node(cluster, "node2", rate_mbit=100)
     job, evts = _run_naming(_spec(workdir, "pf-link"), "node2", "busbw")
     links = training.supervisor_events(evts, "preflight_link")
     slow = {tuple(link["nodes"]): link["busbw_gbps"] for link in links}
@@ -71,7 +72,7 @@ def test_b_a_slow_node_is_named_by_the_throughput_comparison(cluster, workdir, r
     # 5% of a core: on a 2-node job the median of its devices lies between the two nodes, so a node
     # is named only when about 3x slower than the other (slow_factor 2 against that median); at 15%
     # a loaded machine (both lanes, lane 2's fault matrix) squeezed node1 until node2 was not (R16)
-    mc.degrade_node(cluster, "node2", cpu_percent=5)
+    faults.degrade_node(cluster, "node2", cpu_percent=5)
     job, evts = _run_naming(_spec(workdir, "pf-cpu"), "node2", "throughput")
     assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
 

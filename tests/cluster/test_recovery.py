@@ -13,11 +13,12 @@ from typing import Callable, List, Optional
 
 import pytest
 
-from slurmtools import drain, slurm
+from slurmtools.common import ledger
+from slurmtools.common.control_dir import FLIGHT_RECORDER_DIR, control_dir_for
 from slurmtools.minicluster import cluster as mc
+from slurmtools.minicluster import faults
 from slurmtools.minicluster import node_files
-from slurmtools.requeue import ledger
-from slurmtools.runtime import FLIGHT_RECORDER_DIR, control_dir_for
+from slurmtools.slurm import drain, commands as slurm
 from tests.cluster import training
 from tests.cluster.test_faults import _expand
 from tests.conftest import wait_for
@@ -38,7 +39,7 @@ def workdir(cluster, user_tmp):
 
 def _restore(cluster, node):
     """The killed node back: its slurmd restarted, our drain lifted, idle again."""
-    mc.restart_node(cluster, node)
+    faults.restart_node(cluster, node)
     wait_for(lambda: "NOT_RESPONDING" not in slurm.nodes(node)[0].flags, 60, f"{node} responding")
     info = slurm.nodes(node)[0]
     if info.drained and drain.is_ours(info.reason):
@@ -81,7 +82,7 @@ def _second_node_killed(cluster, spec, once_decided: Optional[Callable[[int, Lis
     training.wait_step(spec, job, 6)
     nodes = _expand(training.supervisor_events(training.events(spec, job), "start")[0]["nodes"])
     victim = nodes[1]
-    mc.kill_node(cluster, victim)
+    faults.kill_node(cluster, victim)
     try:
         if once_decided is not None:
             wait_for(lambda: training.supervisor_events(training.events(spec, job), "decision"), 120,
@@ -330,7 +331,7 @@ def test_j_a_requeue_onto_the_node_that_kept_the_replicas_restores_from_them(clu
     job = training.submit(spec)
     training.wait_step(spec, job, 6)
     victim = _expand(training.supervisor_events(training.events(spec, job), "start")[0]["nodes"])[1]
-    mc.kill_node(cluster, victim)
+    faults.kill_node(cluster, victim)
     try:
         info = training.wait_finished(job, 300)
         evts = training.events(spec, job)

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import drain, slurm
+from slurmtools.common.control_dir import HEARTBEAT_DIR, control_dir_for
 from slurmtools.minicluster import cluster as mc
+from slurmtools.minicluster import faults
 from slurmtools.requeue import watchdog
-from slurmtools.runtime import HEARTBEAT_DIR, control_dir_for
+from slurmtools.slurm import drain, commands as slurm
 from slurmtools.spec import JobSpec, spec_from_dict
 from tests.cluster import training
 from tests.cluster.test_faults import _expand
@@ -70,7 +71,7 @@ def test_a_straggler_and_a_killed_node_at_128_nodes_are_replaced_by_spares(clust
     victim = _expand(starts[1]["nodes"])[6]
     assert len(list((control / HEARTBEAT_DIR).glob("node-*.json"))) >= TRAIN_NODES
     assert not list((control / HEARTBEAT_DIR).glob("[0-9]*.json"))          # no rank wrote a file of its own
-    mc.kill_node(cluster, victim)
+    faults.kill_node(cluster, victim)
     try:
         info = training.wait_finished(job, 420)
         evts = training.events(spec, job)
@@ -105,7 +106,7 @@ def test_a_straggler_and_a_killed_node_at_128_nodes_are_replaced_by_spares(clust
         assert slurm.job_state(job).restarts == 0
         assert training.leftover_trainers(job, LIGHT) == []
     finally:
-        mc.restart_node(cluster, victim)
+        faults.restart_node(cluster, victim)
         wait_for(lambda: "NOT_RESPONDING" not in slurm.nodes(victim)[0].flags, 90, f"{victim} responding")
         training.lift_blame_drains()
         for node in slurm.nodes():

@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import slurm
-from slurmtools.checkpoint import CheckpointManager
+from slurmtools.checkpoint.manager import CheckpointManager
 from slurmtools.minicluster import cluster as mc
+from slurmtools.minicluster import faults
+from slurmtools.slurm import commands as slurm
 from tests.cluster import asuser, training
 
 pytestmark = pytest.mark.cluster
@@ -81,7 +82,7 @@ def test_submit_wait_and_the_supervisor_ride_through_a_controller_restart(cluste
     job = int(waiter.stdout.readline().strip())
     spec = training.load_spec_file(spec_file)
     training.wait_step(spec, job, 2)
-    mc.restart_controller(cluster)
+    faults.restart_controller(cluster)
     out, err = waiter.communicate(timeout=240)
     assert waiter.returncode == 0, err
     assert f"job {job}: COMPLETED exit=0:0" in err.splitlines()[-1]

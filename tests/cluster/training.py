@@ -10,8 +10,9 @@ from typing import Any, Dict, List, Sequence
 
 import pytest
 
-from slurmtools import jobs, slurm
-from slurmtools.fsutil import json_lines
+from slurmtools.common.fsutil import json_lines
+from slurmtools.job import submit as jobs
+from slurmtools.slurm import commands as slurm
 from slurmtools.spec import JobSpec, spec_from_dict
 from tests.cluster import asuser
 from tests.conftest import REPO, TEST_CLUSTER_NAME, TEST_STATE_DIR, wait_for
@@ -230,7 +231,7 @@ def settle(timeout_s: float = 60) -> None:
 def lift_blame_drains() -> None:
     """Handle the blames waiting in the suite cluster's spool now (as the HealthCheckProgram would),
     then resume every node drained with our prefix (as an admin would, between tests)."""
-    from slurmtools import drain
+    from slurmtools.slurm import drain
     from slurmtools.blame import intake
     from slurmtools.health.config import load_config
     from slurmtools.minicluster import cluster as mc
@@ -254,7 +255,7 @@ def blamed_reason(node: str, job: int, timeout_s: float = 30) -> str:
     uid = int(slurm.sacct_rows(job, ("JobID", "UID"))[0]["UID"])
     user = pwd.getpwuid(uid).pw_name
     assert user == asuser.user().name, f"job {job} ran as {user}, not the cluster's ordinary user"
-    from slurmtools import drain
+    from slurmtools.slurm import drain
     reason = drain.without_slurm_notes(info.reason)     # 24.11+ append " : Not responding" to a dead node's
     assert reason.endswith(f" user={user} job={job}"), info.reason
     layout = mc.find_layout(TEST_CLUSTER_NAME, TEST_STATE_DIR)

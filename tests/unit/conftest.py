@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurmtools.node_beat import NODE_LOCAL_DIR_ENV
+from slurmtools.train.node_beat import NODE_LOCAL_DIR_ENV
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Every rank acts on a checkpoint request at the same step (slurmtools.agreement): the check's
+"""Every rank acts on a checkpoint request at the same step (slurmtools.train.agreement): the check's
 spacing, and two real gloo ranks with different step times and the request on one rank only."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools.agreement import MAX_STEPS_BETWEEN_CHECKS, RequestAgreement, agree, steps_until_next_check
+from slurmtools.train.agreement import MAX_STEPS_BETWEEN_CHECKS, RequestAgreement, agree, steps_until_next_check
 
 
 @pytest.mark.parametrize(("step_s", "expected"), [
@@ -33,7 +33,7 @@ def test_without_torch_distributed_a_rank_agrees_with_itself_at_each_check():
 
 RANKS = """
 import datetime, json, sys, torch.distributed as dist
-from slurmtools.agreement import RequestAgreement
+from slurmtools.train.agreement import RequestAgreement
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank = dist.get_rank()
 agreement = RequestAgreement(interval_s=0.5)

@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from slurmtools import checkpoint_torch  # noqa: E402
-from slurmtools.checkpoint import CheckpointManager  # noqa: E402
+from slurmtools.checkpoint import torch_dcp as checkpoint_torch  # noqa: E402
+from slurmtools.checkpoint.manager import CheckpointManager  # noqa: E402
 from tests.unit.test_reshard import _free_port, join_with_tiny_model  # noqa: E402
 
 
@@ -33,7 +33,7 @@ def _as_torch_2_11() -> None:
 
 
 def _worker(rank: int, world: int, port: int, ckpt: str, out: str, broken_copy: bool) -> None:
-    from slurmtools import tiny_fsdp
+    from slurmtools.reference import tiny_model
     _as_torch_2_11()
     cfg, device, model, optim = join_with_tiny_model(rank, world, port)
     try:
@@ -41,7 +41,7 @@ def _worker(rank: int, world: int, port: int, ckpt: str, out: str, broken_copy: 
         if broken_copy:                     # a copier that fails outright: the save fails, not training
             saver.stager._state_dict_stager.deepcopy_with_tensor_offload = _raise
         for step in range(1, 4):
-            tiny_fsdp.train_step(model, optim, step, rank, world, cfg, device, before_update=saver.wait_staged)
+            tiny_model.train_step(model, optim, step, rank, world, cfg, device, before_update=saver.wait_staged)
             saver.save(step, model, optim)
             if broken_copy:
                 saver.stager._state_dict_stager.deepcopy_with_tensor_offload = _raise

@@ -3,9 +3,9 @@
 before anyone expands it; one job has one spelling, whatever zeros a report puts in front."""
 import pytest
 
-from slurmtools import slurm
 from slurmtools.blame import intake, model
-from slurmtools.slurm_parse import hostlist_size
+from slurmtools.slurm import commands as slurm
+from slurmtools.slurm.parse import hostlist_size
 
 # `scontrol -o show job` of a held job whose user wrote NodeList= into its name and its comment
 HOSTILE_SHOW_JOB = ("JobId=17 JobName=x NodeList=gpu[001-512] UserId=alice(1000) GroupId=alice(1000) "
@@ -24,7 +24,7 @@ def fake_slurm(monkeypatch, answers):
 
 
 def test_a_held_jobs_hostile_name_and_comment_give_it_no_node(monkeypatch):
-    from slurmtools.slurm_parse import parse_scontrol_record
+    from slurmtools.slurm.parse import parse_scontrol_record
     assert parse_scontrol_record(HOSTILE_SHOW_JOB)["NodeList"] == "gpu[001-512]"    # the text parse is fooled
     asked = fake_slurm(monkeypatch, {"sacct": "17|1000|None assigned|Unknown\n", "squeue": "1000|\n",
                                      "scontrol": HOSTILE_SHOW_JOB})
@@ -48,7 +48,7 @@ def test_a_reused_job_ids_runs_by_another_user_name_none_of_their_nodes(monkeypa
 
 
 def test_a_job_slurmctld_forgot_is_known_by_when_its_last_run_ended(monkeypatch):
-    from slurmtools.slurm_parse import parse_time
+    from slurmtools.slurm.parse import parse_time
 
     def gone(argv, **kwargs):
         if argv[0] == "squeue":

@@ -3,7 +3,7 @@ ranks' memory are charged to it alike, so a budget above its headroom is an OOM 
 The cgroup trees below are the layouts Slurm's cgroup/v1 and cgroup/v2 plugins make."""
 from pathlib import Path
 
-from slurmtools import cgroup_memory as cm
+from slurmtools.snapshot import cgroup_memory as cm
 
 GB = 10 ** 9
 

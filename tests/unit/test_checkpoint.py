@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools.checkpoint import MANIFEST, CheckpointManager, verify_dir
+from slurmtools.checkpoint.manager import MANIFEST, CheckpointManager, verify_dir
 from slurmtools.errors import CheckpointError
 
 
@@ -141,7 +141,7 @@ class _DcpLikeFailure(Exception):
 
 
 def test_why_save_failed_is_one_line_naming_the_first_failed_rank_and_its_error():
-    from slurmtools.checkpoint import why_save_failed
+    from slurmtools.checkpoint.manager import why_save_failed
     nested = _DcpLikeFailure({3: (OSError(5, "Input/output\nerror"), "tb"),
                               1: (OSError(28, "No space left on device"), "tb")})
     assert why_save_failed(nested) == "rank 1: OSError: [Errno 28] No space left on device"

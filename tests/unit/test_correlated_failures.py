@@ -5,8 +5,9 @@ import time
 
 import pytest
 
+from slurmtools.common.ledger import Cause
 from slurmtools.requeue import nodecheck, watchdog
-from slurmtools.requeue.policy import Action, Capacity, Cause, Diagnosis, Evidence, classify, decide
+from slurmtools.requeue.policy import Action, Capacity, Diagnosis, Evidence, classify, decide
 from slurmtools.requeue.topology import Topology, topology_of
 from slurmtools.spec import RequeueSpec
 
@@ -251,9 +252,9 @@ def test_the_first_failed_task_names_its_node():
 
 
 def test_slurms_drain_flag_reads_as_drained_unless_down_or_not_responding(monkeypatch):
-    from slurmtools import slurm
+    from slurmtools.slurm import commands as slurm
     from slurmtools.requeue import slurm_view
-    from slurmtools.slurm_parse import NodeInfo
+    from slurmtools.slurm.parse import NodeInfo
 
     def info(name, state, flags):
         return NodeInfo(name, state, flags, "", "", "", "")
@@ -269,9 +270,9 @@ def test_not_responding_is_evidence_only_when_our_probes_get_no_answer_either(mo
     """One missed ping of a loaded node (Slurm's NOT_RESPONDING) whose slurmd answers us is no node
     failure; a flagged node whose slurmd answers neither probe is. Real sockets on this machine."""
     import socket
-    from slurmtools import slurm
+    from slurmtools.slurm import commands as slurm
     from slurmtools.requeue import nodecheck, slurm_view
-    from slurmtools.slurm_parse import NodeInfo
+    from slurmtools.slurm.parse import NodeInfo
 
     listening = socket.socket()
     listening.bind(("127.0.0.1", 0))

@@ -10,10 +10,11 @@ from typing import Any, Iterator, List, Set
 import promql_parser
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurmtools import metrics
+from slurmtools.common import ledger
 from slurmtools.health import report
 from slurmtools.health.model import CheckResult, Status
-from slurmtools.requeue import ledger
+from slurmtools.requeue import job_metrics
+from slurmtools.train import metrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "etc" / "grafana" / "slurmtools.json"
 ROWS = ["Cluster health", "Training", "Communication and resilience"]
@@ -48,7 +49,7 @@ def emitted(tmp_path: Path) -> Set[str]:
     step.record(metrics.StepSample(1, 0.5, tokens=10, loss=1.0, grad_norm=1.0, collective_s=0.1, data_wait_s=0.0))
     events = [ledger.AttemptStart("1.0", 0.0), ledger.AttemptEnd("1.0", 10.0, "hang", last_step=5, first_step_t=1.0),
               ledger.AttemptStart("1.1", 12.0)]
-    metrics.write(tmp_path / "job.prom", metrics.job_registry_from_ledger(events, {"slurm_job": "1", "node": "node1"}))
+    metrics.write(tmp_path / "job.prom", job_metrics.job_registry_from_ledger(events, {"slurm_job": "1", "node": "node1"}))
     names = set()
     for path in tmp_path.glob("*.prom"):
         for family in text_string_to_metric_families(path.read_text()):

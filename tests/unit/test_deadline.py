@@ -11,10 +11,10 @@ from typing import List, Optional
 
 import pytest
 
-from slurmtools.deadline import RECHECK_S, WarningClock, warning_due
+from slurmtools.common.signals import SignalFlags
 from slurmtools.errors import SlurmCommandError
 from slurmtools.requeue import supervisor
-from slurmtools.signals import SignalFlags
+from slurmtools.requeue.deadline import RECHECK_S, WarningClock, warning_due
 
 
 class EndTimes:
@@ -91,7 +91,7 @@ def test_the_supervisor_raises_the_warning_itself_once_when_due(capsys):
 
 def test_a_signal_landing_while_the_main_thread_holds_the_flags_lock_is_recorded():
     # the handler runs in the main thread: with a plain Lock this process would hang forever
-    code = ("import os, signal\nfrom slurmtools.signals import SignalFlags\n"
+    code = ("import os, signal\nfrom slurmtools.common.signals import SignalFlags\n"
             "flags = SignalFlags().install({signal.SIGUSR1})\n"
             "with flags._lock:\n    os.kill(os.getpid(), signal.SIGUSR1)\n    x = sum(range(1000))\n"
             "print(flags.names())\n")

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from slurmtools import slurm
-from slurmtools.drain import DrainReason, is_ours, parse_reason
+from slurmtools.slurm import commands as slurm
+from slurmtools.slurm.drain import DrainReason, is_ours, parse_reason
 
 
 def test_reason_renders_and_parses_back():
@@ -140,8 +140,8 @@ def test_using_conf_points_one_block_of_commands_at_one_cluster(monkeypatch):
 
 
 def test_a_reason_whose_text_looks_like_a_field_reads_back_whole():
-    from slurmtools.drain import DrainReason
-    from slurmtools.slurm_parse import parse_scontrol_record
+    from slurmtools.slurm.drain import DrainReason
+    from slurmtools.slurm.parse import parse_scontrol_record
     reason = DrainReason("CRITICAL", "job.sdc", "rank 3 Reason=forged State=IDLE node=n2", "5", "alice").render()
     assert reason == "slurmtools: CRITICAL job.sdc rank 3 Reason:forged State:IDLE node=n2 user=alice job=5"
     line = f"NodeName=node2 Arch=x86_64 State=IDLE+DRAIN Reason={reason} [root@2026-12-01T20:00:00]"
@@ -149,7 +149,7 @@ def test_a_reason_whose_text_looks_like_a_field_reads_back_whole():
 
 
 def test_a_reason_with_brackets_keeps_them_and_loses_only_scontrols_suffix():
-    from slurmtools.slurm_parse import parse_node_record
+    from slurmtools.slurm.parse import parse_node_record
     node = parse_node_record({"NodeName": "node2", "State": "IDLE+DRAIN",
                               "Reason": "slurmtools: CRITICAL job.sdc rank 3 [31mforged user=u job=5 [root@2026-12-01T20:00]"})
     assert node.reason == "slurmtools: CRITICAL job.sdc rank 3 [31mforged user=u job=5"
@@ -158,7 +158,7 @@ def test_a_reason_with_brackets_keeps_them_and_loses_only_scontrols_suffix():
 def test_the_notes_slurmctld_appends_to_our_reason_are_not_ours():
     """24.11 and 26.05 append " : Not responding" to a drained node's reason when it then stops
     answering (seen on the mini-cluster: a node killed and blamed); 22.05 leaves the reason alone."""
-    from slurmtools.drain import parse_reason, without_slurm_notes
+    from slurmtools.slurm.drain import parse_reason, without_slurm_notes
     ours = "slurmtools: CRITICAL job.node_failure node node2: every rank silent user=alice job=7"
     assert without_slurm_notes(ours + " : Not responding") == ours
     assert without_slurm_notes(ours + " : Not responding : Kill task failed") == ours

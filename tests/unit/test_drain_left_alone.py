@@ -3,8 +3,8 @@ DOWN or FAIL ("RMA, do not resume"), or one in maintenance, keeps its state and 
 slurmctld marked DOWN itself (not responding) may still be drained with the job's evidence."""
 import pytest
 
-from slurmtools import drain, slurm
-from slurmtools.slurm_parse import NodeInfo
+from slurmtools.slurm import drain, commands as slurm
+from slurmtools.slurm.parse import NodeInfo
 
 
 def node(state, flags=(), reason=""):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+from slurmtools.common.control_dir import FLIGHT_RECORDER_REQUEST_FILE
 from slurmtools.requeue import flightrec, nodecheck, observe, watchdog
-from slurmtools.runtime import FLIGHT_RECORDER_REQUEST_FILE
 from tests.unit.test_flight_recorder import dump, entry
 
 BEATS = [watchdog.Beat(rank, "node1" if rank < 2 else "node2", 5, 100.0) for rank in range(4)]

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from slurmtools.errors import CheckpointError  # noqa: E402
-from slurmtools.tiny_data import accumulation  # noqa: E402
+from slurmtools.reference.tiny_data import accumulation  # noqa: E402
 
 
 def test_micro_batches_make_up_the_global_batch_exactly_or_are_refused_by_name():
@@ -32,9 +32,9 @@ def test_micro_batches_make_up_the_global_batch_exactly_or_are_refused_by_name()
 RANK_SCRIPT = """
 import datetime, json, shutil, sys, torch.distributed as dist
 from pathlib import Path
-from slurmtools import tiny_fsdp
-from slurmtools.runtime import TrainingControl
-from slurmtools.tiny_fsdp import TrainConfig, train
+from slurmtools.reference import tiny_fsdp
+from slurmtools.train.control import TrainingControl
+from slurmtools.reference.tiny_model import TrainConfig; from slurmtools.reference.tiny_fsdp import train
 work, phase = Path(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
 rank = dist.get_rank()

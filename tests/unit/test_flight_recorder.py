@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import fr_dump, node_beat
+from slurmtools.common.control_dir import FLIGHT_RECORDER_REQUEST_FILE, flight_recorder_prefix
+from slurmtools.common.ledger import Cause
 from slurmtools.requeue import flightrec, watchdog
-from slurmtools.requeue.policy import Cause, Evidence, classify
-from slurmtools.runtime import FLIGHT_RECORDER_REQUEST_FILE, flight_recorder_prefix
+from slurmtools.requeue.policy import Evidence, classify
+from slurmtools.train import fr_dump, node_beat
 
 HOSTS = {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
 
@@ -90,8 +91,8 @@ def test_the_flight_recorder_account_becomes_the_diagnosis():
 
 RANK_SCRIPT = """
 import datetime, os, torch.distributed as dist
-from slurmtools.runtime import TrainingControl
-from slurmtools.tiny_fsdp import TrainConfig, train
+from slurmtools.train.control import TrainingControl
+from slurmtools.reference.tiny_model import TrainConfig; from slurmtools.reference.tiny_fsdp import train
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
 train(TrainConfig(steps=10, skip_collective_at="2:3"), TrainingControl(rank=dist.get_rank()), log=lambda r: None)
 """

@@ -8,8 +8,8 @@ import pickle
 
 import pytest
 
-from slurmtools import fr_dump, node_beat
 from slurmtools.requeue import flightrec
+from slurmtools.train import fr_dump, node_beat
 from tests.unit.test_flight_recorder import dump, entry
 
 WAITING = dump(entry(41), entry(42, "gloo:all_reduce", state="started"), entry(7, pg=1), entry(99, "x", p2p=True))

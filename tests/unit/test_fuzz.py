@@ -16,14 +16,16 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurmtools import cli, sbatch
-from slurmtools.checkpoint import MANIFEST, CheckpointManager
+from slurmtools import cli
+from slurmtools.checkpoint.manager import MANIFEST, CheckpointManager
+from slurmtools.common import ledger
+from slurmtools.common.control_dir import HEARTBEAT_DIR
+from slurmtools.common.schema import build, load_yaml_with_lines
 from slurmtools.errors import SpecError
 from slurmtools.health import config, gate
 from slurmtools.health.model import Status
-from slurmtools.requeue import goodput, ledger, watchdog
-from slurmtools.runtime import HEARTBEAT_DIR
-from slurmtools.schema import build, load_yaml_with_lines
+from slurmtools.job import sbatch
+from slurmtools.requeue import goodput, watchdog
 from slurmtools.spec import JobSpec, spec_from_dict
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True,

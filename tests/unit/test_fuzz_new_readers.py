@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from slurmtools.blame import model
 from slurmtools.errors import CheckpointError, UsageError
 from slurmtools.requeue import progress
-from slurmtools.slurm_parse import hostlist_size
-from slurmtools.snapshot import settings_from_env
+from slurmtools.slurm.parse import hostlist_size
+from slurmtools.snapshot.rules import settings_from_env
 
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 HOSTLIST_CHARS = string.ascii_lowercase[:4] + string.digits + "[],-"
@@ -65,7 +65,7 @@ def test_a_blame_payload_is_a_blame_with_one_spelling_of_its_job_or_a_refusal(fi
 @FUZZ
 @given(st.binary(max_size=64))
 def test_a_peers_json_bytes_are_a_value_or_a_checkpoint_error(raw):
-    from slurmtools.snapshot_wire import _parsed
+    from slurmtools.snapshot.wire import _parsed
     try:
         _parsed(raw)
     except CheckpointError as exc:
@@ -85,7 +85,7 @@ def test_a_progress_line_is_matched_within_its_bound(pattern, line):
 @FUZZ
 @given(st.one_of(st.text(max_size=12), st.floats(allow_nan=True).map(str), st.integers().map(str)))
 def test_the_node_sweep_age_is_seconds_above_0_or_one_usage_error(raw):
-    from slurmtools.node_sweep import SWEEP_AFTER_ENV, stale_after_s
+    from slurmtools.train.node_sweep import SWEEP_AFTER_ENV, stale_after_s
     try:
         value = stale_after_s({SWEEP_AFTER_ENV: raw}, 600.0)
     except UsageError as exc:

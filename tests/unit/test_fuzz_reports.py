@@ -14,8 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurmtools import fr_dump, jobreport, metrics, steplog
-from slurmtools.requeue import ledger
+from slurmtools.common import ledger
+from slurmtools.report import text as jobreport
+from slurmtools.requeue import job_metrics
+from slurmtools.train import fr_dump, metrics, steplog
 
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -113,7 +115,7 @@ def test_report_and_goodput_never_raise_on_any_ledger_or_step_log(tmp_path_facto
     text = jobreport.format_text(report)
     assert not any(ch in text for ch in "\x1b\x00\x07")
     assert all(value >= 0 for _, value in report.breakdown.parts())
-    metrics.job_registry_from_ledger(ledger.read(control), {"slurm_job": "1", "node": "n1"})
+    job_metrics.job_registry_from_ledger(ledger.read(control), {"slurm_job": "1", "node": "n1"})
 
 
 @settings(max_examples=20, deadline=None, derandomize=True,
@@ -121,7 +123,7 @@ def test_report_and_goodput_never_raise_on_any_ledger_or_step_log(tmp_path_facto
 @given(st.lists(ledger_records.map(_line), min_size=1, max_size=5), st.lists(step_records.map(_line), max_size=8))
 def test_the_page_renders_whatever_the_records(tmp_path_factory: Any, ledger_lines: list, step_lines: list) -> None:
     pytest.importorskip("matplotlib")
-    from slurmtools import report_html
+    from slurmtools.report import html as report_html
     report = jobreport.load(_write(tmp_path_factory.mktemp("page"), ledger_lines, step_lines))
     if report is not None:
         assert report_html.plot_ids(report_html.render(report)) == list(report_html.PLOTS)

@@ -7,10 +7,10 @@ import signal
 
 import pytest
 
-from slurmtools import slurm
+from slurmtools.common.signals import SignalFlags
 from slurmtools.errors import SlurmCommandError
 from slurmtools.requeue import actions, policy, topology
-from slurmtools.signals import SignalFlags
+from slurmtools.slurm import commands as slurm
 from slurmtools.spec import RequeueSpec
 
 

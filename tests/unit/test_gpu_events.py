@@ -6,13 +6,14 @@ import time
 
 import pytest
 
-from slurmtools import gpu_events
+from slurmtools.common.ledger import Cause
 from slurmtools.errors import SpecError
-from slurmtools.gpu_events import GpuEvent, GpuEventWatch
+from slurmtools.job.sbatch import render
 from slurmtools.requeue import step
-from slurmtools.requeue.policy import Cause, Evidence, classify
-from slurmtools.sbatch import render
+from slurmtools.requeue.policy import Evidence, classify
 from slurmtools.spec import spec_from_dict
+from slurmtools.train import gpu_events
+from slurmtools.train.gpu_events import GpuEvent, GpuEventWatch
 
 
 def _append(path, *records):

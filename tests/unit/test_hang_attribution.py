@@ -1,7 +1,8 @@
 """Hangs attributed to a node: a whole node behind (by step, or in the flight recorder), and a
 GPU-side hang where every rank entered the collective but one node's entries never started."""
+from slurmtools.common.ledger import Cause
 from slurmtools.requeue import flightrec, watchdog
-from slurmtools.requeue.policy import Cause, Evidence, classify
+from slurmtools.requeue.policy import Evidence, classify
 from tests.unit.test_flight_recorder import dump, entry, laggard
 
 HOSTS = {0: "node1", 1: "node1", 2: "node2", 3: "node2", 4: "node3", 5: "node3"}

@@ -13,16 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import drain, sbatch
-from slurmtools.checkpoint import MANIFEST, CheckpointManager
+from slurmtools.checkpoint.manager import MANIFEST, CheckpointManager
+from slurmtools.common import ledger
+from slurmtools.common.control_dir import HEARTBEAT_DIR
+from slurmtools.common.fsutil import write_json_atomic
+from slurmtools.common.schema import build
 from slurmtools.errors import ConfigError, SpecError, UsageError
-from slurmtools.fsutil import write_json_atomic
 from slurmtools.health import config, gate, state
 from slurmtools.health.fixture_data import xid_line
 from slurmtools.health.model import Status
-from slurmtools.requeue import ledger, supervisor, watchdog
-from slurmtools.runtime import HEARTBEAT_DIR
-from slurmtools.schema import build
+from slurmtools.job import sbatch
+from slurmtools.requeue import supervisor, watchdog
+from slurmtools.slurm import drain
 from slurmtools.spec import RequeueSpec, spec_from_dict
 from tests.unit.test_cli import cli, one_line_error
 

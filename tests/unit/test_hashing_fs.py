@@ -12,13 +12,13 @@ pytest.importorskip("torch")
 import torch  # noqa: E402
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save  # noqa: E402
 
-from slurmtools import hashing_fs  # noqa: E402
-from slurmtools.checkpoint import SHARD_HASHES_DIR, seal_own_files  # noqa: E402
-from slurmtools.checkpoint_torch import hashing_writer  # noqa: E402
+from slurmtools.checkpoint import hashing_fs  # noqa: E402
+from slurmtools.checkpoint.manager import SHARD_HASHES_DIR, seal_own_files  # noqa: E402
+from slurmtools.checkpoint.torch_dcp import hashing_writer  # noqa: E402
 
 
 def _xxh(path) -> str:
-    """Computed here with the library itself, not through slurmtools.digests."""
+    """Computed here with the library itself, not through slurmtools.checkpoint.digests."""
     return xxhash.xxh3_128(path.read_bytes()).hexdigest()
 
 

@@ -26,7 +26,7 @@ def settings(tmp_path: Path, *, probe="fixture:h100-8gpu", checks=None, **over) 
             "state_dir": str(tmp_path / "state"), "syslog": False, "drain": False,
             "checks": checks if checks is not None else H100}
     data.update(over)
-    from slurmtools.schema import build
+    from slurmtools.common.schema import build
     return build(config.NodeSettings, data)
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from slurmtools.common.schema import build
 from slurmtools.health import active_probe, config, gate
 from slurmtools.health.checks import active
 from slurmtools.health.model import Status
-from slurmtools.schema import build
 
 OUTPUTS = Path(__file__).parent / "active_outputs"
 

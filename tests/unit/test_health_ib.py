@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from slurmtools.health import config, kmsg, sysfs
+from slurmtools.health import remedy
 from slurmtools.health.checks import ib
 from slurmtools.health.fixture_data import IB_FW_VER, IB_PCI_SLOTS, write_ib_tree
 from slurmtools.health.model import CheckResult, Status
-from slurmtools.health import remedy
 
 EIGHT = [f"mlx5_{i}" for i in range(8)]
 

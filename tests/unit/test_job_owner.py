@@ -3,9 +3,9 @@ too (the run after a dead batch host blames it), and the nodes its steps ran on 
 gave back before its next step). Only fields no user writes, each asked by name (squeue's numeric
 uid and node list, sacct's JobID, UID, NodeList, End): Slurm's answers are fed in; the commands
 themselves run in the cluster tests (test_faults j, test_recovery b, test_blame)."""
-from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError
-from slurmtools.slurm_parse import parse_time
+from slurmtools.slurm import commands as slurm
+from slurmtools.slurm.parse import parse_time
 
 
 def rows(*lines: str):

@@ -1,4 +1,4 @@
-"""The job's key (slurmtools.job_secret): made once, the user's alone, and the MAC a snapshot's
+"""The job's key (slurmtools.common.job_secret): made once, the user's alone, and the MAC a snapshot's
 copy carries on the wire, bound to every field of what the copy is."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import job_secret
+from slurmtools.common import job_secret
 from slurmtools.errors import CheckpointError
 
 FIELDS = dict(of_rank=3, step=120, world=8, attempt="77.1", size=4096, digest=("xxh3_128", "ab" * 16))

@@ -6,9 +6,11 @@ import json
 
 import pytest
 
-from slurmtools import jobreport, steplog
-from slurmtools.requeue import goodput, ledger
-from slurmtools.steplog import CheckpointRecord, StepHistory, StepLog, StepRecord
+from slurmtools.common import ledger
+from slurmtools.report import text as jobreport
+from slurmtools.requeue import goodput
+from slurmtools.train import steplog
+from slurmtools.train.steplog import CheckpointRecord, StepHistory, StepLog, StepRecord
 from tests.unit.test_cli import cli, one_line_error
 
 T0 = 1_000_000.0
@@ -41,7 +43,7 @@ def test_the_step_log_buffers_lines_and_reads_back_what_was_written(tmp_path):
 
 
 def test_training_control_keeps_a_step_log_in_the_control_dir(tmp_path, monkeypatch):
-    from slurmtools.runtime import TrainingControl
+    from slurmtools.train.control import TrainingControl
     monkeypatch.delenv("SLURMTOOLS_METRICS_DIR", raising=False)
     monkeypatch.setenv("SLURMTOOLS_ATTEMPT_ID", "12.1")
     control = TrainingControl(tmp_path, rank=0)
@@ -121,7 +123,7 @@ def test_the_text_form_lists_attempts_breakdown_and_events():
 
 def test_the_html_page_is_self_contained_with_every_plot():
     pytest.importorskip("matplotlib")
-    from slurmtools import report_html
+    from slurmtools.report import html as report_html
     events, history = _chain()
     page = report_html.render(jobreport.build("9<b>", events, history))
     assert report_html.plot_ids(page) == list(report_html.PLOTS)
@@ -152,7 +154,7 @@ def test_report_command_text_html_and_one_line_errors(tmp_path):
 def test_a_refused_checkpoint_is_kept_in_the_ledger_and_marked_in_the_report(tmp_path):
     """The trainer's rank 0 records each newer checkpoint its resume passed over; the attempt
     arithmetic is unchanged and the report marks it with why."""
-    from slurmtools.runtime import TrainingControl
+    from slurmtools.train.control import TrainingControl
     events, history = _chain()
     control_dir = tmp_path / "control"
     for event in events[:3]:

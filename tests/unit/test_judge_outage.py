@@ -10,8 +10,8 @@ from typing import Dict, List
 
 import pytest
 
+from slurmtools.common.signals import SignalFlags
 from slurmtools.requeue import judge, policy, progress, slurm_view
-from slurmtools.signals import SignalFlags
 from slurmtools.spec import RequeueSpec
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from slurmtools.requeue import ledger
+from slurmtools.common import ledger
 
 
 def _start(n: int) -> ledger.AttemptStart:

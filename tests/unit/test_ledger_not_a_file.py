@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from slurmtools.common import ledger
 from slurmtools.errors import UsageError
-from slurmtools.requeue import ledger
 
 
 def event():

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from slurmtools.runtime import ATTEMPT_ID_ENV, CHECKPOINT_DIR_ENV, COMPLETE_FILE, CONTROL_DIR_ENV
+from slurmtools.common.control_dir import ATTEMPT_ID_ENV, CHECKPOINT_DIR_ENV, COMPLETE_FILE, CONTROL_DIR_ENV
 
 LIGHT = Path(__file__).resolve().parents[2] / "examples" / "light" / "train.py"
 

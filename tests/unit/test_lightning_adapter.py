@@ -20,8 +20,8 @@ L = pytest.importorskip("lightning.pytorch")
 import torch  # noqa: E402
 from lightning.fabric.plugins.environments import SLURMEnvironment  # noqa: E402
 
+from slurmtools.common.control_dir import COMPLETE_FILE, CONTROL_DIR_ENV, REQUEST_FILE, STOPPED_FILE  # noqa: E402
 from slurmtools.integrations.lightning import CHECKPOINT_FILE, SlurmtoolsCallback, resume_path  # noqa: E402
-from slurmtools.runtime import COMPLETE_FILE, CONTROL_DIR_ENV, REQUEST_FILE, STOPPED_FILE  # noqa: E402
 
 
 class Tiny(L.LightningModule):

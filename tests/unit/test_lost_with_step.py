@@ -7,8 +7,9 @@ from typing import Iterator, Set
 
 import pytest
 
+from slurmtools.common.ledger import Cause
 from slurmtools.requeue import nodecheck, observe
-from slurmtools.requeue.policy import Cause, Evidence, classify
+from slurmtools.requeue.policy import Evidence, classify
 
 LAUNCH_TAIL = ("srun: error: Task launch for StepId=100004.1 failed on node node3: Zero Bytes were "
                "transmitted or received\nsrun: error: Application launch failed: Zero Bytes were transmitted\n")

@@ -7,8 +7,10 @@ from typing import Dict, Tuple
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurmtools import metrics
-from slurmtools.requeue import goodput, ledger
+from slurmtools.common import ledger
+from slurmtools.requeue import job_metrics
+from slurmtools.requeue import goodput
+from slurmtools.train import metrics
 
 LABELS = {"slurm_job": "42", "attempt": "42.1", "node": "node2", "rank": "3"}
 
@@ -66,8 +68,8 @@ def test_the_supervisor_writes_restarts_by_cause_and_goodput_from_the_ledger(tmp
               ledger.AttemptEnd("42.1", 200.0, "preempted", last_step=80, first_step_t=140.0, checkpoint_step=80),
               ledger.AttemptStart("42.2", 210.0, restart=2, resume_step=80),
               ledger.AttemptEnd("42.2", 300.0, "completed", last_step=100, first_step_t=220.0, checkpoint_step=100)]
-    assert metrics.restarts_by_cause(events) == {"node_failure": 1, "preempted": 1}
-    metrics.write(tmp_path / "job.prom", metrics.job_registry_from_ledger(events, {"slurm_job": "42", "node": "node1"}))
+    assert job_metrics.restarts_by_cause(events) == {"node_failure": 1, "preempted": 1}
+    metrics.write(tmp_path / "job.prom", job_metrics.job_registry_from_ledger(events, {"slurm_job": "42", "node": "node1"}))
     found = samples(tmp_path / "job.prom")
     job = (("node", "node1"), ("slurm_job", "42"))
     assert by_name(found, "slurmtools_job_restarts_total") == {(("cause", "node_failure"),) + job: 1.0,
@@ -87,7 +89,7 @@ def test_textfile_names_are_safe():
 
 
 def test_training_control_writes_metrics_only_when_the_job_asks(tmp_path, monkeypatch, capsys):
-    from slurmtools.runtime import TrainingControl
+    from slurmtools.train.control import TrainingControl
     monkeypatch.delenv(metrics.METRICS_DIR_ENV, raising=False)
     quiet = TrainingControl(rank=0)
     quiet.step_done(1, 0.5, tokens=10)
@@ -115,19 +117,19 @@ def test_the_supervisor_file_is_written_from_the_ledger_or_skipped(tmp_path):
     control = tmp_path / "control"
     control.mkdir()
     ledger.append(control, ledger.AttemptStart("8.0", 0.0))
-    assert metrics.write_job_metrics(control, "8", {}) is None
-    path = metrics.write_job_metrics(control, "8", {metrics.METRICS_DIR_ENV: str(tmp_path / "tf")})
+    assert job_metrics.write_job_metrics(control, "8", {}) is None
+    path = job_metrics.write_job_metrics(control, "8", {metrics.METRICS_DIR_ENV: str(tmp_path / "tf")})
     assert path == tmp_path / "tf" / "slurmtools_job_8_supervisor.prom"
     assert ("slurmtools_job_attempts_total", (("node", __import__("socket").gethostname().split(".")[0]), ("slurm_job", "8"))) \
         in samples(path)
     (tmp_path / "file").write_text("x")
-    assert metrics.write_job_metrics(control, "8", {metrics.METRICS_DIR_ENV: str(tmp_path / "file")}) is None
+    assert job_metrics.write_job_metrics(control, "8", {metrics.METRICS_DIR_ENV: str(tmp_path / "file")}) is None
 
 
 RANKS = """
 import datetime, sys, torch.distributed as dist
-from slurmtools.runtime import TrainingControl
-from slurmtools.tiny_fsdp import TrainConfig, train
+from slurmtools.train.control import TrainingControl
+from slurmtools.reference.tiny_model import TrainConfig; from slurmtools.reference.tiny_fsdp import train
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
 control = TrainingControl(rank=dist.get_rank())
 train(TrainConfig(steps=4, checkpoint_every=2, checkpoint_dir=sys.argv[1]), control, log=lambda r: None)
@@ -162,7 +164,7 @@ def test_real_ranks_of_the_example_trainer_write_their_step_metrics(tmp_path):
 
 
 def test_a_specs_metrics_dir_reaches_the_job_and_names_each_nodes_dir():
-    from slurmtools import sbatch
+    from slurmtools.job import sbatch
     from slurmtools.spec import spec_from_dict
     spec = spec_from_dict({"name": "m", "command": ["train.py"], "metrics_dir": "/shared/metrics/%N"})
     assert ("SLURMTOOLS_METRICS_DIR", "/shared/metrics/%N") in sbatch.environment(spec)

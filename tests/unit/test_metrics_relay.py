@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from slurmtools.common.schema import build
 from slurmtools.errors import SpecError
 from slurmtools.metricsrelay import inbox, model
 from slurmtools.metricsrelay.config import JobMetricsSettings
-from slurmtools.schema import build
 
 OWN = """# HELP slurmtools_train_step The step.
 # TYPE slurmtools_train_step gauge

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmtools.minicluster import conf_text
 from slurmtools.minicluster import node_files
 from slurmtools.minicluster.layout import BASE_DIR, MiniClusterLayout
 
@@ -20,7 +21,7 @@ def conf_lines(text: str) -> dict:
 
 
 def test_slurm_conf_has_fast_scheduling_and_requeue_settings():
-    conf = conf_lines(layout().render_slurm_conf())
+    conf = conf_lines(conf_text.slurm_conf(layout()))
     assert conf["SchedulerParameters"] == ("batch_sched_delay=0,sched_min_interval=0,sched_interval=2,"
                                            "bf_interval=1,nohold_on_prolog_fail")
     assert conf["AuthInfo"] == "cred_expire=10,socket=/s/munge/munge.socket"
@@ -37,7 +38,7 @@ def test_slurm_conf_has_fast_scheduling_and_requeue_settings():
 
 
 def test_node_line_for_three_nodes_with_gpus():
-    text = layout().render_slurm_conf()
+    text = conf_text.slurm_conf(layout())
     node = [ln for ln in text.splitlines() if ln.startswith("NodeName=")]
     assert node == ["NodeName=node[1-3] NodeAddr=10.77.0.[11-13] CPUs=4 Sockets=1 CoresPerSocket=4 "
                     "ThreadsPerCore=1 RealMemory=4000 Gres=gpu:4 State=UNKNOWN"]
@@ -46,27 +47,27 @@ def test_node_line_for_three_nodes_with_gpus():
 
 def test_single_node_without_gpus():
     lay = layout(nodes=1, gpus_per_node=0)
-    text = lay.render_slurm_conf()
+    text = conf_text.slurm_conf(lay)
     assert "NodeName=node1 NodeAddr=10.77.0.11 CPUs=4" in text
     assert "Gres=" not in text.split("NodeName=")[1]
-    assert lay.render_gres_conf() == "AutoDetect=off\n"
+    assert conf_text.gres_conf(lay) == "AutoDetect=off\n"
 
 
 def test_gres_conf_uses_character_device_files():
-    assert layout(gpus_per_node=2).render_gres_conf() == \
+    assert conf_text.gres_conf(layout(gpus_per_node=2)) == \
         "AutoDetect=off\nNodeName=node[1-3] Name=gpu File=/s/fakegpu/nvidia[0-1]\n"
-    assert layout(gpus_per_node=1).render_gres_conf().endswith("File=/s/fakegpu/nvidia0\n")
+    assert conf_text.gres_conf(layout(gpus_per_node=1)).endswith("File=/s/fakegpu/nvidia0\n")
 
 
 def test_slurmdbd_conf_points_at_our_own_database_port():
-    text = layout(slot=9).render_slurmdbd_conf("pw")
+    text = conf_text.slurmdbd_conf(layout(slot=9), "pw")
     assert "StorageHost=127.0.0.1" in text.splitlines()
     assert "StoragePort=13397" in text.splitlines()
     assert "DbdPort=16909" in text.splitlines() and "AuthInfo=socket=/s/munge/munge.socket" in text.splitlines()
     assert "StoragePass=pw" in text.splitlines()
     # the nodes reach slurmdbd on the bridge (sacct from a node), as a real cluster's do
     assert "DbdAddr=10.77.9.1" in text.splitlines()
-    assert "AccountingStorageHost=10.77.9.1" in layout(slot=9).render_slurm_conf().splitlines()
+    assert "AccountingStorageHost=10.77.9.1" in conf_text.slurm_conf(layout(slot=9)).splitlines()
 
 
 def test_names_and_addresses():
@@ -93,13 +94,13 @@ def test_named_clusters_share_nothing():
                       "slurm_conf", "cluster_name", "registry_file", "first_job_id"):
         assert getattr(first, attribute) != getattr(second, attribute), attribute
     # job ids too: the clusters' node2 share Slurm's cgroup dir slurm_node2, where job_<id> must not collide
-    assert "\nFirstJobId=1\n" in first.render_slurm_conf() and "\nFirstJobId=100001\n" in second.render_slurm_conf()
+    assert "\nFirstJobId=1\n" in conf_text.slurm_conf(first) and "\nFirstJobId=100001\n" in conf_text.slurm_conf(second)
     assert MiniClusterLayout(name="last", slot=99).first_job_id + 100_000 < 0x03ff0000     # Slurm's MaxJobId
     assert {first.netns("node1"), first.veth("node1")}.isdisjoint({second.netns("node1"), second.veth("node1")})
     assert second.subnet == "10.77.1.0/24" and second.bridge == "st-test"
     widest = MiniClusterLayout(name="abcdefgh", slot=99, nodes=240)
     assert widest.veth("node240") == "stabcdefghv240" and len(widest.veth("node240")) <= 15 and len(widest.bridge) <= 15
-    assert widest.node_addr("node240") == "10.77.99.250" and "NodeAddr=10.77.99.[11-250]" in widest.render_slurm_conf()
+    assert widest.node_addr("node240") == "10.77.99.250" and "NodeAddr=10.77.99.[11-250]" in conf_text.slurm_conf(widest)
     # interface names follow the name, not the slot: a layout with a wrong slot cannot touch another's
     assert MiniClusterLayout(name="test", slot=0).veth("node1") != MiniClusterLayout(name="mini", slot=0).veth("node1")
 
@@ -137,7 +138,7 @@ def test_job_user_ids_exhausted_is_one_line_error() -> None:
 
 def test_each_node_gets_its_own_memory_directory_through_the_task_prolog():
     lay = layout(nodes=2)
-    assert f"TaskProlog={lay.etc_dir}/task-prolog" in lay.render_slurm_conf().splitlines()
+    assert f"TaskProlog={lay.etc_dir}/task-prolog" in conf_text.slurm_conf(lay).splitlines()
     assert node_files.node_memory_root(lay) == Path(f"/dev/shm/slurmtools-minicluster-{lay.name}")
     assert node_files.task_prolog_text(lay).splitlines()[-1] == (
         f'echo "export SLURMTOOLS_NODE_LOCAL_DIR=/dev/shm/slurmtools-minicluster-{lay.name}/$(hostname)"')

@@ -8,9 +8,10 @@ import socket
 
 import pytest
 
-from slurmtools import node_beat, node_sweep
+from slurmtools.common.control_dir import FLIGHT_RECORDER_REQUEST_FILE, HEARTBEAT_DIR, REQUEST_FILE
 from slurmtools.requeue import watchdog
-from slurmtools.runtime import FLIGHT_RECORDER_REQUEST_FILE, HEARTBEAT_DIR, REQUEST_FILE, TrainingControl
+from slurmtools.train import node_beat, node_sweep
+from slurmtools.train.control import TrainingControl
 
 HOST = socket.gethostname()
 

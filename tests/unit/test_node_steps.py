@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import socket
 
-from slurmtools import jobreport, steplog
-from slurmtools.node_steps import aggregate
-from slurmtools.steplog import StepLog
+from slurmtools.report import text as jobreport
+from slurmtools.train import steplog
+from slurmtools.train.node_steps import aggregate
+from slurmtools.train.steplog import StepLog
 from tests.unit.test_jobreport import Clock
 
 
@@ -112,8 +113,8 @@ def test_a_malformed_node_record_is_skipped(tmp_path):
 def test_training_control_gathers_its_step_log_per_node(tmp_path, monkeypatch):
     """Two ranks of one node through TrainingControl (LOCAL_RANK, node memory in tmp): one node
     file in the control dir's steps/, none per rank; the report reads both ranks' steps in it."""
-    from slurmtools import node_beat
-    from slurmtools.runtime import TrainingControl
+    from slurmtools.train import node_beat
+    from slurmtools.train.control import TrainingControl
     shm = tmp_path / "shm"
     shm.mkdir()
     monkeypatch.setenv(node_beat.NODE_LOCAL_DIR_ENV, str(shm))

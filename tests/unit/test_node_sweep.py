@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import node_beat, node_sweep
-from slurmtools.snapshot import SNAPSHOTS_SUBDIR, job_key
-from slurmtools.snapshot_io import SnapshotStore
+from slurmtools.snapshot.rules import SNAPSHOTS_SUBDIR, job_key
+from slurmtools.snapshot.store import SnapshotStore
+from slurmtools.train import node_beat, node_sweep
 
 DIGEST = "0123456789abcdef"
 NOW = 1_000_000.0
@@ -114,7 +114,7 @@ def test_this_users_live_jobs_is_none_without_slurm(monkeypatch):
 
 def test_the_sweep_age_is_the_sites_when_set_and_anything_else_is_one_line_naming_the_variable():
     from slurmtools.errors import UsageError
-    from slurmtools.node_sweep import SWEEP_AFTER_ENV, stale_after_s
+    from slurmtools.train.node_sweep import SWEEP_AFTER_ENV, stale_after_s
     assert stale_after_s({}, 600.0) == 600.0
     assert stale_after_s({SWEEP_AFTER_ENV: " "}, 600.0) == 600.0
     assert stale_after_s({SWEEP_AFTER_ENV: "2.5"}, 600.0) == 2.5

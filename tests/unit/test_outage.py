@@ -2,7 +2,7 @@
 clock; the real controller restart is a cluster test)."""
 import pytest
 
-from slurmtools import slurm
+from slurmtools.slurm import commands as slurm
 from slurmtools.spec import RequeueSpec
 
 DOWN = "scontrol: error: Unable to contact slurm controller (connect failure)"
@@ -76,7 +76,8 @@ def test_the_exclusion_list_read_before_a_requeue_rides_the_outage_too(monkeypat
 def test_our_exclusions_age_out_of_the_requeues_list_and_the_users_own_stay(monkeypatch):
     """Over weeks the exclusion list only grew (hang and straggler blames too) until the job could
     pend for ever: this job's exclusions last a time by cause; a node the user excluded stays."""
-    from slurmtools.requeue import actions, exclusions, ledger, policy, topology
+    from slurmtools.requeue import actions, exclusions, policy, topology
+    from slurmtools.common import ledger
 
     hour = 3600.0
     events = [ledger.AttemptEnd("7.0", 0.0, "hang", excluded="node3"),
@@ -99,7 +100,7 @@ def test_our_exclusions_age_out_of_the_requeues_list_and_the_users_own_stay(monk
 
 
 def test_the_decision_records_the_nodes_it_excluded_in_the_ledger(tmp_path):
-    from slurmtools.requeue import ledger
+    from slurmtools.common import ledger
     ledger.append(tmp_path, ledger.AttemptEnd("7.0", 1.0, "node_failure", excluded="node2,node3"))
     assert [e.excluded for e in ledger.read(tmp_path) if isinstance(e, ledger.AttemptEnd)] == ["node2,node3"]
 

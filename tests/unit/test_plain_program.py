@@ -12,11 +12,12 @@ from typing import Any, Dict, List
 
 import pytest
 
+from slurmtools.common.ledger import Cause
 from slurmtools.errors import SpecError
 from slurmtools.requeue import progress, supervisor
-from slurmtools.requeue.policy import Cause, Evidence, classify
-from slurmtools.runtime import TrainingControl
+from slurmtools.requeue.policy import Evidence, classify
 from slurmtools.spec import RequeueSpec
+from slurmtools.train.control import TrainingControl
 
 
 # ---- the policy ------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """The failure decision matrix, one row per test case (README, section 2)."""
 import pytest
 
-from slurmtools.requeue.policy import Action, AttemptRecord, Cause, Diagnosis, Evidence, classify, decide
+from slurmtools.common.ledger import AttemptRecord, Cause
+from slurmtools.common.xid import xid_codes
+from slurmtools.requeue.policy import Action, Diagnosis, Evidence, classify, decide
 from slurmtools.spec import RequeueSpec as Limits
-from slurmtools.xid import xid_codes
 
 LIMITS = Limits(max_restarts=3, max_consecutive_failures=2, no_progress_restarts=3, backoff_s=5.0)
 

@@ -2,8 +2,8 @@
 platform failures told from user errors, from recorded log tails."""
 import pytest
 
-from slurmtools.requeue.policy import (Action, AttemptRecord, Capacity, Cause, Diagnosis, Evidence, classify,
-                                       consecutive, decide, in_window)
+from slurmtools.common.ledger import AttemptRecord, Cause
+from slurmtools.requeue.policy import Action, Capacity, Diagnosis, Evidence, classify, consecutive, decide, in_window
 from slurmtools.spec import RequeueSpec
 
 HOUR_S = 3600.0

@@ -7,16 +7,18 @@ import json
 
 import pytest
 
-from slurmtools import drain
+from slurmtools.common import ledger
+from slurmtools.common.control_dir import PREFLIGHT_ENV
 from slurmtools.errors import MiniClusterError, SpecError
 from slurmtools.minicluster import degrade
 from slurmtools.minicluster.layout import MiniClusterLayout
-from slurmtools.preflight import canary, inprocess, launch
+from slurmtools.preflight import canary
 from slurmtools.preflight.canary import CanaryResult, Shape
 from slurmtools.preflight.judge import (Finding, LinkResult, Settings, judge_canary, judge_links, judge_throughput,
                                         named, pair_rounds)
-from slurmtools.requeue import flags, ledger, policy
-from slurmtools.runtime import PREFLIGHT_ENV
+from slurmtools.requeue import preflight_inprocess as inprocess, preflight_launch as launch
+from slurmtools.requeue import flags, policy
+from slurmtools.slurm import drain
 from slurmtools.spec import RequeueSpec, spec_from_dict
 
 SMALL = Shape(32, 2, 2)

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from slurmtools.rank_output import whole_lines
+from slurmtools.train.rank_output import whole_lines
 
 
 class RecordingRaw(io.RawIOBase):
@@ -54,7 +54,7 @@ def test_streams_that_cannot_be_reconfigured_are_left_alone():
 def test_training_control_under_the_supervisor_line_buffers_the_rank(tmp_path):
     """A rank (`python -u`, as torchrun starts it) that makes its TrainingControl under the
     supervisor writes each printed line in one write call."""
-    code = ("import sys; from slurmtools.runtime import TrainingControl; TrainingControl(); "
+    code = ("import sys; from slurmtools.train.control import TrainingControl; TrainingControl(); "
             "print(sys.stdout.line_buffering, sys.stdout.write_through, sys.stderr.line_buffering)")
     env = dict(os.environ, SLURMTOOLS_CONTROL_DIR=str(tmp_path / "control"), RANK="0")
     out = subprocess.run([sys.executable, "-u", "-c", code], env=env, capture_output=True, text=True, check=True)

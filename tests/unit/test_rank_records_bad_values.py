@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from slurmtools.common.fsutil import write_json_atomic
 from slurmtools.errors import UsageError
-from slurmtools.fsutil import write_json_atomic
-from slurmtools.node_beat import gather
-from slurmtools.node_steps import aggregate
-from slurmtools.runtime import TrainingControl
+from slurmtools.train.control import TrainingControl
+from slurmtools.train.node_beat import gather
+from slurmtools.train.node_steps import aggregate
 
 
 def test_a_record_with_a_nan_is_left_out_and_the_nodes_file_still_written(tmp_path):

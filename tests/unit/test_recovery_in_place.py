@@ -2,10 +2,11 @@
 decision to restart in place, and node death from heartbeats. All pure."""
 import pytest
 
+from slurmtools.common.control_dir import attempt_number
+from slurmtools.common.ledger import AttemptRecord, Cause
 from slurmtools.requeue import watchdog
-from slurmtools.requeue.policy import Action, AttemptRecord, Capacity, Cause, Diagnosis, Evidence, classify, decide
+from slurmtools.requeue.policy import Action, Capacity, Diagnosis, Evidence, classify, decide
 from slurmtools.requeue.topology import step_argv, topology_of
-from slurmtools.runtime import attempt_number
 from slurmtools.spec import RequeueSpec
 
 LIMITS = RequeueSpec(max_restarts=3, max_consecutive_failures=2, no_progress_restarts=3, backoff_s=5.0)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import signal
 
-from slurmtools import slurm
+from slurmtools.common.signals import SignalFlags
 from slurmtools.requeue import actions, step
 from slurmtools.requeue.topology import shrunk_below_training, topology_of
-from slurmtools.signals import SignalFlags
+from slurmtools.slurm import commands as slurm
 from slurmtools.spec import RequeueSpec
 
 NODES = [f"node{n}" for n in range(1, 6)]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmtools.minicluster import conf_text
 from slurmtools.minicluster import release
 from slurmtools.minicluster.debroot import last_error
 from slurmtools.minicluster.layout import MiniClusterLayout
@@ -90,13 +91,13 @@ def test_a_layout_of_another_release_has_a_root_wrappers_and_its_settings():
     host = MiniClusterLayout(name="a", state_dir=Path("/s/a"))
     assert host.slurm_root is None and host.client_bin_dir is None
     assert host.command(["/usr/sbin/slurmctld"]) == ["/usr/sbin/slurmctld"]
-    assert "SlurmctldParameters" not in host.render_slurm_conf()
+    assert "SlurmctldParameters" not in conf_text.slurm_conf(host)
     new = MiniClusterLayout(name="b", state_dir=Path("/s/b"), slurm_release="26.05")
     assert new.slurm_root == Path("/s/b/slurm-root") and new.client_bin_dir == Path("/s/b/bin")
     assert new.command(["/usr/sbin/slurmctld"]) == ["/s/b/bin/in-root", "/usr/sbin/slurmctld"]
-    assert "SlurmctldParameters=enable_expedited_requeue\n" in new.render_slurm_conf()
-    assert "SlurmctldParameters" not in MiniClusterLayout(name="c", state_dir=Path("/s/c"),
-                                                          slurm_release="24.11").render_slurm_conf()
+    assert "SlurmctldParameters=enable_expedited_requeue\n" in conf_text.slurm_conf(new)
+    assert "SlurmctldParameters" not in conf_text.slurm_conf(MiniClusterLayout(name="c", state_dir=Path("/s/c"),
+                                                                              slurm_release="24.11"))
     with pytest.raises(ValueError, match="unknown Slurm release '23.11'"):
         MiniClusterLayout(name="d", slurm_release="23.11")
     with pytest.raises(ValueError, match="must not contain spaces, quotes"):

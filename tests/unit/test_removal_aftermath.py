@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from slurmtools.requeue.policy import (Action, AttemptRecord, Capacity, Cause, Evidence, classify, decide,
-                                       slurm_removal_aftermath)
+from slurmtools.common.ledger import AttemptRecord, Cause
+from slurmtools.requeue.policy import Action, Capacity, Evidence, classify, decide, slurm_removal_aftermath
 from slurmtools.spec import RequeueSpec
 
 LIMITS = RequeueSpec(max_consecutive_failures=2)

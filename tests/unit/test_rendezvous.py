@@ -1,4 +1,4 @@
-"""The job's rendezvous (slurmtools/rendezvous.py): a random port nobody listens on, new for every
+"""The job's rendezvous (slurmtools/common/rendezvous.py): a random port nobody listens on, new for every
 step, and the torchrun agent on MASTER_ADDR told that it hosts the store, so a squatter on the
 port makes the step fail instead of becoming the job's store (real torch TCPStores on this host)."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from slurmtools.rendezvous import (AGENT_WRAPPER, PORT_TRIES, RDZV_PORT_BASE, RDZV_PORT_SPAN, SHELL_PORT_EXPR,
-                                   NoFreePort, free_here, pick_port, step_env)
+from slurmtools.common.rendezvous import (AGENT_WRAPPER, PORT_TRIES, RDZV_PORT_BASE, RDZV_PORT_SPAN, SHELL_PORT_EXPR,
+                                          NoFreePort, free_here, pick_port, step_env)
 
 
 def test_a_port_is_drawn_from_the_range_and_a_taken_one_is_passed_over():

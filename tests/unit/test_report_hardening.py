@@ -10,9 +10,12 @@ import tracemalloc
 
 import pytest
 
-from slurmtools import fr_dump, fsutil, jobreport, steplog
-from slurmtools.requeue import flightrec, goodput, ledger
-from slurmtools.steplog import StepHistory, StepRecord
+from slurmtools.common import fsutil
+from slurmtools.common import ledger
+from slurmtools.report import text as jobreport
+from slurmtools.requeue import flightrec, goodput
+from slurmtools.train import fr_dump, steplog
+from slurmtools.train.steplog import StepHistory, StepRecord
 from tests.unit.test_cli import cli, one_line_error
 from tests.unit.test_jobreport import T0, _chain, chain_control_dir
 
@@ -78,7 +81,7 @@ def test_a_step_record_out_of_range_is_skipped(record):
 
 
 def test_the_trainer_never_dies_of_our_bookkeeping(tmp_path, monkeypatch):
-    from slurmtools.runtime import TrainingControl
+    from slurmtools.train.control import TrainingControl
     monkeypatch.setenv("SLURMTOOLS_ATTEMPT_ID", "12.0")
     monkeypatch.setenv("SLURMTOOLS_METRICS_DIR", str(tmp_path / "metrics"))
     control = TrainingControl(tmp_path, rank=0)
@@ -113,7 +116,7 @@ def test_control_characters_in_names_reach_the_terminal_escaped():
 
 def test_names_are_drawn_as_plain_text_not_mathtext():
     pytest.importorskip("matplotlib")
-    from slurmtools import report_html
+    from slurmtools.report import html as report_html
     page = report_html.render(_hostile_report("$\\frac{$"))
     assert report_html.plot_ids(page) == list(report_html.PLOTS)
 
@@ -131,7 +134,7 @@ def test_restart_latency_runs_from_the_last_step_to_the_next_first_step_and_step
 
 
 def test_the_page_write_never_follows_a_link_and_leaves_no_temp_file(tmp_path):
-    from slurmtools import report_html
+    from slurmtools.report import html as report_html
     target = tmp_path / "elsewhere.txt"
     target.write_text("theirs")
     page = tmp_path / "r.html"

@@ -15,8 +15,9 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from slurmtools import checkpoint_torch, state_digest  # noqa: E402
-from slurmtools.checkpoint import CheckpointManager  # noqa: E402
+from slurmtools.checkpoint import torch_dcp as checkpoint_torch
+from slurmtools.checkpoint.manager import CheckpointManager  # noqa: E402
+from slurmtools.reference import state_digest  # noqa: E402
 
 STEPS = 3
 
@@ -49,23 +50,23 @@ def _flatten(prefix, obj, out):
 def join_with_tiny_model(rank: int, world: int, port: int):
     """This process as gloo rank `rank` of `world`, with the tiny FSDP model and its optimizer
     (cfg, device, model, optim); the caller destroys the process group."""
-    from slurmtools import tiny_fsdp
+    from slurmtools.reference import tiny_model
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    cfg = tiny_fsdp.TrainConfig()
+    cfg = tiny_model.TrainConfig()
     device = torch.device("cpu")
-    return (cfg, device, *tiny_fsdp.build(cfg, world, device))
+    return (cfg, device, *tiny_model.build(cfg, world, device))
 
 
 def _worker(rank: int, world: int, port: int, ckpt: str, out: str, save: bool) -> None:
-    from slurmtools import tiny_fsdp
+    from slurmtools.reference import tiny_model
     cfg, device, model, optim = join_with_tiny_model(rank, world, port)
     try:
         manager = CheckpointManager(ckpt)
         if save:
             for step in range(STEPS):
-                tiny_fsdp.train_step(model, optim, step, rank, world, cfg, device)
+                tiny_model.train_step(model, optim, step, rank, world, cfg, device)
             checkpoint_torch.save(manager, STEPS, model, optim)
         else:
             extra = checkpoint_torch.load_latest(manager, model, optim)

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurmtools import sbatch
+from slurmtools.common.control_dir import attempt_of
 from slurmtools.errors import SpecError
-from slurmtools.runtime import attempt_of
+from slurmtools.job import sbatch
 from slurmtools.spec import load_spec, spec_from_dict
 
 HERE = Path(__file__).parent
@@ -109,7 +109,7 @@ def test_hostile_values_are_inert_and_exact(payload: str, tmp_path: Path):
     assert got["env"]["SLURMTOOLS_CHECKPOINT_DIR"] == data["checkpoint_dir"]
     assert f"--checkpoint-dir={data['checkpoint_dir']}" in argv
     assert got["env"]["MASTER_ADDR"] == "node1"
-    assert 20000 <= int(got["env"]["MASTER_PORT"]) < 32000      # random (slurmtools.rendezvous)
+    assert 20000 <= int(got["env"]["MASTER_PORT"]) < 32000      # random (slurmtools.common.rendezvous)
     # the attempt id has one rule (runtime.attempt_of), applied by the supervisor, not the script
     assert "SLURMTOOLS_ATTEMPT_ID" not in got["env"] and "SLURMTOOLS_CHAIN_ID" not in got["env"]
     assert attempt_of(got["env"]) == (4242, 0, "4242.0")
@@ -158,7 +158,7 @@ def test_random_specs_render_or_raise_spec_error(data):
 
 
 def test_notebook_parameters_pin_the_port_and_kill_on_bad_exit():
-    from slurmtools.notebook import executor_parameters
+    from slurmtools.job.notebook import executor_parameters
     params = executor_parameters(spec_from_dict({"name": "nb", "nodes": 2, "gpus_per_node": 8,
                                                  "container_image": "img:1", "time_limit_min": 30}))
     assert params["tasks_per_node"] == 8 and params["timeout_min"] == 30

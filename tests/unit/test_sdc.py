@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import sdc
-from slurmtools.checkpoint import CheckpointManager
+from slurmtools.checkpoint.manager import CheckpointManager
+from slurmtools.common.control_dir import SDC_FILE
+from slurmtools.common.ledger import Cause
 from slurmtools.requeue import step
-from slurmtools.requeue.policy import Action, Capacity, Cause, Evidence, classify, decide
-from slurmtools.runtime import SDC_FILE
+from slurmtools.requeue.policy import Action, Capacity, Evidence, classify, decide
 from slurmtools.spec import RequeueSpec, spec_from_dict
+from slurmtools.train import sdc
 
 
 def votes(*digests, hosts=("node1", "node1", "node2", "node2")):
@@ -85,7 +86,7 @@ def test_the_marker_becomes_a_drain_and_a_restart_without_the_node(tmp_path):
 
 
 def test_the_spec_exports_the_interval_and_zero_turns_it_off():
-    from slurmtools import sbatch
+    from slurmtools.job import sbatch
     base = {"name": "x", "command": ["train.py"]}
     assert ("SLURMTOOLS_SDC_CHECK_EVERY", "100") in sbatch.environment(spec_from_dict(base))
     off = spec_from_dict(dict(base, distributed={"sdc_check_every": 0}))
@@ -94,8 +95,8 @@ def test_the_spec_exports_the_interval_and_zero_turns_it_off():
 
 RANK_SCRIPT = """
 import datetime, sys, torch.distributed as dist
-from slurmtools.runtime import TrainingControl
-from slurmtools.tiny_fsdp import TrainConfig, train
+from slurmtools.train.control import TrainingControl
+from slurmtools.reference.tiny_model import TrainConfig; from slurmtools.reference.tiny_fsdp import train
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
 train(TrainConfig(steps=8, checkpoint_every=2, checkpoint_dir=sys.argv[1], sdc_check_every=1, sdc_fault="2:3"),
       TrainingControl(rank=dist.get_rank()), log=lambda r: None)

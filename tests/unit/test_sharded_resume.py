@@ -13,19 +13,19 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from slurmtools import checkpoint_torch  # noqa: E402
-from slurmtools.checkpoint import MANIFEST, CheckpointManager  # noqa: E402
+from slurmtools.checkpoint import torch_dcp as checkpoint_torch  # noqa: E402
+from slurmtools.checkpoint.manager import MANIFEST, CheckpointManager  # noqa: E402
 from tests.unit.test_reshard import _free_port, join_with_tiny_model  # noqa: E402
 
 
 def _worker(rank: int, world: int, port: int, ckpt: str, out: str, save: bool) -> None:
-    from slurmtools import tiny_fsdp
+    from slurmtools.reference import tiny_model
     cfg, device, model, optim = join_with_tiny_model(rank, world, port)
     try:
         manager = CheckpointManager(ckpt)
         if save:
             for step in range(4):
-                tiny_fsdp.train_step(model, optim, step, rank, world, cfg, device)
+                tiny_model.train_step(model, optim, step, rank, world, cfg, device)
                 if step == 1:
                     checkpoint_torch.save(manager, 2, model, optim)
             saver = checkpoint_torch.AsyncCheckpointer(manager)

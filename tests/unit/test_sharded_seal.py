@@ -7,9 +7,9 @@ from pathlib import Path
 
 import xxhash
 
-from slurmtools import checkpoint
-from slurmtools.checkpoint import (MANIFEST, SHARD_HASHES_DIR, CheckpointManager, seal_own_files, sealed_by_writers,
-                                   verify_files, writers_sealed)
+from slurmtools.checkpoint import manager as checkpoint
+from slurmtools.checkpoint.manager import (MANIFEST, SHARD_HASHES_DIR, CheckpointManager, seal_own_files,
+                                           sealed_by_writers, verify_files, writers_sealed)
 
 
 def _stage_two_writers(manager: CheckpointManager, step: int = 7) -> Path:

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
+from slurmtools.common.ledger import Cause
 from slurmtools.requeue import plan
-from slurmtools.requeue.policy import Cause
 from slurmtools.requeue.simulate import (DAY_S, FailureKind, Scenario, default_mix, format_summary, simulate,
                                          simulate_run)
 from slurmtools.spec import RequeueSpec

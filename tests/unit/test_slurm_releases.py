@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import slurm_parse as sp
+from slurmtools.slurm import parse as sp
 
 OUTPUTS = Path(__file__).parent / "slurm_outputs"
 RELEASES = ["22.05", "24.11", "26.05"]
@@ -131,7 +131,7 @@ def test_a_sacct_row_as_job_info():
                                           ((24, 11), "#SBATCH --requeue"), ((25, 11), "#SBATCH --requeue=expedite"),
                                           ((26, 5), "#SBATCH --requeue=expedite")])
 def test_expedite_requeue_is_rendered_only_for_releases_that_take_it(release, line):
-    from slurmtools import sbatch
+    from slurmtools.job import sbatch
     from slurmtools.spec import spec_from_dict
 
     spec = spec_from_dict({"name": "x", "nodes": 2, "command": ["t.py"], "expedite_requeue": True})

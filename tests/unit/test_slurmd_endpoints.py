@@ -9,9 +9,9 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from slurmtools import slurm
 from slurmtools.errors import SlurmCommandError
 from slurmtools.requeue import nodecheck
+from slurmtools.slurm import commands as slurm
 
 SHOW_NODES = ("NodeName=node2 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.77.0.12 NodeHostName=node2 State=ALLOCATED\n"
               "NodeName=node3 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.77.0.13 NodeHostName=node3 State=ALLOCATED\n")

@@ -19,8 +19,8 @@ from tests.unit.test_flight_recorder import _free_port
 
 RANK_SCRIPT = r"""
 import datetime, json, os, pathlib, sys, torch, torch.distributed as dist
-from slurmtools.snapshot_io import SnapshotStore
-from slurmtools import snapshot_torch, snapshot_wire
+from slurmtools.snapshot.store import SnapshotStore
+from slurmtools.snapshot import torch_state as snapshot_torch, wire as snapshot_wire
 snapshot_wire.CHUNK_BYTES = 1000     # a ~4-KB state pulled in five chunks: the pipeline's two buffers reused
 if os.environ.get("NODE_MEMORY_FULL"):   # node memory refuses the pull's file: received into process memory
     def _full(self, rank, size):
@@ -246,7 +246,7 @@ def test_snapshots_are_spaced_out_when_one_would_stall_more_than_its_share_of_tr
 
 STALL_SCRIPT = r"""
 import json, os, sys, time, torch.distributed as dist, datetime
-from slurmtools import snapshot_torch, snapshot_wire
+from slurmtools.snapshot import torch_state as snapshot_torch, wire as snapshot_wire
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
 group = snapshot_torch.side_group(timeout_s=3.0)
 if dist.get_rank() == 0:
@@ -272,5 +272,5 @@ def test_a_peer_that_never_sends_its_snapshot_is_given_up_after_the_side_groups_
     outs = [proc.communicate(timeout=120) for proc in procs]
     first = json.loads(outs[0][0].strip().splitlines()[-1])
     assert first["result"] != "received" and 2.5 <= first["waited_s"] < 11, (first, outs[0][1][-2000:])
-    from slurmtools.snapshot_torch import EXCHANGE_TIMEOUT_S
+    from slurmtools.snapshot.torch_state import EXCHANGE_TIMEOUT_S
     assert EXCHANGE_TIMEOUT_S == 120.0

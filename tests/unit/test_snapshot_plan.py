@@ -1,4 +1,4 @@
-"""Snapshots' pairing and restore plans (slurmtools/snapshot.py): who keeps whose replica, and
+"""Snapshots' pairing and restore plans (slurmtools/snapshot/rules.py): who keeps whose replica, and
 which copy each rank of a restarted step restores from, or why the persistent checkpoint."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import snapshot
-from slurmtools.snapshot import Copy, peer_of, plan_restore
+from slurmtools.snapshot import rules as snapshot
+from slurmtools.snapshot.rules import Copy, peer_of, plan_restore
 
 TWO_BY_TWO = {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
 FOUR_NODES = {rank: f"n{rank // 2 + 1}" for rank in range(8)}

@@ -3,10 +3,10 @@ no number in the spec's range is one line naming the variable, never a traceback
 training time too small to represent spaces snapshots out as far as they go, never divides by 0."""
 import pytest
 
+from slurmtools.common.control_dir import SNAPSHOT_EVERY_ENV, SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV
 from slurmtools.errors import UsageError
-from slurmtools.runtime import SNAPSHOT_EVERY_ENV, SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV
-from slurmtools.snapshot import (DEFAULT_MAX_OVERHEAD_PCT, DEFAULT_MEMORY_GB, MAX_INTERVAL_STEPS, interval_for,
-                                 settings_from_env)
+from slurmtools.snapshot.rules import (DEFAULT_MAX_OVERHEAD_PCT, DEFAULT_MEMORY_GB, MAX_INTERVAL_STEPS, interval_for,
+                                       settings_from_env)
 
 NAMES = (SNAPSHOT_EVERY_ENV, SNAPSHOT_MEMORY_GB_ENV, SNAPSHOT_MAX_OVERHEAD_ENV)
 
@@ -45,14 +45,14 @@ def test_a_share_too_small_to_represent_spaces_snapshots_as_far_as_they_go():
 def test_a_peer_announcing_an_implausible_size_is_refused_before_anything_is_allocated():
     """A pull header or a replica size of -5 or 2**50 bytes raised from torch.empty; now the
     copy is refused (the restore falls back to the checkpoint) or the snapshot is not kept."""
-    from slurmtools.snapshot_wire import MAX_PEER_BYTES, plausible_size
+    from slurmtools.snapshot.wire import MAX_PEER_BYTES, plausible_size
     assert plausible_size(0) and plausible_size(8 << 30) and plausible_size(MAX_PEER_BYTES)
     assert not plausible_size(-5) and not plausible_size(2 ** 50) and not plausible_size(-(2 ** 63))
 
 
 HOSTILE_SERVER = r"""
 import datetime, os, sys, torch, torch.distributed as dist
-from slurmtools import snapshot_wire
+from slurmtools.snapshot import wire as snapshot_wire
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
 if dist.get_rank() == 0:        # a hostile peer: a header with a label and a size of -5 (or 2**50)
     header = torch.zeros(snapshot_wire._HEADER_BYTES + 8, dtype=torch.uint8)
@@ -90,9 +90,11 @@ def test_no_peer_bytes_are_unpickled_anywhere_in_the_snapshot_path():
     import re
     from pathlib import Path
     import slurmtools
-    root = Path(slurmtools.__file__).parent
-    for name in ("snapshot.py", "snapshot_fsdp.py", "snapshot_io.py", "snapshot_torch.py", "snapshot_wire.py"):
-        code = "\n".join(line for line in (root / name).read_text().splitlines() if not line.lstrip().startswith("#"))
+    paths = sorted((Path(slurmtools.__file__).parent / "snapshot").glob("*.py"))
+    assert {path.name for path in paths} >= {"rules.py", "fsdp.py", "store.py", "torch_state.py", "wire.py"}
+    for path in paths:
+        name = path.name
+        code = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
         code = re.sub(r'"""[\s\S]*?"""', "", code)          # docstrings may name what is not used
         assert not re.search(r"all_gather_object|broadcast_object_list|gather_object|scatter_object_list|"
                              r"pickle\.loads?|import pickle", code), name
@@ -100,7 +102,7 @@ def test_no_peer_bytes_are_unpickled_anywhere_in_the_snapshot_path():
 
 def test_a_peers_json_that_is_not_json_of_ours_is_a_checkpoint_error():
     from slurmtools.errors import CheckpointError
-    from slurmtools.snapshot_wire import _parsed
+    from slurmtools.snapshot.wire import _parsed
     assert _parsed(b'{"a": [1, 2]}') == {"a": [1, 2]}
     for raw in (b"\x80\x04cos\nsystem\n", b"NaN", b'{"a": Infinity}', b"[" * 100000 + b"]" * 100000):
         with pytest.raises(CheckpointError, match="a rank sent what is no JSON of ours"):
@@ -109,7 +111,7 @@ def test_a_peers_json_that_is_not_json_of_ours_is_a_checkpoint_error():
 
 ONE_RANK_SESSION = r"""
 import os, pathlib, sys, torch.distributed as dist
-from slurmtools import snapshot_fsdp
+from slurmtools.snapshot import fsdp as snapshot_fsdp
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
 control = pathlib.Path(sys.argv[2]) if sys.argv[2] else None
 session = snapshot_fsdp.Session.open(5, control, "9.0", dict(os.environ, SLURM_JOB_ID="9"))

@@ -10,12 +10,12 @@ import pytest
 import torch
 import xxhash
 
-from slurmtools import snapshot
 from slurmtools.errors import CheckpointError
-from slurmtools.snapshot import Copy, job_key
-from slurmtools.snapshot_io import SnapshotStore, open_regular
-from slurmtools.snapshot_torch import deserialize, serialize
-from slurmtools.snapshot_wire import ViewReader
+from slurmtools.snapshot import rules as snapshot
+from slurmtools.snapshot.rules import Copy, job_key
+from slurmtools.snapshot.store import SnapshotStore, open_regular
+from slurmtools.snapshot.torch_state import deserialize, serialize
+from slurmtools.snapshot.wire import ViewReader
 
 
 @pytest.fixture

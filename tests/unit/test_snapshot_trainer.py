@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools.requeue import ledger
-from slurmtools.runtime import SNAPSHOT_MAX_OVERHEAD_ENV
-from slurmtools.snapshot import SNAPSHOTS_SUBDIR, job_key
+from slurmtools.common import ledger
+from slurmtools.common.control_dir import SNAPSHOT_MAX_OVERHEAD_ENV
+from slurmtools.snapshot.rules import SNAPSHOTS_SUBDIR, job_key
 from tests.unit.test_flight_recorder import _free_port
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_fsdp" / "train.py"

@@ -129,7 +129,7 @@ def test_env_values_accept_numbers_and_booleans(tmp_path):
 
 
 def test_command_is_optional_in_the_spec_but_required_to_render():
-    from slurmtools import sbatch
+    from slurmtools.job import sbatch
     spec = spec_from_dict({"name": "notebook-job", "nodes": 2})
     assert spec.command == []
     with pytest.raises(SpecError, match="command: is required for an sbatch script"):

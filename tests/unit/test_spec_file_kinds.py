@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
+from slurmtools.common.schema import MAX_YAML_BYTES
 from slurmtools.errors import SpecError
-from slurmtools.schema import MAX_YAML_BYTES
 from slurmtools.spec import load_spec
 
 

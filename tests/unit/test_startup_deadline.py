@@ -1,8 +1,9 @@
 """Start-up has deadlines of its own: a long first step (torch.compile, a warm-up) is no hang at
 hang_timeout_s, and a node whose ranks never got past their imports (a hung filesystem mount) is
 named at startup_timeout_s, not found by the collective timeout half an hour later."""
+from slurmtools.common.ledger import Cause
 from slurmtools.requeue import watchdog
-from slurmtools.requeue.policy import Cause, Evidence, classify
+from slurmtools.requeue.policy import Evidence, classify
 from slurmtools.requeue.watchdog import Beat
 from slurmtools.spec import RequeueSpec, spec_from_dict
 

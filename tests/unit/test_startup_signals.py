@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools import sbatch, task_start
+from slurmtools.job import sbatch, task_start
 from slurmtools.spec import spec_from_dict
 
 # A task: the real entry module's first statement, then "imports" (1 s), then the trainer's handlers.
@@ -20,7 +20,7 @@ import sys, time
 {block}
 print("started", flush=True)
 time.sleep(1.0)
-from slurmtools.runtime import TrainingControl
+from slurmtools.train.control import TrainingControl
 control = TrainingControl(control_dir=None, rank=0)
 control.install_signal_handlers()
 time.sleep(0.2)
@@ -40,7 +40,7 @@ def run_task(block: str, sig: int) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2])
 def test_warning_during_start_up_is_held_and_handled(sig: int):
-    done = run_task("from slurmtools.signals import block_warning_signals; block_warning_signals()", sig)
+    done = run_task("from slurmtools.common.signals import block_warning_signals; block_warning_signals()", sig)
     assert done.returncode == 0
     assert done.stdout.strip() == str([signal.Signals(sig).name])
 
@@ -81,7 +81,7 @@ def test_a_task_leaves_after_its_result_with_output_flushed_and_no_finalization(
             "atexit.register(os.abort)\n"
             "print('result written', end='')\n"
             "logging.getLogger('submitit').info('Exiting after successful completion')\n"
-            "from slurmtools.task_start import leave_after_result\n"
+            "from slurmtools.job.task_start import leave_after_result\n"
             "leave_after_result()\n")
     with out.open("w") as handle:
         proc = subprocess.run([sys.executable, "-c", code], stdout=handle, stderr=subprocess.STDOUT, timeout=60)

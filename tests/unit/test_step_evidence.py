@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import sys
 
+from slurmtools.common.ledger import Cause
 from slurmtools.requeue import step
-from slurmtools.requeue.policy import Cause, Evidence, classify
+from slurmtools.requeue.policy import Evidence, classify
 
 FIRST = "[rank5]: RuntimeError: CUDA error: uncorrectable ECC error encountered\n"
 CASCADE = "[rank{0}]: torch.distributed.DistNetworkError: failed to recv, got 0 bytes [node{0}]\n"

@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from slurmtools.requeue import ledger
-from slurmtools.runtime import ATTEMPT_ID_ENV, CONTROL_DIR_ENV, REQUEST_FILE, STOPPED_FILE
+from slurmtools.common import ledger
+from slurmtools.common.control_dir import ATTEMPT_ID_ENV, CONTROL_DIR_ENV, REQUEST_FILE, STOPPED_FILE
 
 PROGRAM = """
 import json, os, sys, time

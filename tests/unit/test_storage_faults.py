@@ -15,17 +15,17 @@ import pytest
 
 pytest.importorskip("torch")
 
-from slurmtools import checkpoint, checkpoint_resume  # noqa: E402
-from slurmtools.checkpoint import CheckpointManager  # noqa: E402
+from slurmtools.checkpoint import manager as checkpoint, resume as checkpoint_resume  # noqa: E402
+from slurmtools.checkpoint.manager import CheckpointManager  # noqa: E402
+from slurmtools.common.control_dir import EXPECTED_CHECKPOINT_ENV  # noqa: E402
 from slurmtools.errors import CheckpointError  # noqa: E402
-from slurmtools.runtime import EXPECTED_CHECKPOINT_ENV  # noqa: E402
 
 RANK_SCRIPT = """
 import datetime, json, sys, threading, torch.distributed as dist
 from pathlib import Path
 from slurmtools.errors import CheckpointError
-from slurmtools.runtime import TrainingControl
-from slurmtools.tiny_fsdp import TrainConfig, train
+from slurmtools.train.control import TrainingControl
+from slurmtools.reference.tiny_model import TrainConfig; from slurmtools.reference.tiny_fsdp import train
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
 events = []
 log = lambda record: events.append(record if "event" in record else {"event": "step", "step": record["step"]})
@@ -192,7 +192,7 @@ def test_the_example_trainer_stopped_by_a_failed_save_ends_in_one_line_per_rank_
 
 
 def test_the_supervisor_tells_the_ranks_the_newest_checkpoint_its_ledger_records():
-    from slurmtools.requeue import ledger
+    from slurmtools.common import ledger
     checkpointed_step = ledger.newest_checkpoint_step
     assert checkpointed_step([]) is None
     assert checkpointed_step([ledger.AttemptStart("7.0", 1.0), ledger.AttemptEnd("7.0", 2.0, "crash")]) is None
@@ -202,9 +202,9 @@ def test_the_supervisor_tells_the_ranks_the_newest_checkpoint_its_ledger_records
 
 PHASE_SCRIPT = """
 import json, sys, torch.distributed as dist
-from slurmtools import checkpoint_torch
-from slurmtools.runtime import TrainingControl
-from slurmtools.tiny_fsdp import TrainConfig, train
+from slurmtools.checkpoint import torch_dcp as checkpoint_torch
+from slurmtools.train.control import TrainingControl
+from slurmtools.reference.tiny_model import TrainConfig; from slurmtools.reference.tiny_fsdp import train
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0, world_size=1)
 control = TrainingControl(rank=0)
 seen = []

@@ -8,14 +8,17 @@ import time
 
 import pytest
 
-from slurmtools import drain
+from slurmtools.common import ledger
+from slurmtools.common.control_dir import HEARTBEAT_DIR
+from slurmtools.common.ledger import AttemptRecord, Cause
 from slurmtools.errors import SpecError
-from slurmtools.requeue import ledger, observe, watchdog
-from slurmtools.requeue.policy import Action, AttemptRecord, Capacity, Cause, Evidence, classify, decide
+from slurmtools.requeue import observe, watchdog
+from slurmtools.requeue.policy import Action, Capacity, Evidence, classify, decide
 from slurmtools.requeue.straggler import (MIN_EXCESS_S, MIN_EXCESS_STEP_FRACTION, Straggler, StragglerWatch,
                                           median_without, window_between)
-from slurmtools.runtime import HEARTBEAT_DIR, TrainingControl
+from slurmtools.slurm import drain
 from slurmtools.spec import RequeueSpec, spec_from_dict
+from slurmtools.train.control import TrainingControl
 
 LIMITS = RequeueSpec(max_restarts=1, max_consecutive_failures=1)
 HOSTS = {0: "node1", 1: "node1", 2: "node2", 3: "node2", 4: "node3", 5: "node3"}

@@ -1,13 +1,13 @@
-"""The reference trainer's injected faults (slurmtools.tiny_faults): which fire on which attempt,
+"""The reference trainer's injected faults (slurmtools.reference.tiny_faults): which fire on which attempt,
 rank and host."""
 from __future__ import annotations
 
 import pytest
 
+from slurmtools.common.control_dir import ATTEMPT_NUMBER_ENV
 from slurmtools.preflight.canary import CANARY_FAULT_ENV
-from slurmtools.runtime import ATTEMPT_NUMBER_ENV
-from slurmtools.tiny_faults import Faults
-from slurmtools.tiny_fsdp import TrainConfig
+from slurmtools.reference.tiny_faults import Faults
+from slurmtools.reference.tiny_model import TrainConfig
 
 CFG = TrainConfig(fail_at_step=6, fail_again_at_step=9, faults_on_attempt=0, hang_at_step="1:5",
                   skip_collective_at="3:7", slow_checkpoint_at=8, slow_node="node2:0.5", sdc_fault="2:4",

@@ -15,11 +15,11 @@ import pytest
 torch = pytest.importorskip("torch")
 import numpy  # noqa: E402
 
-from slurmtools import trainer_state  # noqa: E402
-from slurmtools.checkpoint import MANIFEST  # noqa: E402
-from slurmtools.resumable_loader import ResumableLoader  # noqa: E402
-from slurmtools.tiny_data import SequenceDataset, warmup_cosine  # noqa: E402
-from slurmtools.trainer_state import TrainerState  # noqa: E402
+from slurmtools.checkpoint.manager import MANIFEST  # noqa: E402
+from slurmtools.reference.tiny_data import SequenceDataset, warmup_cosine  # noqa: E402
+from slurmtools.train import trainer_state  # noqa: E402
+from slurmtools.train.resumable_loader import ResumableLoader  # noqa: E402
+from slurmtools.train.trainer_state import TrainerState  # noqa: E402
 
 
 def _draws() -> list:
@@ -108,8 +108,8 @@ def test_scheduler_scaler_and_extras_round_trip_and_missing_parts_are_named(tmp_
 RANK_SCRIPT = """
 import datetime, json, shutil, sys, torch.distributed as dist
 from pathlib import Path
-from slurmtools.runtime import TrainingControl
-from slurmtools.tiny_fsdp import TrainConfig, train
+from slurmtools.train.control import TrainingControl
+from slurmtools.reference.tiny_model import TrainConfig; from slurmtools.reference.tiny_fsdp import train
 work = Path(sys.argv[1])
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
 rank = dist.get_rank()

@@ -12,9 +12,9 @@ import pytest
 transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
 
-from slurmtools.checkpoint import MANIFEST  # noqa: E402
+from slurmtools.checkpoint.manager import MANIFEST  # noqa: E402
+from slurmtools.common.control_dir import COMPLETE_FILE, CONTROL_DIR_ENV, REQUEST_FILE, STOPPED_FILE  # noqa: E402
 from slurmtools.integrations.transformers import SlurmtoolsTrainerCallback, resume_path  # noqa: E402
-from slurmtools.runtime import COMPLETE_FILE, CONTROL_DIR_ENV, REQUEST_FILE, STOPPED_FILE  # noqa: E402
 
 
 class Tokens(torch.utils.data.Dataset):

@@ -4,8 +4,9 @@ from __future__ import annotations
 import io
 import json
 
-from slurmtools import jobs, slurm
-from slurmtools.slurm_parse import JobInfo
+from slurmtools.job import submit as jobs
+from slurmtools.slurm import commands as slurm
+from slurmtools.slurm.parse import JobInfo
 
 
 class Terminal(io.StringIO):
@@ -50,8 +51,8 @@ def test_a_terminal_gets_one_line_redrawn_in_place(monkeypatch, tmp_path):
 
 
 def test_notebook_watch_in_a_terminal_redraws_one_line_until_the_job_is_done(monkeypatch):
-    from slurmtools import notebook_view
-    from slurmtools.notebook import JobStatus
+    from slurmtools.job import notebook_view
+    from slurmtools.job.notebook import JobStatus
 
     class Job:
         job_id = "9"

@@ -3,9 +3,10 @@ import json
 
 import pytest
 
-from slurmtools.requeue import goodput, ledger, plan, watchdog
-from slurmtools.requeue.policy import AttemptRecord, Cause
-from slurmtools.runtime import TrainingControl
+from slurmtools.common import ledger
+from slurmtools.common.ledger import AttemptRecord, Cause
+from slurmtools.requeue import goodput, plan, watchdog
+from slurmtools.train.control import TrainingControl
 
 
 def beat(rank, step, t, host=None):
@@ -193,7 +194,7 @@ def test_an_attempt_whose_supervisor_was_killed_is_closed_as_its_ranks_left_it(t
     come before the ranks' exit reaches it: ranks that had stopped for the requeue (rank 0's marker,
     of this attempt) make the end a preemption, not counted; without the marker it is a crash."""
     from slurmtools.requeue import slurm_view
-    from slurmtools.runtime import STOPPED_FILE
+    from slurmtools.common.control_dir import STOPPED_FILE
     monkeypatch.setattr(slurm_view, "node_states", lambda nodelist: {"node1": "allocated", "node2": "allocated"})
     ledger.append(tmp_path, ledger.AttemptStart("77.0", 1000.0, 0, "node[1-2]", None))
     if stopped_by is not None:

@@ -6,7 +6,7 @@ from typing import List, Tuple
 
 import pytest
 
-from slurmtools import xid
+from slurmtools.common import xid
 
 
 def _spans(*spans: Tuple[int, int]) -> List[int]:
@@ -16,7 +16,7 @@ def _spans(*spans: Tuple[int, int]) -> List[int]:
 # the catalogue's "immediate action" column read as our actions (CONTACT_SUPPORT, CHECK_MECHANICALS,
 # UPDATE_SWFW -> drain; RESET_GPU, RESTART_BM/VM and the XID 48 / NVLink workflows -> reboot;
 # RESTART_APP, CHECK_UVM, the XID 45 workflow -> restart_app; IGNORE -> ignore), written out
-# independently of slurmtools/xid.py's table
+# independently of slurmtools/common/xid.py's table
 EXPECTED = {
     "drain": _spans((1, 7), (9, 10), (12, 12), (15, 24), (26, 30), (33, 36), (42, 42), (47, 47), (49, 59), (61, 61),
                     (65, 65), (73, 73), (78, 78), (81, 81), (87, 87), (90, 91), (111, 118), (122, 125), (138, 138),

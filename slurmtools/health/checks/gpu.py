@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from slurmtools import xid as xid_policy
+from slurmtools.common import xid as xid_policy
 from slurmtools.health import config
 from slurmtools.health import registry
 from slurmtools.health.model import CheckResult, GpuSnapshot, Status, XidEvent

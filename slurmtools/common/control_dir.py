@@ -1,0 +1,112 @@
+"""The control dir: where the supervisor, the generated script and every rank meet, and the
+names of what lies in it. On the floor every party may import; it imports nothing of slurmtools.
+
+This is the one contract between the job's parts (the generated script, the
+supervisor, the submitit path and the trainer):
+
+  control dir   <checkpoint_dir or output_dir>/.slurmtools/<job id>, on the shared filesystem,
+                kept across requeues; exported to the trainer as SLURMTOOLS_CONTROL_DIR:
+    heartbeat/<rank>.json   each rank's last step and its time (the hang watchdog), `alive` (a
+                            thread's, in collectives too: the node-death watch), `busy_s` (stragglers)
+    checkpoint-request      the supervisor wants a checkpoint now (a warning, a straggler's swap)
+    stopped-for-requeue     written by rank 0 after it checkpointed on request
+    complete                written by rank 0 when training has finished
+    silent-data-corruption  written by rank 0 when the SDC canary found ranks disagreeing
+    gpu-events/node-<host>.json  XIDs the node's GPUs reported while it ran (train/gpu_events.py)
+    ledger.jsonl            the attempts of the job (common/ledger.py)
+    steps/<attempt id>.rank<N>.jsonl
+                            each rank's finished steps and rank 0's checkpoints (train/steplog.py),
+                            what `slurmtools report` plots
+    flight-recorder/<attempt id>/rank_<N>
+                            NCCL flight-recorder dumps after a collective timeout;
+                            rank_<N>.json, node-<host>.json: dumps reduced on request (train/fr_dump.py)
+  attempt id    "<job id>.<restart count>", and "<job id>.<restart count>.<step seq>" for a
+                restart inside the allocation (SLURMTOOLS_ATTEMPT_ID); the attempt's number
+                across the whole job, from 0, in SLURMTOOLS_ATTEMPT_NUMBER
+  checkpoints   the spec's checkpoint_dir (SLURMTOOLS_CHECKPOINT_DIR)
+"""
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Mapping, Optional, Tuple, Union
+
+LOCAL_JOB_ID = "local"          # a run outside Slurm: its attempt ids and directories say so
+CONTROL_DIR_ENV = "SLURMTOOLS_CONTROL_DIR"
+ATTEMPT_ID_ENV = "SLURMTOOLS_ATTEMPT_ID"
+ATTEMPT_NUMBER_ENV = "SLURMTOOLS_ATTEMPT_NUMBER"
+CHECKPOINT_DIR_ENV = "SLURMTOOLS_CHECKPOINT_DIR"
+COLLECTIVE_TIMEOUT_ENV = "SLURMTOOLS_COLLECTIVE_TIMEOUT_S"
+CHECKPOINT_GRACE_ENV = "SLURMTOOLS_CHECKPOINT_GRACE_S"
+# the newest checkpoint step the ledger records (checkpoint/resume.refuse_fresh_start)
+EXPECTED_CHECKPOINT_ENV = "SLURMTOOLS_EXPECTED_CHECKPOINT_STEP"
+# the job's node count at its first run (requeue/step.job_nodes: Slurm's requeue keeps a shrunk one)
+JOB_NODES_FILE = "job-nodes"
+WARNING_LEAD_ENV = "SLURMTOOLS_WARNING_LEAD_S"      # notebook path: rank 0 keeps the warning clock
+CONTROL_SUBDIR = ".slurmtools"
+
+HEARTBEAT_DIR = "heartbeat"
+HEARTBEAT_INTERVAL_S = 1.0     # a rank's keep-alive thread: how often `alive` is refreshed and markers looked at
+FLIGHT_RECORDER_DIR = "flight-recorder"
+# where torch writes its flight-recorder dump (the rank is appended): torch >= 2.7 and older names
+FLIGHT_RECORDER_FILE_ENVS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+# present when the supervisor wants every rank's flight recorder dumped (a hang to attribute)
+FLIGHT_RECORDER_REQUEST_FILE = "flight-recorder-request"
+REQUEST_FILE = "checkpoint-request"
+COMPLETE_FILE = "complete"
+SDC_FILE = "silent-data-corruption"     # rank 0: the canary's verdict (train/sdc.py)
+PREFLIGHT_REPORT_FILE = "preflight.json"  # rank 0 of the preflight step: its report (slurmtools/preflight)
+SDC_CHECK_EVERY_ENV = "SLURMTOOLS_SDC_CHECK_EVERY"   # the spec's distributed.sdc_check_every
+SNAPSHOT_EVERY_ENV = "SLURMTOOLS_SNAPSHOT_EVERY"     # distributed.snapshot_every_steps (docs/snapshots.md)
+SNAPSHOT_MEMORY_GB_ENV = "SLURMTOOLS_SNAPSHOT_MEMORY_GB"   # distributed.snapshot_memory_gb
+SNAPSHOT_MAX_OVERHEAD_ENV = "SLURMTOOLS_SNAPSHOT_MAX_OVERHEAD_PCT"   # distributed.snapshot_max_overhead_pct
+PREFLIGHT_ENV = "SLURMTOOLS_PREFLIGHT"   # notebook path: the spec's preflight settings (JSON); unset: off
+STOPPED_FILE = "stopped-for-requeue"
+# Slurm's SIGTERM came, recorded before any save (slurm_view.close_dangling_attempt: not counted)
+TERM_FILE = "term-received"
+# made by every TrainingControl: the program reports its progress (without it, exit 0 is completion)
+REPORTS_PROGRESS_FILE = "reports-progress"
+# how long a rank may stay in a phase (saving, verifying) without a step before it counts as hung
+# signals a trainer turns into a checkpoint request: Slurm ending or requeueing the job
+# (SIGTERM, also forwarded by torchrun) and the time-limit / preemption warning (USR1/USR2)
+CHECKPOINT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+PathLike = Union[str, Path]
+
+
+def flight_recorder_prefix(control_dir: PathLike, attempt_id: str) -> str:
+    """Where a rank's flight-recorder dump goes, the rank appended: torch's own on an NCCL
+    timeout (the supervisor exports it as FLIGHT_RECORDER_FILE_ENVS) and ours on request."""
+    return f"{control_dir}/{FLIGHT_RECORDER_DIR}/{attempt_id}/rank_"
+
+
+def control_root(checkpoint_dir: Optional[str], output_dir: str) -> str:
+    """The directory holding every job's control dir: beside the checkpoints, else the logs."""
+    base = (checkpoint_dir or output_dir).rstrip("/") or "/"
+    return f"{base}/{CONTROL_SUBDIR}" if base != "/" else f"/{CONTROL_SUBDIR}"
+
+
+def control_dir_for(checkpoint_dir: Optional[str], output_dir: str, job_id: str) -> Path:
+    return Path(control_root(checkpoint_dir, output_dir)) / job_id
+
+
+def default_control_dir(environ: Mapping[str, str]) -> Path:
+    """Where `slurmtools run` keeps its files when the script names no control dir."""
+    return Path(CONTROL_SUBDIR) / environ.get("SLURM_JOB_ID", LOCAL_JOB_ID)
+
+
+def attempt_number(environ: Mapping[str, str]) -> int:
+    """This attempt's number across the job (restarts in place and requeues), from 0."""
+    text = environ.get(ATTEMPT_NUMBER_ENV, "")
+    if text.isascii() and text.isdigit():
+        return int(text)
+    return attempt_of(environ)[1]
+
+
+def attempt_of(environ: Mapping[str, str]) -> Tuple[Optional[int], int, str]:
+    """(job id or None outside Slurm, restart count, attempt id) from Slurm's variables."""
+    job_text = environ.get("SLURM_JOB_ID", "")
+    job_id = int(job_text) if job_text.isascii() and job_text.isdigit() else None
+    restart_text = environ.get("SLURM_RESTART_COUNT", "0") or "0"
+    restart = int(restart_text) if restart_text.isascii() and restart_text.isdigit() else 0
+    return job_id, restart, f"{job_id if job_id is not None else LOCAL_JOB_ID}.{restart}"
