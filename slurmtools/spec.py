@@ -121,9 +121,11 @@ class RequeueSpec:
 class NetworkSpec:
     """Interconnect settings exported to NCCL/gloo."""
 
-    preset: str = doc("`infiniband` (NCCL over IB HCAs), `ethernet` (sockets) or `none` (set nothing).",
-                      "ethernet", choices=("infiniband", "ethernet", "none"))
-    ib_hca: Optional[str] = doc("NCCL_IB_HCA for the infiniband preset, e.g. `mlx5`.", None)
+    preset: str = doc("`auto` (`infiniband` for a job with GPUs, `ethernet` without), `infiniband` (NCCL over "
+                      "the IB HCAs), `ethernet` (NCCL over sockets: NCCL_IB_DISABLE=1) or `none` (set nothing).",
+                      "auto", choices=("auto", "infiniband", "ethernet", "none"))
+    ib_hca: Optional[str] = doc("NCCL_IB_HCA for the infiniband preset, e.g. `mlx5`; unset: the HCAs NCCL finds.",
+                                None)
     socket_ifname: Optional[str] = doc("NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, e.g. `eth0` or `^lo,docker`.", None)
 
     def __post_init__(self) -> None:
@@ -270,6 +272,14 @@ class JobSpec:
         return self.nodes * self.procs_per_node
 
 
+def network_preset(spec: JobSpec) -> str:
+    """The preset the job runs with: `auto` follows the hardware, so a GPU job's NCCL is never
+    quietly kept off InfiniBand (NCCL falls back to sockets by itself where there is none)."""
+    if spec.network.preset != "auto":
+        return spec.network.preset
+    return "infiniband" if spec.gpus_per_node else "ethernet"
+
+
 def cross_checks(spec: JobSpec) -> None:
     if "/" in spec.name:
         raise err("must not contain '/' (it becomes part of the log file name via %x)", ("name",))
@@ -294,8 +304,6 @@ def cross_checks(spec: JobSpec) -> None:
     if spec.mem_gb is not None and 0 < spec.mem_gb < MIN_MEM_GB:
         raise err(f"must be 0 (all of the node's memory) or at least {MIN_MEM_GB} GB, got {spec.mem_gb:g}",
                   ("mem_gb",))
-    if spec.network.preset == "infiniband" and not spec.network.ib_hca:
-        raise err("the infiniband preset needs network.ib_hca (e.g. mlx5)", ("network", "ib_hca"))
     if spec.nodelist:
         from ClusterShell.NodeSet import NodeSet
         listed = NodeSet(spec.nodelist)

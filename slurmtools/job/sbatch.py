@@ -19,7 +19,7 @@ from slurmtools.common.rendezvous import AGENT_WRAPPER, SHELL_PORT_EXPR
 from slurmtools.errors import SpecError
 from slurmtools.requeue import flags as requeue_flags
 from slurmtools.slurm.parse import EXPEDITE_SINCE
-from slurmtools.spec import JobSpec
+from slurmtools.spec import JobSpec, network_preset
 from slurmtools.train.gpu_events import DEFAULT_SOURCE as DEFAULT_GPU_EVENTS
 from slurmtools.train.gpu_events import GPU_EVENTS_ENV
 
@@ -102,13 +102,14 @@ def environment(spec: JobSpec) -> List[Tuple[str, str]]:
         env[GPU_EVENTS_ENV] = spec.distributed.gpu_events
     if spec.distributed.dump_on_timeout:
         env["TORCH_FR_BUFFER_SIZE"] = env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = str(FLIGHT_RECORDER_ENTRIES)
-    net = spec.network
-    if net.preset == "infiniband":
-        env["NCCL_IB_HCA"] = str(net.ib_hca)
+    net, preset = spec.network, network_preset(spec)
+    if preset == "infiniband":
         env["NCCL_IB_DISABLE"] = "0"
-    elif net.preset == "ethernet":
+        if net.ib_hca:
+            env["NCCL_IB_HCA"] = net.ib_hca
+    elif preset == "ethernet":
         env["NCCL_IB_DISABLE"] = "1"
-    if net.preset != "none" and net.socket_ifname:
+    if preset != "none" and net.socket_ifname:
         env["NCCL_SOCKET_IFNAME"] = net.socket_ifname
         env["GLOO_SOCKET_IFNAME"] = net.socket_ifname
     if spec.checkpoint_dir:

@@ -54,7 +54,7 @@ def _add(parser: argparse.ArgumentParser, cls: Any, names: Optional[Sequence[str
         kind = hints[field.name]
         if get_origin(kind) is Union:          # Optional[X]: the flag takes an X, absent means None
             kind = next(arg for arg in get_args(kind) if arg is not type(None))
-        help_text = field.metadata.get("doc", "")
+        help_text = field.metadata.get("doc", "").replace("%", "%%")     # argparse formats help with %
         if kind is bool:
             parser.add_argument(flag(field.name), dest=field.name, action=argparse.BooleanOptionalAction,
                                 default=field.default, help=help_text)

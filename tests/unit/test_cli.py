@@ -1,9 +1,11 @@
 """The CLI: every bad input is one line on stderr with exit code 2, never a traceback."""
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
+from typing import List, Tuple
 
 import pytest
 
@@ -131,3 +133,29 @@ def test_plan_simulates_the_seeds_cluster_with_the_real_policy():
     assert lines[-2].startswith("  ETTR 99.") and "finished without a person 100%" in lines[-2]
     # the same runs with GPU faults not named to their node: the restart lands on the faulty node again
     assert lines[-1].startswith("  GPU faults (47.3% of failures, Llama 3's figure) named to their node: ETTR 99.")
+
+
+def _every_parser(parser: argparse.ArgumentParser, path: Tuple[str, ...] = ()) -> List[Tuple[str, ...]]:
+    """The command path of the parser and of every subcommand under it."""
+    found = [path]
+    for action in parser._actions:                       # argparse keeps subparsers only here
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found += _every_parser(child, path + (name,))
+    return found
+
+
+def test_every_subcommands_help_is_formatted_without_error():
+    """`slurmtools run --help` once ended in a traceback: a field doc with "5% of" reached argparse's
+    %-formatting. Each subcommand's help is formatted here, and one is run as a user would."""
+    from slurmtools import cli as cli_module
+    paths = _every_parser(cli_module.build_parser())
+    assert ("run",) in paths and ("health", "run") in paths and len(paths) > 20
+    for path in paths:
+        parser = cli_module.build_parser()
+        for name in path:
+            parser = next(action for action in parser._actions
+                          if isinstance(action, argparse._SubParsersAction)).choices[name]
+        assert parser.format_help().startswith("usage: "), path
+    proc = cli("run", "--help")
+    assert proc.returncode == 0 and "5% of a step" in " ".join(proc.stdout.split()) and proc.stderr == ""

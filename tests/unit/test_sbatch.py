@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from slurmtools.common.control_dir import attempt_of
 from slurmtools.errors import SpecError
 from slurmtools.job import sbatch
+from slurmtools.job.sbatch import environment
 from slurmtools.spec import load_spec, spec_from_dict
 
 HERE = Path(__file__).parent
@@ -167,3 +168,19 @@ def test_notebook_parameters_pin_the_port_and_kill_on_bad_exit():
     assert params["cpus_per_task"] == 1
     assert "export MASTER_PORT=$(( 20000 + $(od -An -N2 -tu2 /dev/urandom) % 12000 ))" in params["slurm_setup"]
     assert params["slurm_signal_delay_s"] == 180 and params["slurm_additional_parameters"] == {"requeue": True}
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ({"gpus_per_node": 8}, {"NCCL_IB_DISABLE": "0"}),                                # auto: GPUs -> IB
+    ({"gpus_per_node": 8, "network": {"ib_hca": "mlx5"}}, {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5"}),
+    ({}, {"NCCL_IB_DISABLE": "1"}),                                                  # auto: no GPUs
+    ({"gpus_per_node": 8, "network": {"preset": "ethernet"}}, {"NCCL_IB_DISABLE": "1"}),
+    ({"gpus_per_node": 8, "network": {"preset": "infiniband"}}, {"NCCL_IB_DISABLE": "0"}),
+    ({"gpus_per_node": 8, "network": {"preset": "none", "ib_hca": "mlx5"}}, {}),
+])
+def test_the_network_preset_follows_the_hardware_unless_the_spec_says(extra, expected):
+    """A GPU job without `network:` once got NCCL_IB_DISABLE=1: NCCL quietly on sockets on an
+    InfiniBand cluster. `auto` (the default) gives a job with GPUs the infiniband preset."""
+    spec = spec_from_dict({"name": "n", "command": ["t.py"], **extra})
+    nccl = {name: value for name, value in environment(spec) if name.startswith("NCCL_IB")}
+    assert nccl == expected
