@@ -6,6 +6,7 @@ non-zero exit code (2 for bad input, 1 for a failed operation); never a tracebac
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import sys
 from pathlib import Path
@@ -18,10 +19,19 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is a UsageError (one line, exit 2) like every other bad input."""
+    """argparse, but a bad flag is a UsageError (one line, exit 2) like every other bad input,
+    named by its subcommand, with the nearest choice when a word was mistyped."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}")
+        command = self.prog.split(" ", 1)[1] if " " in self.prog else ""
+        raise UsageError(f"{command}: {message}{self._did_you_mean(message)}" if command
+                         else message + self._did_you_mean(message))
+
+    def _did_you_mean(self, message: str) -> str:
+        found = re.search(r"invalid choice: '([^']*)'", message)
+        choices = [str(choice) for action in self._actions for choice in (action.choices or ())]
+        near = difflib.get_close_matches(found.group(1), choices, n=1) if found else []
+        return f"; did you mean '{near[0]}'?" if near else ""
 
 
 # ---- minicluster -------------------------------------------------------------------
@@ -326,7 +336,10 @@ def _add_health(sub: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from slurmtools import __version__
 
-    parser = _Parser(prog="slurmtools", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="slurmtools", description="Multi-node training on Slurm that survives the failures large "
+                     "clusters have: describe a job once (render, submit), run it under the supervisor (run), "
+                     "gate nodes on their health (health, nodes, blames, metrics).",
+                     epilog="`slurmtools COMMAND --help` says what each command takes.")
     parser.add_argument("--version", action="version", version=f"slurmtools {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add in _ADDERS:
@@ -352,8 +365,12 @@ _ADDERS = [_add_minicluster, _add_jobs, _add_health, _add_preflight]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    arguments = sys.argv[1:] if argv is None else argv
+    if not arguments:                 # bare `slurmtools`: what it can do, not an error line
+        build_parser().print_help()
+        return 2
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(arguments)
         return int(args.func(args) or 0)
     except SlurmToolsError as exc:
         print(f"slurmtools: error: {one_line(str(exc))}", file=sys.stderr)

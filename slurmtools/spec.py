@@ -327,7 +327,8 @@ def cross_checks(spec: JobSpec) -> None:
 def spec_from_dict(data: Any, *, file: Optional[str] = None,
                    lines: Optional[Dict[Tuple[str, ...], int]] = None) -> JobSpec:
     if not isinstance(data, dict):
-        raise SpecError(f"must be a mapping of keys to values, got {type(data).__name__}", file=file)
+        raise SpecError("is empty: a job spec needs at least name and command" if data is None else
+                        f"must be a mapping of keys to values, got {type(data).__name__}", file=file)
     try:
         spec: JobSpec = build(JobSpec, data)
         return spec

@@ -48,7 +48,11 @@ def test_version_and_render_golden():
     (["minicluster", "kill", "node99"], 2, "unknown node 'node99'"),
     (["minicluster", "up", "--nodes", "0"], 2, "nodes must be between 1 and 240"),
     (["nodes", "drain", "node1", "--reason", " "], 2, "--reason must be one line of text"),
-    (["health", "run", "--phase", "later"], 2, "invalid choice: 'later'"),
+    (["health", "run", "--phase", "later"], 2, "health run: argument --phase: invalid choice: 'later'"),
+    (["sumbit", "job.yaml"], 2, "slurmtools: error: argument command: invalid choice: 'sumbit'"),
+    (["sumbit", "job.yaml"], 2, "; did you mean 'submit'?"),
+    (["health", "rnu"], 2, "health: argument health_action: invalid choice: 'rnu'"),
+    (["health", "rnu"], 2, "did you mean 'run'?"),
 ])
 def test_bad_input_is_one_line_exit_2(args, code, text):
     one_line_error(cli(*args), code, text)
@@ -159,3 +163,14 @@ def test_every_subcommands_help_is_formatted_without_error():
         assert parser.format_help().startswith("usage: "), path
     proc = cli("run", "--help")
     assert proc.returncode == 0 and "5% of a step" in " ".join(proc.stdout.split()) and proc.stderr == ""
+
+
+def test_bare_slurmtools_prints_what_it_can_do():
+    proc = cli()
+    assert proc.returncode == 2 and proc.stdout.startswith("usage: slurmtools") and proc.stderr == ""
+    assert "submit" in proc.stdout and "health" in proc.stdout
+
+
+def test_an_empty_spec_says_it_is_empty(tmp_path):
+    (tmp_path / "job.yaml").write_text("# nothing yet\n")
+    one_line_error(cli("render", str(tmp_path / "job.yaml")), 2, "job.yaml: is empty: a job spec needs at least name and command")
