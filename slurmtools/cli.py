@@ -18,9 +18,27 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 
+class _DefaultsShown(argparse.HelpFormatter):
+    """Each flag's help ends with its default, when it has one worth saying (not None, False or
+    an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        default = action.default
+        takes_value = action.nargs != 0 or isinstance(action, argparse.BooleanOptionalAction)
+        if (action.option_strings and takes_value and default not in (None, False, [], argparse.SUPPRESS)
+                and "%(default)" not in help_text and "default:" not in help_text):
+            help_text += " (default: %(default)s)"
+        return help_text
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad flag is a UsageError (one line, exit 2) like every other bad input,
-    named by its subcommand, with the nearest choice when a word was mistyped."""
+    named by its subcommand, with the nearest choice when a word was mistyped; helps show defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsShown)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         command = self.prog.split(" ", 1)[1] if " " in self.prog else ""
@@ -181,41 +199,42 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _add_jobs(sub: Any) -> None:
     parser = sub.add_parser("render", help="print the sbatch script for a job spec")
-    parser.add_argument("spec")
+    parser.add_argument("spec", help="the job spec (YAML)")
     parser.add_argument("--portable", action="store_true", help="call `slurmtools` from PATH, not this interpreter")
     parser.add_argument("--slurm", type=_slurm_release, metavar="MAJOR.MINOR",
                         help="the Slurm release the script is for (default: any; `submit` asks the cluster)")
     parser.set_defaults(func=cmd_render)
     parser = sub.add_parser("submit", help="render and submit a job spec; prints the job id")
-    parser.add_argument("spec")
+    parser.add_argument("spec", help="the job spec (YAML)")
     parser.add_argument("--wait", action="store_true", help="follow state and progress; exit with the job's result")
     parser.set_defaults(func=cmd_submit)
     parser = sub.add_parser("status", help="a job's state (squeue, then sacct)")
-    parser.add_argument("job_id")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("job_id", help="the Slurm job id")
+    parser.add_argument("--json", action="store_true", help="print the state as one JSON object")
     parser.set_defaults(func=cmd_status)
     parser = sub.add_parser("cancel", help="cancel a job")
-    parser.add_argument("job_id")
+    parser.add_argument("job_id", help="the Slurm job id")
     parser.set_defaults(func=cmd_cancel)
     parser = sub.add_parser("logs", help="print (or --follow) a job's output")
-    parser.add_argument("job_id")
-    parser.add_argument("--follow", "-f", action="store_true")
+    parser.add_argument("job_id", help="the Slurm job id")
+    parser.add_argument("--follow", "-f", action="store_true", help="go on printing new output until the job ends")
     parser.add_argument("--stderr", action="store_true", help="the .err file instead of .out")
     parser.set_defaults(func=cmd_logs)
 
     parser = sub.add_parser("run", help="(inside a job) supervise the launch: warning signal, requeue, hang watchdog")
     from slurmtools.requeue import flags
     flags.add_arguments(parser)
-    parser.add_argument("--checkpoint-dir")
-    parser.add_argument("--control-dir")
-    parser.add_argument("command", nargs=argparse.REMAINDER)
+    parser.add_argument("--checkpoint-dir", help="the spec's checkpoint_dir (the generated script passes it)")
+    parser.add_argument("--control-dir", help="where the supervisor and the ranks meet "
+                        "(default: .slurmtools/<job id> in the working directory)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
     parser.set_defaults(func=cmd_run)
 
     parser = sub.add_parser("goodput", help="goodput of a supervised job from its ledger")
     parser.add_argument("target", help="JOBID (with --spec), or the job's control dir "
                                   "(<checkpoint_dir>/.slurmtools/JOBID) or its ledger.jsonl")
     parser.add_argument("--spec", help="the job's spec: its checkpoint_dir (or output_dir) holds the ledger")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     parser.set_defaults(func=cmd_goodput)
     parser = sub.add_parser("report", help="a job chain's timeline, progress and goodput (text, or --html with plots)")
     parser.add_argument("target", help="JOBID (with --spec), or the job's control dir or its ledger.jsonl")
@@ -299,20 +318,21 @@ def _add_health(sub: Any) -> None:
     parser = sub.add_parser("health", help="node health gate (prolog, epilog, HealthCheckProgram)")
     acts = parser.add_subparsers(dest="health_action", required=True, parser_class=_Parser)
     run = acts.add_parser("run", help="run the checks for a phase; exit 3 and drain on CRITICAL")
-    run.add_argument("--phase", required=True, choices=PHASES)
+    run.add_argument("--phase", required=True, choices=PHASES,
+                     help="which gate runs: its checks, and what a CRITICAL does")
     run.add_argument("--config", help="health.yaml (default: $SLURMTOOLS_HEALTH_CONFIG, beside $SLURM_CONF, "
                                       "/etc/slurmtools/health.yaml)")
     run.add_argument("--node", help="this node's Slurm name (default: $SLURMD_NODENAME or the hostname)")
-    run.add_argument("--json", action="store_true")
-    run.add_argument("--quiet", action="store_true")
+    run.add_argument("--json", action="store_true", help="print every check's result as JSON")
+    run.add_argument("--quiet", action="store_true", help="print nothing unless a check is not OK")
     run.add_argument("--no-drain", action="store_true", help="report only")
     run.set_defaults(func=cmd_health_run)
     cc = acts.add_parser("check-config", help="validate the health config for a host")
-    cc.add_argument("--config")
-    cc.add_argument("--node")
+    cc.add_argument("--config", help="health config (default: as `health run` finds it)")
+    cc.add_argument("--node", help="this node's name in the health config (default: the host name)")
     cc.set_defaults(func=cmd_health_check_config)
     rec = acts.add_parser("record-gpu", help="record this node's NVML readings as a fixture (JSON)")
-    rec.add_argument("--out")
+    rec.add_argument("--out", help="write the fixture to this file (default: standard output)")
     rec.set_defaults(func=cmd_health_record_gpu)
     rib = acts.add_parser("record-ib", help="copy this node's InfiniBand sysfs (kernel layout) into a directory")
     rib.add_argument("--out", required=True, help="a new or empty directory")
@@ -320,16 +340,17 @@ def _add_health(sub: Any) -> None:
     rib.set_defaults(func=_record_ib)
 
     nodes_parser = sub.add_parser("nodes", help="drained/down nodes with reason, who and since; drain and resume")
-    nodes_parser.add_argument("--json", action="store_true")
+    nodes_parser.add_argument("--json", action="store_true", help="print the nodes as JSON")
     nodes_parser.add_argument("--all", action="store_true", help="every node, not only unhealthy ones")
     nodes_parser.set_defaults(func=cmd_nodes, nodes_action="list")
     nacts = nodes_parser.add_subparsers(dest="nodes_action", parser_class=_Parser)
     drain_parser = nacts.add_parser("drain", help="drain a node with a slurmtools MANUAL reason")
-    drain_parser.add_argument("node")
-    drain_parser.add_argument("--reason", required=True)
+    drain_parser.add_argument("node", help="the node's name in Slurm")
+    drain_parser.add_argument("--reason", required=True,
+                              help="why, one line of text (kept after a slurmtools MANUAL prefix)")
     resume_parser = nacts.add_parser("resume", help="resume a node slurmtools drained (a person's drain needs --force)")
-    resume_parser.add_argument("node")
-    resume_parser.add_argument("--force", action="store_true")
+    resume_parser.add_argument("node", help="the node's name in Slurm")
+    resume_parser.add_argument("--force", action="store_true", help="also resume a node that a person drained")
 
 
 # ---- main --------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def add_blames(sub: Any) -> None:
     parser = sub.add_parser("blames", help="blames of nodes reported by jobs: the spool, and handling them (root)")
     acts = parser.add_subparsers(dest="blames_command", required=True)
     make = acts.add_parser("make-spool", help="create the blame spool (root-owned, mode 1733)")
-    make.add_argument("dir")
+    make.add_argument("dir", help="the spool directory to make")
     make.set_defaults(func=cmd_make_spool)
     handle = acts.add_parser("handle", help="check and drain (or refuse) every waiting blame now (root)")
     add_node_args(handle)

@@ -72,14 +72,14 @@ def add_minicluster(sub: Any, parser_class: Any) -> None:
                                             "base from $SLURMTOOLS_MINICLUSTER_DIR)")
     acts = parser.add_subparsers(dest="action", required=True, parser_class=parser_class)
     up = acts.add_parser("up", help="install (if missing) and start the cluster; wait until nodes are idle")
-    up.add_argument("--nodes", type=int, default=3)
-    up.add_argument("--gpus-per-node", type=int, default=4)
-    up.add_argument("--prolog-dir", default=str(REPO_ROOT / "prolog.d"))
-    up.add_argument("--epilog-dir", default=str(REPO_ROOT / "epilog.d"))
+    up.add_argument("--nodes", type=int, default=3, help="how many nodes (slurmd in namespaces)")
+    up.add_argument("--gpus-per-node", type=int, default=4, help="fake GPUs per node (character devices, gres)")
+    up.add_argument("--prolog-dir", default=str(REPO_ROOT / "prolog.d"), help="the prolog scripts every node runs")
+    up.add_argument("--epilog-dir", default=str(REPO_ROOT / "epilog.d"), help="the epilog scripts every node runs")
     up.add_argument("--no-install", action="store_true", help="do not apt-get install missing packages")
     up.add_argument("--no-cgroups", action="store_true", help="no job confinement (task/none): only where the "
                                                                   "machine has no usable cgroup v1 hierarchy")
-    up.add_argument("--wait-s", type=float, default=60.0)
+    up.add_argument("--wait-s", type=float, default=60.0, help="how long to wait for every node to be idle")
     up.add_argument("--slurm", choices=list(RELEASES), help="the Slurm release to run (default: the machine's "
                                                             "own packages); another runs from a Debian root "
                                                             "built once into the state dir")
@@ -96,7 +96,7 @@ def add_minicluster(sub: Any, parser_class: Any) -> None:
                        ("restart", "restart the node's slurmd"),
                        ("degrade", "slow the node down: its link (tc tbf, both ways) and/or its CPU (cgroup quota)")):
         action_parser = acts.add_parser(name, help=what)
-        action_parser.add_argument("node")
+        action_parser.add_argument("node", help="the node, e.g. node2")
         if name == "degrade":
             action_parser.add_argument("--rate-mbit", type=int, help="link rate in Mbit/s, each way")
             action_parser.add_argument("--cpu-percent", type=int, help="CPU time of the node's processes, in "

@@ -21,7 +21,7 @@ def add_plan(sub: Any) -> None:
                                          "Monte Carlo with the real policy")
     parser.add_argument("--checkpoint-cost-s", type=positive(float), required=True,
                         help="training blocked per checkpoint")
-    parser.add_argument("--nodes", type=positive(int), required=True)
+    parser.add_argument("--nodes", type=positive(int), required=True, help="the job's node count")
     parser.add_argument("--node-mtbf-h", type=positive(float), required=True, help="mean time between failures of ONE node")
     parser.add_argument("--restart-cost-s", type=positive(float), default=60.0, help="requeue + launch + load")
     parser.add_argument("--simulate", action="store_true",

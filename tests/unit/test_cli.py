@@ -174,3 +174,19 @@ def test_bare_slurmtools_prints_what_it_can_do():
 def test_an_empty_spec_says_it_is_empty(tmp_path):
     (tmp_path / "job.yaml").write_text("# nothing yet\n")
     one_line_error(cli("render", str(tmp_path / "job.yaml")), 2, "job.yaml: is empty: a job spec needs at least name and command")
+
+
+def test_every_flag_and_positional_says_what_it_is_and_flags_show_their_defaults():
+    from slurmtools import cli as cli_module
+    parser = cli_module.build_parser()
+    unexplained = []
+    for path in _every_parser(parser):
+        sub = parser
+        for name in path:
+            sub = next(action for action in sub._actions if isinstance(action, argparse._SubParsersAction)).choices[name]
+        unexplained += [(path, action.dest) for action in sub._actions
+                        if not action.help and not isinstance(action, argparse._SubParsersAction)]
+    assert unexplained == []
+    text = " ".join(cli("run", "--help").stdout.split())
+    assert "(default: 10)" in text and "--max-restarts" in text
+    assert "(default: None)" not in text and "(default: False)" not in text
