@@ -142,3 +142,18 @@ def test_every_field_is_documented():
     keys = [k for k, _, _ in rows]
     assert "requeue.hang_timeout_s" in keys and "network.ib_hca" in keys
     assert dict((k, d) for k, d, _ in rows)["name"] == "(required)"
+
+
+def test_the_published_spec_reference_is_the_codes():
+    """docs/job-spec.md lists every key with its default; it is generated, and must not drift."""
+    import importlib.util
+    root = Path(__file__).resolve().parents[2]
+    module_spec = importlib.util.spec_from_file_location("gen_ref", root / "scripts" / "gen-job-spec-reference.py")
+    assert module_spec and module_spec.loader
+    generator = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(generator)
+    page = (root / "docs" / "job-spec.md").read_text()
+    assert page == generator.page(), "run: python3 scripts/gen-job-spec-reference.py > docs/job-spec.md"
+    for key, default, _ in field_docs():
+        assert f"| `{key}` | `{default}` |" in page
+    assert "| `network.preset` | `'auto'` |" in page
