@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import re
 import sys
 from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
-from slurmtools.errors import SlurmToolsError, UsageError, one_line
+from slurmtools.errors import Exit, SlurmToolsError, UsageError, one_line
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,7 +99,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 0
     info = jobs.wait_for_job(job_id, out=sys.stderr)
     print(f"job {job_id}: {info.state} exit={info.exit_code or '?'}", file=sys.stderr)
-    return 0 if info.state == "COMPLETED" else 1
+    return Exit.OK if info.state == "COMPLETED" else Exit.FAILED
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -154,8 +155,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_goodput(args: argparse.Namespace) -> int:
-    import json
-
     from slurmtools.report import text as jobreport
     from slurmtools.job import submit as jobs
     from slurmtools.requeue import goodput
@@ -256,7 +255,7 @@ def cmd_health_run(args: argparse.Namespace) -> int:
     outcome = gate.run_guarded(settings, args.phase, host, job_id=os.environ.get("SLURM_JOB_ID") or None,
                                allow_drain=not args.no_drain, job_owner=_job_owner(os.environ))
     if outcome is None:
-        return gate.exit_now(1)
+        return gate.exit_now(Exit.FAILED)
     if args.json:
         print(gate.dump(outcome))
     elif not args.quiet:
@@ -389,18 +388,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     if not arguments:                 # bare `slurmtools`: what it can do, not an error line
         build_parser().print_help()
-        return 2
+        return Exit.USAGE
     try:
         args = build_parser().parse_args(arguments)
-        return int(args.func(args) or 0)
+        return int(args.func(args) or Exit.OK)
     except SlurmToolsError as exc:
-        print(f"slurmtools: error: {one_line(str(exc))}", file=sys.stderr)
+        message = one_line(str(exc))
+        print(f"slurmtools: error: {message}", file=sys.stderr)
+        if "--json" in arguments:     # a script that asked for JSON reads its error as JSON too
+            print(json.dumps({"error": message, "exit_code": int(exc.exit_code)}))
         return exc.exit_code
     except KeyboardInterrupt:
         print("slurmtools: interrupted", file=sys.stderr)
-        return 130
+        return Exit.INTERRUPTED
     except BrokenPipeError:
-        return 1
+        return Exit.FAILED
 
 
 if __name__ == "__main__":

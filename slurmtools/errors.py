@@ -1,13 +1,23 @@
 """One root exception, so the CLI can turn every expected failure into a one-line message.
 
 Each subclass carries the facts a person needs to fix the problem (file, line, key,
-command, exit code) and an exit code for the CLI: 2 for bad input, 1 for a failed
-operation.
+command, exit code) and an exit code for the CLI from the one table every command uses (Exit).
 """
 from __future__ import annotations
 
 import functools
+from enum import IntEnum
 from typing import Callable, Optional, Sequence
+
+
+class Exit(IntEnum):
+    """The exit codes of every slurmtools command (README, "Exit codes")."""
+
+    OK = 0
+    FAILED = 1       # the operation failed: a Slurm command, a job that did not complete, a check that could not run
+    USAGE = 2        # bad input: a flag, a file, a job spec or a config
+    NODE_BAD = 3     # a node was found bad: a CRITICAL health check (the prolog fails on it), a node preflight named
+    INTERRUPTED = 130    # Ctrl-C, as shells count it (128 + SIGINT)
 
 
 def one_line(text: str) -> str:
@@ -18,13 +28,13 @@ def one_line(text: str) -> str:
 class SlurmToolsError(Exception):
     """Root of every error slurmtools raises on purpose."""
 
-    exit_code: int = 1
+    exit_code: int = Exit.FAILED
 
 
 class UsageError(SlurmToolsError):
     """Bad input from a person: a flag, a file, a value."""
 
-    exit_code = 2
+    exit_code = Exit.USAGE
 
 
 class SpecError(UsageError):

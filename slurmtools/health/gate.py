@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from slurmtools.common.fsutil import write_json_atomic
 from slurmtools.common.xid import REBOOT
-from slurmtools.errors import ConfigError, SlurmCommandError, SlurmToolsError, one_line
+from slurmtools.errors import ConfigError, Exit, SlurmCommandError, SlurmToolsError, one_line
 from slurmtools.health import active_probe, remedy, report, runner, state
 from slurmtools.health.checks.ib import IbHistory
 from slurmtools.health.config import NodeSettings
@@ -25,8 +25,6 @@ from slurmtools.health.model import CheckResult, Status, worst
 from slurmtools.slurm import drain as drains
 from slurmtools.slurm import commands as slurm
 
-EXIT_HEALTHY = 0
-EXIT_CRITICAL = 3
 
 
 @dataclass
@@ -40,7 +38,7 @@ class Outcome:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CRITICAL if self.status is Status.CRITICAL else EXIT_HEALTHY
+        return Exit.NODE_BAD if self.status is Status.CRITICAL else Exit.OK
 
 
 def _cache_hit(settings: NodeSettings, phase: str, st: state.HealthState, facts: runner.Facts, now_s: float) -> bool:

@@ -10,12 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from slurmtools.errors import SpecError, UsageError
+from slurmtools.errors import Exit, SpecError, UsageError
 from slurmtools.requeue import flags
-
-EXIT_NAMED = 1
-EXIT_ERROR = 3
-
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     from ClusterShell.NodeSet import NodeSet
@@ -59,8 +55,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
             actions.drain_node(job_number, f"{job_id}.preflight", node, launch.diagnosis(finding),
                                direct=args.direct_drain)
     if outcome.status == "error":
-        return EXIT_ERROR
-    return EXIT_NAMED if outcome.named else 0
+        return Exit.FAILED
+    return Exit.NODE_BAD if outcome.named else Exit.OK
 
 
 def add_preflight(sub: Any) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -190,3 +191,25 @@ def test_every_flag_and_positional_says_what_it_is_and_flags_show_their_defaults
     text = " ".join(cli("run", "--help").stdout.split())
     assert "(default: 10)" in text and "--max-restarts" in text
     assert "(default: None)" not in text and "(default: False)" not in text
+
+
+def test_an_error_of_a_command_asked_for_json_is_json_on_stdout_too():
+    proc = cli("status", "12x", "--json")
+    one_line_error(proc, 2, "not a job id: '12x'")
+    assert json.loads(proc.stdout) == {"error": "not a job id: '12x'", "exit_code": 2}
+
+
+def test_every_exit_code_comes_from_the_one_table():
+    """3 once meant CRITICAL to `health run` and "could not run" to `preflight`: one table now."""
+    from slurmtools import errors
+    from slurmtools.health import gate
+    from slurmtools.health.model import Status
+    assert [(code.name, int(code)) for code in errors.Exit] == [
+        ("OK", 0), ("FAILED", 1), ("USAGE", 2), ("NODE_BAD", 3), ("INTERRUPTED", 130)]
+    assert errors.SlurmToolsError.exit_code == errors.Exit.FAILED == errors.SlurmCommandError("x", 1, "").exit_code
+    assert errors.SpecError("x").exit_code == errors.ConfigError("x").exit_code == errors.Exit.USAGE
+    outcome = gate.Outcome([], Status.CRITICAL, None, False, 0.0, {})
+    assert outcome.exit_code == errors.Exit.NODE_BAD
+    readme = (REPO / "README.md").read_text()
+    for code in errors.Exit:
+        assert f"| {int(code)} | `{code.name}` |" in readme
