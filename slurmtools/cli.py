@@ -353,17 +353,46 @@ def _add_health(sub: Any) -> None:
 
 
 # ---- main --------------------------------------------------------------------------
+# the top help's groups, by who types the command; every command stands in exactly one
+COMMAND_GROUPS = (
+    ("the job's author", ("render", "submit", "status", "logs", "cancel", "report", "goodput", "plan")),
+    ("inside a job or an allocation", ("run", "preflight")),
+    ("the cluster's admin (root on the nodes)", ("health", "nodes", "blames", "metrics")),
+    ("the rehearsal", ("minicluster",)),
+)
+EXAMPLES = """examples:
+  slurmtools render job.yaml > job.sbatch          # the script, to read before submitting
+  slurmtools submit job.yaml --wait                # submit, then follow state and progress
+  slurmtools report JOBID --spec job.yaml          # timeline, progress and goodput
+  sudo slurmtools health run --phase periodic --no-drain     # try the gate on one node
+  sudo slurmtools minicluster up --nodes 3         # a real Slurm on this machine
+
+`slurmtools COMMAND --help` says what each command takes."""
+
+
+def _grouped_commands(sub: "argparse._SubParsersAction[_Parser]") -> str:
+    """The commands by who types them, each with its one-line help."""
+    helps = {action.dest: action.help or "" for action in sub._choices_actions}
+    lines = []
+    for title, names in COMMAND_GROUPS:
+        lines.append(f"{title}:")
+        lines += [f"  {name:13} {helps[name]}" for name in names]
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from slurmtools import __version__
 
-    parser = _Parser(prog="slurmtools", description="Multi-node training on Slurm that survives the failures large "
-                     "clusters have: describe a job once (render, submit), run it under the supervisor (run), "
-                     "gate nodes on their health (health, nodes, blames, metrics).",
-                     epilog="`slurmtools COMMAND --help` says what each command takes.")
+    parser = _Parser(prog="slurmtools", formatter_class=argparse.RawDescriptionHelpFormatter,
+                     usage="%(prog)s [-h] [--version] COMMAND ...",
+                     description="Multi-node training on Slurm that survives the failures large clusters have: "
+                     "describe a job once,\nrun it under the supervisor, gate every node on its health.")
     parser.add_argument("--version", action="version", version=f"slurmtools {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND",
+                                help=argparse.SUPPRESS)
     for add in _ADDERS:
         add(sub)
+    parser.epilog = _grouped_commands(sub) + "\n\n" + EXAMPLES
     return parser
 
 

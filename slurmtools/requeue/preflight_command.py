@@ -61,7 +61,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 def add_preflight(sub: Any) -> None:
     parser = sub.add_parser("preflight", help="(inside an allocation) check its nodes: compute canary, "
-                                              "throughput, all-reduce pairs; exit 1 when a node is named")
+                                              "throughput, all-reduce pairs; exit 3 when a node is named")
     flags.add_preflight_arguments(parser)
     parser.add_argument("--tasks-per-node", type=int, default=1, help="tasks per node (one per GPU to check "
                                                                        "each GPU's link as well)")

@@ -50,7 +50,7 @@ def test_version_and_render_golden():
     (["minicluster", "up", "--nodes", "0"], 2, "nodes must be between 1 and 240"),
     (["nodes", "drain", "node1", "--reason", " "], 2, "--reason must be one line of text"),
     (["health", "run", "--phase", "later"], 2, "health run: argument --phase: invalid choice: 'later'"),
-    (["sumbit", "job.yaml"], 2, "slurmtools: error: argument command: invalid choice: 'sumbit'"),
+    (["sumbit", "job.yaml"], 2, "slurmtools: error: argument COMMAND: invalid choice: 'sumbit'"),
     (["sumbit", "job.yaml"], 2, "; did you mean 'submit'?"),
     (["health", "rnu"], 2, "health: argument health_action: invalid choice: 'rnu'"),
     (["health", "rnu"], 2, "did you mean 'run'?"),
@@ -213,3 +213,20 @@ def test_every_exit_code_comes_from_the_one_table():
     readme = (REPO / "README.md").read_text()
     for code in errors.Exit:
         assert f"| {int(code)} | `{code.name}` |" in readme
+
+
+def test_the_top_help_groups_every_command_once_and_its_examples_parse():
+    import shlex
+    from slurmtools import cli as cli_module
+    parser = cli_module.build_parser()
+    commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction)).choices
+    grouped = [name for _, names in cli_module.COMMAND_GROUPS for name in names]
+    assert sorted(grouped) == sorted(commands) and len(grouped) == len(set(grouped))
+    text = cli().stdout
+    assert text.startswith("usage: slurmtools [-h] [--version] COMMAND ...") and "the job's author:" in text
+    examples = [line.split("#")[0].split(">")[0] for line in cli_module.EXAMPLES.splitlines()[1:] if line.startswith("  ")]
+    assert len(examples) == 5
+    for example in examples:
+        argv = shlex.split(example.replace("sudo ", ""))[1:]
+        assert argv[0] in commands
+        cli_module.build_parser().parse_args(argv)     # a bad example raises UsageError here
