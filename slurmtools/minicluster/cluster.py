@@ -129,9 +129,12 @@ def link_etc_slurm(layout: MiniClusterLayout, record: Dict[str, Any]) -> None:
     ETC_SLURM_CONF.symlink_to(layout.slurm_conf)
 
 
-def up(layout: MiniClusterLayout, *, install: bool = True, wait_s: float = 60.0) -> List[slurm.NodeInfo]:
+def up(layout: MiniClusterLayout, *, install: bool = True, wait_s: float = 60.0,
+       progress: Callable[[str], None] = lambda line: None) -> List[slurm.NodeInfo]:
+    """Bring the cluster up (or back); progress(line) hears each phase as it begins."""
     require_root()
     if install:
+        progress("checking the packages (apt-get installs what is missing: minutes the first time)")
         install_packages(("mmdebstrap",) if layout.slurm_root else ())
     record = load_record(layout)
     conflict = held_by_others(layout, record)
@@ -152,7 +155,10 @@ def up(layout: MiniClusterLayout, *, install: bool = True, wait_s: float = 60.0)
     record_mod.register(layout)
     jobuser.ensure(layout, record)          # jobs run as an ordinary user, as on a real cluster
     save_record(layout, record)
+    if layout.slurm_root:
+        progress(f"the Debian root for Slurm {layout.slurm_release} (built once: a minute or two)")
     debroot.ensure_root(layout)
+    progress(f"configs in {layout.etc_dir}, network namespaces for {layout.nodes} nodes")
     write_configs(layout)
     link_etc_slurm(layout, record)
     record["net"] = True
@@ -167,12 +173,14 @@ def up(layout: MiniClusterLayout, *, install: bool = True, wait_s: float = 60.0)
         ("slurmctld", lambda: daemons.start_slurmctld(layout))]
     steps += [(f"slurmd-{node}", functools.partial(daemons.start_slurmd, layout, node)) for node in layout.node_names]
     for name, start in steps:
+        progress(f"starting {name}")
         pid = start()
         if pid:
             pids[name] = pid
             save_record(layout, record)
     with slurm.using_conf(layout.slurm_conf, layout.client_bin_dir):
         resume_our_stale_states(layout)
+        progress(f"waiting up to {wait_s:g} s for every node to be idle")
         return wait_until_idle(layout, wait_s)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,9 @@ def cmd_minicluster(args: argparse.Namespace) -> int:
         layout = cluster.layout_for_up(name, state_dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                                        prolog_dir=Path(args.prolog_dir), epilog_dir=Path(args.epilog_dir),
                                        cgroups=not args.no_cgroups, slurm_release=args.slurm)
-        print(cluster.format_table(cluster.up(layout, install=not args.no_install, wait_s=args.wait_s)))
+        nodes = cluster.up(layout, install=not args.no_install, wait_s=args.wait_s,
+                           progress=lambda line: print(f"minicluster up: {line}", file=sys.stderr, flush=True))
+        print(cluster.format_table(nodes))
         if layout.client_bin_dir:
             print(f"Slurm {layout.slurm_release} runs from {layout.slurm_root}; its commands: "
                   f"eval \"$(slurmtools minicluster --name {name} env)\"")

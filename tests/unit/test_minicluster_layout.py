@@ -156,3 +156,21 @@ def test_a_daemon_is_alive_only_as_its_own_program_not_as_a_pid_reused_by_anothe
         sleeper.kill()
         sleeper.wait()
     assert not daemons.daemon_alive("sleep", sleeper.pid)
+
+
+def test_up_says_what_it_begins_before_apt_runs(monkeypatch, tmp_path):
+    """`minicluster up` once printed nothing for minutes while apt ran: the first phase is said first."""
+    from slurmtools.minicluster import cluster
+
+    class AptStarted(Exception):
+        pass
+
+    def apt(packages):
+        raise AptStarted()
+
+    monkeypatch.setattr(cluster, "require_root", lambda: None)
+    monkeypatch.setattr(cluster, "install_packages", apt)
+    lines = []
+    with pytest.raises(AptStarted):
+        cluster.up(MiniClusterLayout(name="t", state_dir=tmp_path), progress=lines.append)
+    assert lines == ["checking the packages (apt-get installs what is missing: minutes the first time)"]
