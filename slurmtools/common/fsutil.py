@@ -56,6 +56,18 @@ def write_json_atomic(path: Path, data: Mapping[str, Any], *, durable: bool = Tr
 MAX_JSON_INT_DIGITS = 19
 
 
+def json_safe(value: Any) -> Any:
+    """value for json.dumps(allow_nan=False): a float that is not finite becomes null, through
+    lists, tuples and dicts."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    return value
+
+
 def _bounded_int(text: str) -> int:
     if len(text.lstrip("-")) > MAX_JSON_INT_DIGITS:
         raise ValueError(f"integer of {len(text)} digits")

@@ -282,21 +282,33 @@ def _remove_stale_job_cgroups(layout: MiniClusterLayout, *, top: bool) -> None:
 
 
 # ---- status ------------------------------------------------------------------------
+def node_rows(nodes: List[slurm.NodeInfo]) -> List[Dict[str, str]]:
+    """What `status` shows of each node (its --json)."""
+    return [{"node": n.name, "state": n.display_state, "gres": n.gres, "reason": n.reason or ""} for n in nodes]
+
+
 def format_table(nodes: List[slurm.NodeInfo]) -> str:
     rows = [("NODE", "STATE", "GRES", "REASON")]
-    rows += [(n.name, n.display_state, n.gres, n.reason or "-") for n in nodes]
+    rows += [(row["node"], row["state"], row["gres"], row["reason"] or "-") for row in node_rows(nodes)]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}" for r in rows)
 
 
-def format_list() -> str:
-    """NAME SLOT SUBNET NODES STATE STATE_DIR for every registered cluster."""
-    rows = [("NAME", "SLOT", "SUBNET", "NODES", "STATE", "STATE_DIR")]
+def cluster_rows() -> List[Dict[str, str]]:
+    """Every registered cluster: name, slot, subnet, nodes, state (up or stopped), state dir."""
+    rows = []
     for entry in registered():
         layout = layout_from_record(Path(entry["state_dir"]), entry["name"])
         alive = daemons.pid_alive(daemons.read_pidfile(layout.run_dir / "slurmctld.pid"))
-        rows.append((layout.name, str(layout.slot), layout.subnet, layout.nodelist, "up" if alive else "stopped",
-                     str(layout.root)))
+        rows.append({"name": layout.name, "slot": str(layout.slot), "subnet": layout.subnet,
+                     "nodes": layout.nodelist, "state": "up" if alive else "stopped", "state_dir": str(layout.root)})
+    return rows
+
+
+def format_list() -> str:
+    """NAME SLOT SUBNET NODES STATE STATE_DIR for every registered cluster."""
+    rows: List[Tuple[str, ...]] = [("NAME", "SLOT", "SUBNET", "NODES", "STATE", "STATE_DIR")]
+    rows += [tuple(row.values()) for row in cluster_rows()]
     widths = [max(len(row[col]) for row in rows) for col in range(5)]
     return "\n".join("  ".join(f"{row[col]:<{widths[col]}}" for col in range(5)) + "  " + row[5] for row in rows)
 

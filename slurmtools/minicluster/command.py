@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ def cmd_minicluster(args: argparse.Namespace) -> int:
     name = args.name
     state_dir = Path(args.state_dir) if args.state_dir else None
     if args.action == "list":
-        print(cluster.format_list())
+        print(json.dumps(cluster.cluster_rows()) if args.json else cluster.format_list())
         return 0
     if args.action == "up":
         layout = cluster.layout_for_up(name, state_dir, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
@@ -37,7 +38,8 @@ def cmd_minicluster(args: argparse.Namespace) -> int:
         print(f"mini-cluster {name} is down" + (" and its state removed" if args.purge else ""))
     elif args.action == "status":
         with slurm.using_conf(layout.slurm_conf, layout.client_bin_dir):
-            print(cluster.format_table(slurm.nodes()))
+            nodes = slurm.nodes()
+            print(json.dumps(cluster.node_rows(nodes)) if args.json else cluster.format_table(nodes))
     elif args.action == "env":
         print(cluster.format_env(layout))
     elif args.action == "restart-controller":
@@ -88,8 +90,10 @@ def add_minicluster(sub: Any, parser_class: Any) -> None:
                                                             "built once into the state dir")
     down = acts.add_parser("down", help="stop everything `up` started and undo its system changes")
     down.add_argument("--purge", action="store_true", help="also delete the state directory")
-    acts.add_parser("status", help="node table")
-    acts.add_parser("list", help="the named clusters on this machine")
+    status = acts.add_parser("status", help="node table")
+    status.add_argument("--json", action="store_true", help="print the nodes as JSON")
+    listing = acts.add_parser("list", help="the named clusters on this machine")
+    listing.add_argument("--json", action="store_true", help="print the clusters as JSON")
     acts.add_parser("env", help="shell exports (SLURM_CONF, and PATH for another release's commands) that "
                                 "point Slurm's commands at this cluster")
     acts.add_parser("restart-controller", help="stop and start slurmctld (clients ride through)")

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from slurmtools.common import ledger
+from slurmtools.common.fsutil import json_safe
 from slurmtools.common.ledger import Event
 from slurmtools.errors import one_line
 from slurmtools.requeue import goodput
@@ -156,6 +157,17 @@ def load(target: Path) -> Optional[JobReport]:
     if not events:
         return None
     return build(control_dir.name, events, steplog.read(control_dir))
+
+
+def to_json(report: JobReport) -> Dict[str, Any]:
+    """The report as `report --json` prints it: every field, the goodput with its ratio, times in
+    epoch seconds, series as [step, value] pairs; a value that is not a finite number is null."""
+    fields = {name: getattr(report, name) for name in ("job", "start_s", "loss", "tokens_per_s", "step_s_by_node",
+                                                        "slowest_rank_by_node")}
+    safe: Dict[str, Any] = json_safe({**fields, "attempts": [asdict(attempt) for attempt in report.attempts],
+                                      "goodput": report.goodput.to_json(), "breakdown": asdict(report.breakdown),
+                                      "marks": [asdict(mark) for mark in report.marks]})
+    return safe
 
 
 def format_text(report: JobReport) -> str:

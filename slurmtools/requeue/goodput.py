@@ -4,13 +4,12 @@ report and the metrics."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from slurmtools.common.ledger import Attempt, Event, attempts
-from slurmtools.common.ledger import Cause
+from slurmtools.common.fsutil import json_safe
+from slurmtools.common.ledger import Attempt, Cause, Event, attempts
 
 @dataclass(frozen=True)
 class Goodput:
@@ -32,13 +31,8 @@ class Goodput:
 
     def to_json(self) -> Dict[str, Any]:
         """Valid JSON: a value that is not a finite number becomes null."""
-        def finite(value: Any) -> Any:
-            if isinstance(value, float) and not math.isfinite(value):
-                return None
-            if isinstance(value, list):
-                return [finite(item) for item in value]
-            return value
-        return {key: finite(value) for key, value in {"ratio": self.ratio, **dataclasses.asdict(self)}.items()}
+        safe: Dict[str, Any] = json_safe({"ratio": self.ratio, **dataclasses.asdict(self)})
+        return safe
 
 
 def heartbeat_step_time_s(atts: List[Attempt]) -> Optional[float]:

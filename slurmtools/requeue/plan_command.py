@@ -3,7 +3,8 @@ the goodput simulator (slurmtools.requeue.simulate) at that interval."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+import json
+from dataclasses import asdict, replace
 from typing import Any
 
 from slurmtools.common.cli_args import positive
@@ -41,6 +42,7 @@ def add_plan(sub: Any) -> None:
                         help="(--simulate) from a snapshot to its replica on the peer node (bench/snapshot.py)")
     parser.add_argument("--trials", type=positive(int), default=200, help="(--simulate) simulated runs")
     parser.add_argument("--seed", type=positive(int), default=1, help="(--simulate) random seed")
+    parser.add_argument("--json", action="store_true", help="print the plan (and the simulation) as one JSON object")
     parser.set_defaults(func=cmd_plan)
 
 
@@ -52,8 +54,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
                            restart_cost_s=args.restart_cost_s)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(plan.format_plan(result))
+    if not args.json:
+        print(plan.format_plan(result))
     if not args.simulate:
+        if args.json:
+            print(json.dumps({"plan": asdict(result), "simulation": None}, sort_keys=True))
         return 0
     if not 1 <= args.trials <= 100_000 or args.work_days > 3650:
         raise UsageError(f"--trials must be 1 to 100000 and --work-days at most 3650, got {args.trials} and "
@@ -76,8 +81,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"--simulate: {exc}") from None
     named = simulate.simulate(scenario, args.trials, args.seed)
-    print(simulate.format_summary(named))
+    if not args.json:
+        print(simulate.format_summary(named))
     unnamed = simulate.simulate(replace(scenario, kinds=simulate.default_mix(attribute_gpu_faults=False)),
                                 args.trials, args.seed)
-    print(simulate.format_attribution(named, unnamed))
+    if args.json:          # GPU faults named to their node, and (what attribution is worth) not
+        print(json.dumps({"plan": asdict(result), "simulation": {"gpu_faults_named": asdict(named),
+                                                                  "gpu_faults_not_named": asdict(unnamed)}},
+                         sort_keys=True))
+    else:
+        print(simulate.format_attribution(named, unnamed))
     return 0

@@ -230,3 +230,23 @@ def test_the_top_help_groups_every_command_once_and_its_examples_parse():
         argv = shlex.split(example.replace("sudo ", ""))[1:]
         assert argv[0] in commands
         cli_module.build_parser().parse_args(argv)     # a bad example raises UsageError here
+
+
+def test_check_config_as_json_names_each_phases_checks():
+    proc = cli("health", "check-config", "--json", env_extra={"SLURMTOOLS_HEALTH_CONFIG": "/nonexistent/health.yaml"})
+    if proc.returncode == 2:          # a named config that does not exist is bad input, said as JSON too
+        assert json.loads(proc.stdout)["exit_code"] == 2
+        proc = cli("health", "check-config", "--json")
+    got = json.loads(proc.stdout)
+    assert proc.returncode == 0 and got["ok"] is True and got["config"] is None
+    (host, phases), = got["checks"].items()
+    assert set(phases) == {"prolog", "epilog", "periodic", "active"} and "gpu.ecc" in phases["prolog"]
+
+
+def test_plan_as_json_holds_the_plan_and_both_simulations():
+    base = ["plan", "--checkpoint-cost-s", "30", "--nodes", "8", "--node-mtbf-h", "5000", "--json"]
+    alone = json.loads(cli(*base).stdout)
+    assert alone["simulation"] is None and alone["plan"]["daly_interval_s"] > alone["plan"]["checkpoint_cost_s"]
+    both = json.loads(cli(*base, "--simulate", "--trials", "2", "--work-days", "1").stdout)
+    assert both["plan"] == alone["plan"]
+    assert {both["simulation"][kind]["trials"] for kind in ("gpu_faults_named", "gpu_faults_not_named")} == {2}

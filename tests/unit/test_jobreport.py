@@ -142,6 +142,11 @@ def test_report_command_text_html_and_one_line_errors(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == f"wrote {out} (timeline, progress, step-time, breakdown)\n"
     assert out.read_text().startswith("<!DOCTYPE html>") and not list(tmp_path.glob(".r.html.*"))
+    as_json = cli("report", str(control), "--json")
+    got = json.loads(as_json.stdout)
+    assert as_json.returncode == 0 and got["job"] == "9" and len(got["attempts"]) == 2
+    assert set(got["breakdown"]) >= {"wall_s", "training_s", "restarts_s"} and 0 < got["goodput"]["ratio"] <= 1
+    one_line_error(cli("report", str(control), "--json", "--html", "x.html"), 2, "not allowed with argument")
     one_line_error(cli("report", str(tmp_path / "none")), 2, "no ledger records at")
     one_line_error(cli("report", "123"), 2, "give the job's spec (--spec JOB.yaml)")
     one_line_error(cli("report", str(control), "--html", str(tmp_path / "no" / "dir" / "r.html")), 2,

@@ -174,3 +174,16 @@ def test_up_says_what_it_begins_before_apt_runs(monkeypatch, tmp_path):
     with pytest.raises(AptStarted):
         cluster.up(MiniClusterLayout(name="t", state_dir=tmp_path), progress=lines.append)
     assert lines == ["checking the packages (apt-get installs what is missing: minutes the first time)"]
+
+
+def test_status_rows_are_what_the_table_and_its_json_show():
+    from slurmtools.minicluster import cluster
+    from slurmtools.slurm.parse import NodeInfo
+    nodes = [NodeInfo("node1", "idle", (), "", "", "", "gpu:4"),
+             NodeInfo("node2", "idle", ("DRAIN",), "slurmtools gpu.ecc", "root", "", "gpu:4")]
+    rows = cluster.node_rows(nodes)
+    assert [row["node"] for row in rows] == ["node1", "node2"] and rows[1]["reason"] == "slurmtools gpu.ecc"
+    assert rows[0]["reason"] == "" and rows[1]["state"] == nodes[1].display_state
+    table = cluster.format_table(nodes).splitlines()
+    assert table[0].split() == ["NODE", "STATE", "GRES", "REASON"] and table[1].split()[-1] == "-"
+    assert table[2].endswith("slurmtools gpu.ecc")
