@@ -8,7 +8,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,9 @@ def cmd_handle(args: argparse.Namespace) -> int:
         handled = intake.handle(settings)
     except (spool.SpoolError, SlurmCommandError, OSError) as exc:
         raise UsageError(f"blames handle: {exc}") from None
+    if args.json:
+        print(json.dumps([asdict(result) for result in handled], sort_keys=True))
+        return 0
     for result in handled:
         print(result.line())
     return 0
@@ -52,4 +57,5 @@ def add_blames(sub: Any) -> None:
     make.set_defaults(func=cmd_make_spool)
     handle = acts.add_parser("handle", help="check and drain (or refuse) every waiting blame now (root)")
     add_node_args(handle)
+    handle.add_argument("--json", action="store_true", help="print what was done with each report as JSON")
     handle.set_defaults(func=cmd_handle)

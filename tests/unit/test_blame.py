@@ -370,3 +370,22 @@ def test_handling_stops_claiming_at_its_deadline_and_the_rest_wait(spool_dir, mo
     assert sorted(p.name for p in (spool_dir / "done").iterdir() if p.name != ".lock") == [
         f"{name}.json" for name in names]
 
+
+
+def test_blames_handle_says_what_it_did_as_json_when_asked(monkeypatch, capsys):
+    import argparse
+    import json
+    from types import SimpleNamespace
+    from slurmtools.blame import intake
+    from slurmtools.health import admin_args, blame_command
+    settings = SimpleNamespace(blame=SimpleNamespace(spool_dir="/spool"))
+    monkeypatch.setattr(admin_args, "root_node_settings", lambda args, command, why: ("node1", settings))
+    done = [intake.Handled("r1.json", "drain", "hang evidence checked", node="node2", job="42"),
+            intake.Handled("bad\nname", "refuse", "not a report")]
+    monkeypatch.setattr(intake, "handle", lambda blame_settings: done)
+    assert blame_command.cmd_handle(argparse.Namespace(json=True, config=None, node=None)) == 0
+    assert json.loads(capsys.readouterr().out) == [
+        {"name": "r1.json", "action": "drain", "why": "hang evidence checked", "node": "node2", "job": "42"},
+        {"name": "bad\nname", "action": "refuse", "why": "not a report", "node": None, "job": None}]
+    assert blame_command.cmd_handle(argparse.Namespace(json=False, config=None, node=None)) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "slurmtools: blame bad\\nname: refuse (not a report)"
