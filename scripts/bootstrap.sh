@@ -26,8 +26,9 @@ fi
 [ -x .venv/bin/python ] || "$python" -m venv --copies .venv
 stamp=.venv/.slurmtools-installed
 if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
-  # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
-  .venv/bin/pip install -q torch==2.13.0 numpy
-  .venv/bin/pip install -q -e '.[nvml,submitit,torch,report,notebook,lightning,transformers,test]'
+  # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build. The frameworks' tested
+  # releases are pinned here (scripts/test-pins.txt), not in the extras users install.
+  .venv/bin/pip install -q -c scripts/test-pins.txt torch numpy
+  .venv/bin/pip install -q -c scripts/test-pins.txt -e '.[nvml,submitit,torch,report,notebook,lightning,transformers,test]'
   touch "$stamp"
 fi

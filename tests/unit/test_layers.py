@@ -116,3 +116,4 @@ def test_the_house_script_prints_every_party_and_no_circle() -> None:
 def test_the_house_script_finds_a_circle() -> None:
     floor, circle = house.floors({"a": {"b": 1}, "b": {"a": 2}, "c": {}})
     assert circle == ["a"] and floor["c"] == 1
+
