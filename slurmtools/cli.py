@@ -60,9 +60,14 @@ def _add_minicluster(sub: Any) -> None:
 
 
 # ---- jobs --------------------------------------------------------------------------
-def _slurmtools_cmd() -> List[str]:
-    """How the generated script calls slurmtools on the nodes: this very interpreter."""
-    return [sys.executable, "-m", "slurmtools"]
+PORTABLE_HELP = ("call `slurmtools` from the nodes' PATH, not this interpreter by its path (which the "
+                 "compute nodes must see, like every path in the spec)")
+
+
+def _slurmtools_cmd(portable: bool) -> List[str]:
+    """How the generated script calls slurmtools on the nodes: this very interpreter (the same
+    environment, at the same path there), or with --portable whatever `slurmtools` is on their PATH."""
+    return ["slurmtools"] if portable else [sys.executable, "-m", "slurmtools"]
 
 
 def _job_id(text: str) -> int:
@@ -83,8 +88,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     from slurmtools.spec import load_spec
 
     spec = load_spec(args.spec)
-    cmd = ["slurmtools"] if args.portable else _slurmtools_cmd()
-    sys.stdout.write(sbatch.render(spec, slurmtools_cmd=cmd, source=args.spec, slurm_release=args.slurm))
+    sys.stdout.write(sbatch.render(spec, slurmtools_cmd=_slurmtools_cmd(args.portable), source=args.spec,
+                                   slurm_release=args.slurm))
     return 0
 
 
@@ -93,7 +98,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from slurmtools.spec import load_spec
 
     spec = load_spec(args.spec)
-    job_id = jobs.submit_spec(spec, slurmtools_cmd=_slurmtools_cmd(), source=args.spec)
+    job_id = jobs.submit_spec(spec, slurmtools_cmd=_slurmtools_cmd(args.portable), source=args.spec)
     print(job_id, flush=True)
     if not args.wait:
         return 0
@@ -202,13 +207,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _add_jobs(sub: Any) -> None:
     parser = sub.add_parser("render", help="print the sbatch script for a job spec")
     parser.add_argument("spec", help="the job spec (YAML)")
-    parser.add_argument("--portable", action="store_true", help="call `slurmtools` from PATH, not this interpreter")
+    parser.add_argument("--portable", action="store_true", help=PORTABLE_HELP)
     parser.add_argument("--slurm", type=_slurm_release, metavar="MAJOR.MINOR",
                         help="the Slurm release the script is for (default: any; `submit` asks the cluster)")
     parser.set_defaults(func=cmd_render)
     parser = sub.add_parser("submit", help="render and submit a job spec; prints the job id")
     parser.add_argument("spec", help="the job spec (YAML)")
     parser.add_argument("--wait", action="store_true", help="follow state and progress; exit with the job's result")
+    parser.add_argument("--portable", action="store_true", help=PORTABLE_HELP)
     parser.set_defaults(func=cmd_submit)
     parser = sub.add_parser("status", help="a job's state (squeue, then sacct)")
     parser.add_argument("job_id", help="the Slurm job id")

@@ -250,3 +250,12 @@ def test_plan_as_json_holds_the_plan_and_both_simulations():
     both = json.loads(cli(*base, "--simulate", "--trials", "2", "--work-days", "1").stdout)
     assert both["plan"] == alone["plan"]
     assert {both["simulation"][kind]["trials"] for kind in ("gpu_faults_named", "gpu_faults_not_named")} == {2}
+
+
+def test_submit_and_render_both_take_portable():
+    """--portable: `slurmtools` from the nodes' PATH; without it, this interpreter by its path."""
+    from slurmtools import cli as cli_module
+    for command in ("render", "submit"):
+        assert cli_module.build_parser().parse_args([command, "job.yaml", "--portable"]).portable is True
+    assert cli_module._slurmtools_cmd(True) == ["slurmtools"]
+    assert cli_module._slurmtools_cmd(False) == [sys.executable, "-m", "slurmtools"]
