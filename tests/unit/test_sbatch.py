@@ -184,3 +184,15 @@ def test_the_network_preset_follows_the_hardware_unless_the_spec_says(extra, exp
     spec = spec_from_dict({"name": "n", "command": ["t.py"], **extra})
     nccl = {name: value for name, value in environment(spec) if name.startswith("NCCL_IB")}
     assert nccl == expected
+
+
+EXAMPLES = HERE.parent.parent / "examples"
+
+
+@pytest.mark.parametrize("example", sorted(path.parent.name for path in EXAMPLES.glob("*/train.py")))
+def test_every_example_has_a_job_spec_that_renders_and_runs_its_trainer(example: str):
+    """Each example comes with the job.yaml that submits it, as the README's first job does."""
+    spec = load_spec(EXAMPLES / example / "job.yaml")
+    assert spec.command[0] == f"examples/{example}/train.py" and spec.python == ".venv/bin/python"
+    script = sbatch.render(spec, slurmtools_cmd=["slurmtools"], source=f"examples/{example}/job.yaml")
+    assert f"examples/{example}/train.py" in script and script.startswith("#!/bin/bash")
