@@ -42,7 +42,7 @@ def main() -> None:
         mc.down(mc.find_layout(name, Path(f"/var/tmp/slurmtools-{name}-cluster")), purge=True)
     layout = mc.layout_for_up("bench", Path("/var/tmp/slurmtools-bench-cluster"), nodes=3, gpus_per_node=4,
                               prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
-    installed = mc.missing_packages()
+    installed = missing_packages()
     t0 = time.monotonic()
     mc.up(layout, install=True, wait_s=120)
     print(f"fresh bring-up (empty state{', with apt install' if installed else ', packages present'}): "

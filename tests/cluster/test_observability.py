@@ -20,10 +20,10 @@ from typing import Any, Dict, Iterator, List
 import pytest
 
 from slurmtools.common import ledger
+from slurmtools.common.control_dir import control_dir_for
 from slurmtools.common.metric_names import JOB_PLACEHOLDER, NODE_PLACEHOLDER
 from slurmtools.minicluster import cluster as mc
 from slurmtools.requeue import goodput
-from slurmtools.train import control as runtime
 from tests import browser
 from tests.cluster import asuser, training
 from tests.cluster.test_faults import _expand
@@ -127,7 +127,7 @@ def crashed_once(stack) -> Dict[str, Any]:
     job = training.submit(spec)
     info = training.wait_finished(job, 240)
     assert info.state == "COMPLETED", training.describe(spec, job)
-    control = runtime.control_dir_for(spec.checkpoint_dir, spec.output_dir, str(job))
+    control = control_dir_for(spec.checkpoint_dir, spec.output_dir, str(job))
     events = ledger.read(control)
     return {"job": str(job), "spec": spec, "control": control, "events": events,
             "nodes": sorted(_expand(next(e.nodes for e in events if isinstance(e, ledger.AttemptStart))))}
