@@ -15,6 +15,7 @@ from pathlib import Path
 
 from slurmtools.minicluster import cluster as mc
 from slurmtools.minicluster import faults
+from slurmtools.minicluster.packages import missing_packages
 from slurmtools.slurm import commands as slurm
 
 REPO = Path(__file__).resolve().parent.parent
