@@ -163,7 +163,6 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     from slurmtools.report import text as jobreport
     from slurmtools.job import submit as jobs
     from slurmtools.requeue import goodput
-    from slurmtools.common import ledger
 
     target = jobs.ledger_location(args.target, args.spec)
     report = jobreport.load(target)           # the report's figures: the step log's step time when kept

@@ -28,7 +28,7 @@ from slurmtools.errors import CheckpointError
 from slurmtools.reference.state_digest import state_hash
 from slurmtools.reference.tiny_data import SequenceDataset, accumulation, warmup_cosine
 from slurmtools.reference.tiny_faults import Faults
-from slurmtools.reference.tiny_model import TrainConfig, batch_for, build, grad_norm, train_step
+from slurmtools.reference.tiny_model import TrainConfig, batch_for, build, train_step
 from slurmtools.snapshot import fsdp as snapshot_fsdp
 from slurmtools.train import sdc_canary
 from slurmtools.train.agreement import agree

@@ -15,7 +15,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
-from slurmtools.train.control import TrainingControl
 from slurmtools.train.resumable_loader import ResumableLoader
 
 

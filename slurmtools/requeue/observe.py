@@ -10,7 +10,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from slurmtools.common import ledger
 from slurmtools.common.control_dir import REQUEST_FILE, TERM_FILE

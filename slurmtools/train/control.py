@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import sys
 import threading
