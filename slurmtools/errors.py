@@ -11,7 +11,7 @@ from typing import Callable, Optional, Sequence
 
 
 class Exit(IntEnum):
-    """The exit codes of every slurmtools command (README, "Exit codes")."""
+    """The exit codes of every slurmtools command (docs/user-guide.md, "Exit codes")."""
 
     OK = 0
     FAILED = 1       # the operation failed: a Slurm command, a job that did not complete, a check that could not run

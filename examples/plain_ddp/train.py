@@ -3,7 +3,7 @@
 checkpoints with torch.save (to a temporary name, then os.replace: complete once renamed) and
 resumes from its newest one. Under `slurmtools run` it still gets node-death detection, crash
 restarts within the budget, and completion on exit 0; with `requeue.progress_checkpoints` and
-`requeue.progress_log_pattern` in its job spec the supervisor also sees its progress (README,
+`requeue.progress_log_pattern` in its job spec the supervisor also sees its progress (docs/user-guide.md,
 "Your trainer").
 
     requeue:

@@ -1,7 +1,7 @@
 """The job's secret key, and the MAC its in-memory snapshots carry on the wire.
 
 Gloo and torch's store authenticate nobody: a process of another user that reaches a node's ports
-can join a job's transport (README, security model). So a replica a rank keeps for its peer, and a
+can join a job's transport (docs/admin-guide.md, "Security model"). So a replica a rank keeps for its peer, and a
 copy pulled from a peer at a restore, is accepted only with a MAC under the job's key: HMAC-SHA256
 over what the copy is (whose state, which step, world and attempt), its size and its digest, which
 the receiver computes itself over the bytes it got. The key is a file of the job's control dir, the

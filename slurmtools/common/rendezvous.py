@@ -12,7 +12,7 @@ take the job's store over.
   guess, an agent that cannot bind the port becomes a client of whatever listens there: a
   squatter's store would have been the job's. Told, it fails instead (a crash, not a takeover).
 
-What is left to the site (README's security model): the store and gloo do not authenticate their
+What is left to the site (docs/admin-guide.md, "Security model"): the store and gloo do not authenticate their
 peers, so another user who can reach the node's ports can still connect; exclusive nodes or a
 per-job network keep them out.
 """

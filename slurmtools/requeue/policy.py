@@ -1,7 +1,7 @@
 """Pure failure classification and the decision matrix.
 
 classify(evidence) -> Diagnosis; decide(diagnosis, history, settings, checkpoint, capacity) -> Verdict.
-No I/O, no clock: every row is a table-driven unit test. The matrix (README, section 2):
+No I/O, no clock: every row is a table-driven unit test. The matrix (docs/user-guide.md, section 2):
 completed -> done; warning / preemption / a person's requeue -> requeue, not counted;
 a failure no node is blamed for (crash after progress, collective timeout, unattributed hang,
 OOM when allowed) -> restart in the allocation (a new step, no queue wait); a blamed node

@@ -210,7 +210,7 @@ def test_every_exit_code_comes_from_the_one_table():
     assert errors.SpecError("x").exit_code == errors.ConfigError("x").exit_code == errors.Exit.USAGE
     outcome = gate.Outcome([], Status.CRITICAL, None, False, 0.0, {})
     assert outcome.exit_code == errors.Exit.NODE_BAD
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "user-guide.md").read_text()
     for code in errors.Exit:
         assert f"| {int(code)} | `{code.name}` |" in readme
 

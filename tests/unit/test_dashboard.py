@@ -88,14 +88,14 @@ def test_a_broken_query_or_an_unknown_metric_would_fail(tmp_path):
     assert not names <= emitted(tmp_path)
 
 
-def test_the_readme_lists_the_dashboards_rows_and_panels():
+def test_the_user_guide_lists_the_dashboards_rows_and_panels():
     rows, current = {}, None
     for panel in panels():
         if panel["type"] == "row":
             current = rows.setdefault(panel["title"], [])
         else:
             current.append(panel["title"])
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "docs" / "user-guide.md").read_text()
     listed = {}
     for line in readme.splitlines():
         cells = [cell.strip() for cell in line.strip("|").split("|")] if line.startswith("| ") else []

@@ -1,4 +1,4 @@
-"""The failure decision matrix, one row per test case (README, section 2)."""
+"""The failure decision matrix, one row per test case (docs/user-guide.md, section 2)."""
 import pytest
 
 from slurmtools.common.ledger import AttemptRecord, Cause

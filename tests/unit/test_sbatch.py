@@ -191,8 +191,19 @@ EXAMPLES = HERE.parent.parent / "examples"
 
 @pytest.mark.parametrize("example", sorted(path.parent.name for path in EXAMPLES.glob("*/train.py")))
 def test_every_example_has_a_job_spec_that_renders_and_runs_its_trainer(example: str):
-    """Each example comes with the job.yaml that submits it, as the README's first job does."""
+    """Each example comes with the job.yaml that submits it, as docs/user-guide.md's first job does."""
     spec = load_spec(EXAMPLES / example / "job.yaml")
     assert spec.command[0] == f"examples/{example}/train.py" and spec.python == ".venv/bin/python"
     script = sbatch.render(spec, slurmtools_cmd=["slurmtools"], source=f"examples/{example}/job.yaml")
     assert f"examples/{example}/train.py" in script and script.startswith("#!/bin/bash")
+
+
+def test_the_readmes_job_spec_renders():
+    """The front page's example is a job spec the renderer takes as it stands."""
+    import yaml
+    readme = (HERE.parent.parent / "README.md").read_text()
+    block = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
+    spec = spec_from_dict(yaml.safe_load(block))
+    assert spec.nodes == 4 and spec.gpus_per_node == 8 and spec.requeue.spare_nodes == 1
+    script = sbatch.render(spec, slurmtools_cmd=["slurmtools"], source="job.yaml")
+    assert "export NCCL_IB_DISABLE=0" in script        # GPUs: the interconnect preset is InfiniBand
