@@ -117,3 +117,14 @@ def test_the_house_script_finds_a_circle() -> None:
     floor, circle = house.floors({"a": {"b": 1}, "b": {"a": 2}, "c": {}})
     assert circle == ["a"] and floor["c"] == 1
 
+
+
+def test_every_path_the_docs_name_exists():
+    """A page that names a file the move renamed sends its reader nowhere: every repository path in
+    the README, CONTRIBUTING.md and docs/ must exist (globs and <placeholders> aside)."""
+    texts = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+    pattern = re.compile(r"(?<![\w/.$-])((?:docs|examples|scripts|etc|slurmtools|bench|tests|prolog\.d|epilog\.d)"
+                         r"/[\w./-]*[\w/])")
+    missing = [(path.name, ref) for path in texts for ref in pattern.findall(path.read_text())
+               if not any(char in ref for char in "*<>%$") and not (ROOT / ref).exists()]
+    assert missing == []
