@@ -224,7 +224,7 @@ class AsyncCheckpointer:
     def __init__(self, manager: CheckpointManager) -> None:
         self.manager = manager
         self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
-        self.stager = _new_stager()
+        self.stager: Any = None     # made at the first save, for the state's device
         self._pending: Optional[Tuple[int, Any, Dict[str, Any], str]] = None
         self.failures: List[Tuple[int, str]] = []      # (step, why) of saves that failed: take_failures()
         self._staging: Any = None
@@ -235,16 +235,16 @@ class AsyncCheckpointer:
              extra: Optional[Dict[str, Any]] = None, trainer_state: Optional[TrainerState] = None) -> None:
         """Begin saving step; the trainer state is copied now, as it is at this step boundary."""
         self.wait()
-        if _closed_by_staging(self.stager):
-            # torch 2.11's DefaultStager closes its copier at the end of each staging (its buffers
-            # are not kept either): the next save needs a stager of its own (the H200's
-            # `KeyError: <class 'type'>` at the second save, issue 47)
-            self.stager = _new_stager()
         tmp = _stage(self.manager, step)
         if tmp is None:
             return
         snapshot = trainer_state.snapshot() if trainer_state is not None else None
         msd, osd = get_state_dict(model, optim)
+        if self.stager is None or _closed_by_staging(self.stager):
+            # torch 2.11's DefaultStager closes its copier at the end of each staging (its buffers
+            # are not kept either): the next save needs a stager of its own (the H200's
+            # `KeyError: <class 'type'>` at the second save, issue 47)
+            self.stager = _new_stager(any(getattr(value, "is_cuda", False) for value in msd.values()))
         state = {"model": msd, "optim": osd, "extra": dict(extra or {}, step=step)}
         writer = hashing_writer(tmp)
         response = dcp_async_save(state, storage_writer=writer, process_group=self.group, async_stager=self.stager)
@@ -262,7 +262,7 @@ class AsyncCheckpointer:
             try:
                 staging.result()
             except (Exception, CheckpointException):    # noqa: BLE001 - the save failed, not training
-                self.stager = _new_stager()
+                self.stager = None
 
     def poll(self) -> Optional[Checkpoint]:
         """Commit the save in flight once it is written, without waiting for it: called at every
@@ -332,16 +332,17 @@ class AsyncCheckpointer:
         if self._released:
             return
         self._released, self._staging, self.group = True, None, None
-        self.stager.close()
+        if self.stager is not None:
+            self.stager.close()
         self._sealer.shutdown(wait=True)
 
 
-def _new_stager() -> Any:
-    """DCP's stager of a save's state: pinned host buffers and a non-blocking copy on CUDA."""
-    import torch
+def _new_stager(cuda: bool) -> Any:
+    """DCP's stager of a save's state: pinned host buffers and a non-blocking copy when the state
+    is on a GPU; plain memory for a state in host memory (CPU ranks on a machine with a GPU pin
+    nothing, nor start a CUDA context each)."""
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-    cuda = torch.cuda.is_available()
     return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
                                         use_non_blocking_copy=cuda))
 

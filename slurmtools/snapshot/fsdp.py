@@ -78,6 +78,7 @@ class Session:
         self.snapshotter, self.hosts, self.control_dir, self.attempt_id = snapshotter, dict(hosts), control_dir, attempt_id
         self._step_times_s: Deque[float] = deque(maxlen=20)     # this rank's recent steps, without snapshots
         self._last_step_t: Optional[float] = None
+        self._prepared = False                  # host buffers asked for (once the optimizer has state)
 
     @classmethod
     def open(cls, every_steps: int, control_dir: Optional[Path], attempt_id: str,
@@ -90,7 +91,7 @@ class Session:
             every_steps = spec_every
         if every_steps <= 0:
             return None
-        rank, world = dist.get_rank(), dist.get_world_size()
+        rank = dist.get_rank()
         if control_dir is None:         # the same on every rank: their environments agree
             if rank == 0:
                 print(f"slurmtools: snapshots off: no control dir (the job's key, which authenticates replicas, is "
@@ -177,12 +178,17 @@ class Session:
         if self.snapshotter.due(step):
             every, stall_before = self.snapshotter.every_steps, self.snapshotter.stall_s
             step_s = statistics.median(self._step_times_s) if self._step_times_s else None
-            self.snapshotter.take(step, capture(model, optim, trainer_state, dict(extra, step=step)), step_s=step_s)
+            self.snapshotter.take(step, capture(model, optim, trainer_state, dict(extra, step=step)), step_s=step_s,
+                                  optimizer=optim)
+            self._prepared = True
             if self.snapshotter.every_steps != every and dist.get_rank() == 0:
                 print(f"slurmtools: snapshots every {self.snapshotter.every_steps} steps from now (rank 0's "
                       f"snapshot stalled training {self.snapshotter.stall_s - stall_before:.3f} s, a step takes "
                       f"{step_s or 0:.3f} s, at most {self.snapshotter.max_overhead_pct:g}% of training time)",
                       file=sys.stderr, flush=True)
+        elif not self._prepared and getattr(optim, "state", None):
+            self.snapshotter.prepare(capture(model, optim, trainer_state, dict(extra, step=step)))
+            self._prepared = True
         self._last_step_t = time.monotonic()
         self._say_failures()
 
@@ -194,7 +200,7 @@ class Session:
         snapshot, newer than the checkpoint; a save that finishes is as new and wins). Collective:
         every rank calls it after after_step. Whether this step's snapshot is kept."""
         if self.snapshotter.taken_step != step:
-            self.snapshotter.take(step, capture(model, optim, trainer_state, dict(extra, step=step)))
+            self.snapshotter.take(step, capture(model, optim, trainer_state, dict(extra, step=step)), optimizer=optim)
         self.snapshotter.wait()         # after_step said and cleared the failures before this step's
         failed = {failed_step for failed_step, _ in self.snapshotter.failures}
         kept = self.snapshotter.taken_step == step and step not in failed

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from slurmtools.checkpoint import digests
 from slurmtools.errors import CheckpointError
+from slurmtools.snapshot.host_copy import HostCopier, copy_now, structure, tensors
 from slurmtools.snapshot.rules import Copy, interval_for, over_limit, peer_of, plan_restore, replicas_kept_by
 from slurmtools.snapshot.store import SnapshotStore, open_regular
 from slurmtools.snapshot.wire import (ViewReader, agree_max, exchange, exchange_macs, exchange_sizes, first_rank_over,
@@ -48,37 +49,16 @@ def side_group(timeout_s: float = EXCHANGE_TIMEOUT_S) -> Any:
 
 
 def to_host(state: Any, reuse: Any = None) -> Any:
-    """A copy of state with every tensor in host memory, detached (the next optimizer step must not
-    change the snapshot); a DTensor as its local shard. reuse: the previous snapshot's copy, whose
-    tensors of the same shape and dtype are written over instead of allocated again (a fresh
-    allocation faults in every page: most of the stall, measured by bench/snapshot.py)."""
-    if isinstance(state, torch.Tensor):
-        local = state.to_local() if hasattr(state, "to_local") else state
-        if (isinstance(reuse, torch.Tensor) and reuse.shape == local.shape and reuse.dtype == local.dtype
-                and reuse.device.type == "cpu" and reuse.is_contiguous()):
-            return reuse.copy_(local.detach())
-        return local.detach().to("cpu", copy=True)
-    if isinstance(state, dict):
-        previous = reuse if isinstance(reuse, dict) else {}
-        return {key: to_host(value, previous.get(key)) for key, value in state.items()}
-    if isinstance(state, (list, tuple)):
-        previous_items = list(reuse) if isinstance(reuse, (list, tuple)) and len(reuse) == len(state) else []
-        return type(state)(to_host(value, previous_items[i] if previous_items else None)
-                           for i, value in enumerate(state))
-    return state
+    """A copy of state with every tensor in host memory now, detached; a DTensor as its local
+    shard; reuse: the previous copy, whose tensors of the same shape and dtype are written over (a
+    fresh allocation faults in every page). Snapshotter copies through a HostCopier instead."""
+    return structure(state, reuse, copy_now)
 
 
 def tensor_bytes(state: Any) -> int:
-    """The bytes of state's tensors as to_host copies them (a DTensor: its local shard): what
+    """The bytes of state's tensors as a host copy holds them (a DTensor: its local shard): what
     serializing the copy writes, but for a little framing."""
-    if isinstance(state, torch.Tensor):
-        local = state.to_local() if hasattr(state, "to_local") else state
-        return local.numel() * local.element_size()
-    if isinstance(state, dict):
-        return sum(tensor_bytes(value) for value in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(tensor_bytes(value) for value in state)
-    return 0
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors(state))
 
 
 def serialize(state: Any) -> bytes:
@@ -151,16 +131,22 @@ class Snapshotter:
         # a daemon thread per snapshot, not an executor: a rank that crashes while its peer is gone
         # must not wait at exit for an exchange that never ends (executors are joined at exit)
         self._pending: Optional[Tuple[int, threading.Thread, List[str]]] = None
-        self._host: Any = None      # the last snapshot's host copy, written over by the next
+        self.copier = HostCopier()  # the host copy, written over by the next snapshot
         self.taken_step: Optional[int] = None   # the newest snapshot taken (sealing, or sealed: wait())
 
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and step > 0 and step % self.every_steps == 0
 
-    def take(self, step: int, state: Any, step_s: Optional[float] = None) -> None:
-        """Copy state to host memory now; seal and replicate it in the background. A snapshot
-        still replicating is waited for first: the next never overtakes it on the wire. step_s:
-        this rank's training step time, for the interval (with max_overhead_pct)."""
+    def prepare(self, state: Any) -> None:
+        """Host buffers for state's shapes allocated in the background, before the first snapshot."""
+        self.copier.prepare(state)
+
+    def take(self, step: int, state: Any, step_s: Optional[float] = None, optimizer: Any = None) -> None:
+        """Copy state to host memory now (on a GPU: started, finished in the background; optimizer,
+        when given, waits on the device for what its step changes: host_copy); seal and replicate
+        it in the background. A snapshot still replicating is waited for first: the next never
+        overtakes it on the wire. step_s: this rank's training step time, for the interval (with
+        max_overhead_pct), which follows the stall measured: the host's now, the device's so far."""
         started = time.monotonic()
         self.wait()                 # the previous copy is serialized: its buffers are free again
         try:
@@ -169,13 +155,18 @@ class Snapshotter:
             self.failures.append((step, _failure_text(exc)))
             self.stall_s += time.monotonic() - started
             return
-        host_state = to_host(state, self._host)
-        self._host = host_state
+        try:
+            host_state: Any = self.copier.start(state, optimizer)
+        except (RuntimeError, MemoryError) as exc:    # no pinned memory to be had: a shortcut lost
+            host_state = None
+            self.failures.append((step, f"the host copy failed: {_failure_text(exc)}"))
+        stall_s = time.monotonic() - started + self.copier.device_stall_s()
         if self.max_overhead_pct > 0:       # every rank, in the training thread: the group is free
-            stall_s = time.monotonic() - started
             self.every_steps = agree_max(interval_for(stall_s, step_s or 0.0, self.min_every_steps,
                                                       self.max_overhead_pct), self.group)
-        self.stall_s += time.monotonic() - started
+        self.stall_s += stall_s
+        if host_state is None:              # its peer's exchange gives up after EXCHANGE_TIMEOUT_S
+            return
         errors: List[str] = []
         thread = threading.Thread(target=self._run, args=(step, host_state, errors), name="snapshot", daemon=True)
         thread.start()
@@ -184,6 +175,7 @@ class Snapshotter:
 
     def _run(self, step: int, state: Any, errors: List[str]) -> None:
         try:
+            self.copier.finish()
             self._write_and_replicate(step, state)
         except Exception as exc:      # a snapshot is a shortcut: the persistent checkpoint still stands
             errors.append(_failure_text(exc))
@@ -200,6 +192,7 @@ class Snapshotter:
         """The snapshot in flight finished (its peer waits for it); wait=False after a crash."""
         if wait:
             self.wait()
+        self.copier.close()
 
     def _agree_fit(self, state: Any) -> None:
         """Collective, in the training thread before the host copy: the ranks agree whether every
@@ -216,7 +209,7 @@ class Snapshotter:
 
     def host_bytes(self) -> int:
         """Host memory this rank holds in its snapshot copy (0 before the first one)."""
-        return tensor_bytes(self._host) if self._host is not None else 0
+        return tensor_bytes(self.copier.host) if self.copier.host is not None else 0
 
     def _write_and_replicate(self, step: int, state: Any) -> None:
         """In the background: serialize, exchange with the peers (its peer waits for it), keep. A

@@ -38,13 +38,12 @@ def _worker(rank: int, world: int, port: int, ckpt: str, out: str, broken_copy: 
     cfg, device, model, optim = join_with_tiny_model(rank, world, port)
     try:
         saver = checkpoint_torch.AsyncCheckpointer(CheckpointManager(ckpt))
-        if broken_copy:                     # a copier that fails outright: the save fails, not training
-            saver.stager._state_dict_stager.deepcopy_with_tensor_offload = _raise
+        if broken_copy:                     # every copier fails outright: the save fails, not training
+            from torch.distributed.checkpoint._state_dict_stager import StateDictStager
+            StateDictStager.deepcopy_with_tensor_offload = _raise
         for step in range(1, 4):
             tiny_model.train_step(model, optim, step, rank, world, cfg, device, before_update=saver.wait_staged)
             saver.save(step, model, optim)
-            if broken_copy:
-                saver.stager._state_dict_stager.deepcopy_with_tensor_offload = _raise
         saver.close()
         if rank == 0:
             Path(out).write_text(json.dumps({"failures": saver.take_failures()}))
