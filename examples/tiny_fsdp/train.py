@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from slurmtools.errors import SlurmToolsError
 from slurmtools.runtime import TrainingControl
+from slurmtools.train import inplace
 from slurmtools.tiny_fsdp import TrainConfig, shutdown, train
 
 
@@ -47,6 +48,7 @@ def _pair(form: str):
 
 CHOICES = {"on_save_error": ("continue", "stop")}
 FAULT_FORMS = {"hang_at_step": "RANK:STEP", "skip_collective_at": "RANK:STEP", "sdc_fault": "RANK:STEP",
+               "kill_rank_at": "RANK:STEP",
                "slow_node": "HOST:SECONDS"}
 
 
@@ -72,15 +74,21 @@ def main(argv=None) -> int:
     cfg = parse_args(argv)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     timeout_s = int(os.environ.get("SLURMTOOLS_COLLECTIVE_TIMEOUT_S", "1800"))
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    control_dir = os.environ.get("SLURMTOOLS_CONTROL_DIR")
     try:
-        train(cfg, TrainingControl(rank=dist.get_rank()))
+        # torchrun's group; a replacement rank joins the generation it was started into
+        inplace.start(backend, timeout_s, Path(control_dir) if control_dir else None)
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        control = TrainingControl(rank=dist.get_rank())
+        # a broken group, with in-place recovery on, is left for the next generation: same process
+        inplace.run(lambda: train(cfg, control), control.control_dir, dist.get_rank(), backend, timeout_s)
     except SlurmToolsError as exc:
         # one line, no traceback; no barrier: a rank alone in its error must not wait for the others
-        print(f"train.py: error: rank {dist.get_rank()}: {exc}", file=sys.stderr, flush=True)
-        dist.destroy_process_group()
+        rank = dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", "?")
+        print(f"train.py: error: rank {rank}: {exc}", file=sys.stderr, flush=True)
+        if dist.is_initialized():
+            dist.destroy_process_group()
         return 1
     shutdown()
     return 0

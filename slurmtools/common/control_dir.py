@@ -14,6 +14,8 @@ supervisor, the submitit path and the trainer):
     silent-data-corruption  written by rank 0 when the SDC canary found ranks disagreeing
     gpu-events/node-<host>.json  XIDs the node's GPUs reported while it ran (train/gpu_events.py)
     ledger.jsonl            the attempts of the job (common/ledger.py)
+    generation.json         in-place recovery: the process group the ranks form next (its number,
+                            world, store), written by the supervisor (train/inplace.py)
     steps/<attempt id>.rank<N>.jsonl
                             each rank's finished steps and rank 0's checkpoints (train/steplog.py),
                             what `slurmtools report` plots
@@ -45,6 +47,12 @@ JOB_NODES_FILE = "job-nodes"
 WARNING_LEAD_ENV = "SLURMTOOLS_WARNING_LEAD_S"      # notebook path: rank 0 keeps the warning clock
 CONTROL_SUBDIR = ".slurmtools"
 
+# in-place recovery (train/inplace.py): the generation file, the generation a process runs in (0:
+# its first group, torchrun's; N: a replacement started into generation N, or a survivor that
+# joined it), and whether a rank whose group broke waits for the next generation at all
+GENERATION_FILE = "generation.json"
+GENERATION_ENV = "SLURMTOOLS_GENERATION"
+INPLACE_ENV = "SLURMTOOLS_INPLACE"
 HEARTBEAT_DIR = "heartbeat"
 HEARTBEAT_INTERVAL_S = 1.0     # a rank's keep-alive thread: how often `alive` is refreshed and markers looked at
 FLIGHT_RECORDER_DIR = "flight-recorder"

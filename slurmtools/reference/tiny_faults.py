@@ -5,13 +5,14 @@ loss all-reduce). Faults fire on one attempt of the job (restarts in place and r
 `faults_on_attempt`) or on all (-1); a second, later crash may follow on the next attempt."""
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from slurmtools.common.control_dir import attempt_number
+from slurmtools.common.control_dir import GENERATION_ENV, attempt_number
 from slurmtools.preflight import canary as preflight_canary
 
 
@@ -24,6 +25,7 @@ class Faults:
     slower_s: float = 0.0                   # this host's extra seconds per step (a straggler)
     sdc: Optional["tuple[int, int]"] = None       # (rank, from step): that rank computes wrong results
     slow_requested_checkpoint: bool = False       # a requested save pauses before its commit
+    kill: Optional["tuple[int, int]"] = None      # (rank, step): that rank's process ends at once (a lost rank)
 
     @classmethod
     def of(cls, cfg: Any, rank: int, environ: Mapping[str, str], host: Optional[str] = None) -> "Faults":
@@ -31,7 +33,8 @@ class Faults:
         the trainer's argument parser) and the preflight canary's test-only wrong-results node."""
         host = host or socket.gethostname()
         attempt = attempt_number(environ)
-        on = cfg.faults_on_attempt in (-1, attempt)
+        # a generation formed in place (train/inplace.py) is the recovery: its ranks fault no more
+        on = cfg.faults_on_attempt in (-1, attempt) and environ.get(GENERATION_ENV, "0") in ("", "0")
         fail_at = cfg.fail_at_step if on else -1
         if cfg.faults_on_attempt >= 0 and attempt == cfg.faults_on_attempt + 1:
             fail_at = cfg.fail_again_at_step
@@ -42,9 +45,12 @@ class Faults:
             sdc = (rank, node_fault_from)       # the node's first rank, from that step on
         return cls(fail_at, _pair(cfg.hang_at_step) if on else None, _pair(cfg.skip_collective_at) if on else None,
                    cfg.slow_checkpoint_at if on else -1, float(slow_s or 0) if slow_host == host else 0.0, sdc,
-                   bool(cfg.slow_requested_checkpoint and on))
+                   bool(cfg.slow_requested_checkpoint and on), _pair(cfg.kill_rank_at) if on else None)
 
     def before_step(self, rank: int, step: int) -> None:
+        if self.kill == (rank, step):
+            print(f"rank {rank}: injected loss of this process at step {step}", file=sys.stderr, flush=True)
+            os._exit(9)                     # no clean-up, no exception: as a process the kernel killed
         if step == self.fail_at:
             raise RuntimeError(f"injected failure at step {step}")
         if self.hang == (rank, step):

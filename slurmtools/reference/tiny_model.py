@@ -51,6 +51,9 @@ class TrainConfig:
     # TEST ONLY, off unless set: "RANK:STEP" makes that rank's canary result wrong from STEP on, as
     # a GPU computing wrong numbers would; read by the canary alone, never by training
     sdc_fault: str = ""
+    # TEST ONLY, off unless set: "RANK:STEP": that rank's process ends at once before STEP (a lost
+    # rank, for in-place recovery: train/inplace.py)
+    kill_rank_at: str = ""
     # periodic saves in the background (a final or requested save blocks); same commit rule
     async_checkpoint: bool = True
     # a periodic (async) save that fails, e.g. on a full file system: "continue" training (the

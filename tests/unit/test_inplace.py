@@ -1,0 +1,119 @@
+"""In-place recovery, the ranks' side (slurmtools/train/inplace.py), for real: two gloo ranks of the
+reference trainer with snapshots every 3 steps. Rank 1's process is lost before step 9 (killed, no
+clean-up). Rank 0 does not exit: its broken group raises, and it waits for the next generation.
+The test stands for the supervisor: it hosts the store the next generation meets on (as the batch
+host does), writes generation 1 into the control dir and starts a replacement rank 1 straight into
+it. The survivor keeps its process (the same one trains on: no new start, no import); both ranks
+come back from the newest snapshot in node memory and the run ends with the uninterrupted run's
+exact state hash. Without in-place recovery, or without a generation in time, the rank exits as
+before."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmtools.common.control_dir import GENERATION_ENV, INPLACE_ENV, SNAPSHOT_MAX_OVERHEAD_ENV
+from tests.unit.test_flight_recorder import _free_port
+
+torch = pytest.importorskip("torch")
+from slurmtools.train import inplace  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_fsdp" / "train.py"
+
+
+def _start(tmp_path: Path, rank: int, port: int, *args: str, **extra_env: str) -> subprocess.Popen:
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
+               LOCAL_RANK=str(rank), SLURMTOOLS_CONTROL_DIR=str(tmp_path / "control"), SLURMTOOLS_ATTEMPT_ID="5.0",
+               SLURMTOOLS_NODE_LOCAL_DIR=str(tmp_path / "memory"), SLURM_JOB_ID="5",
+               **{SNAPSHOT_MAX_OVERHEAD_ENV: "0"}, **extra_env)
+    argv = [sys.executable, str(EXAMPLE), "--steps", "12", "--checkpoint-every", "100", "--checkpoint-dir",
+            str(tmp_path / "ckpt"), "--loader-workers", "0", "--snapshot-every", "3", *args]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _events(out: str) -> list:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def reference_hash(tmp_path_factory) -> str:
+    base = tmp_path_factory.mktemp("inplace-reference")
+    (base / "memory").mkdir()
+    port = _free_port()
+    procs = [_start(base, rank, port) for rank in range(2)]
+    outs = [proc.communicate(timeout=240) for proc in procs]
+    finals = [e for e in _events(outs[0][0]) if e.get("event") == "final"]
+    assert finals, outs[0][1][-2000:]
+    return finals[0]["state_sha256"]
+
+
+def test_a_lost_rank_is_replaced_in_place_and_the_survivor_keeps_its_process(tmp_path, reference_hash):
+    (tmp_path / "memory").mkdir()
+    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    port = _free_port()
+    survivor = _start(tmp_path, 0, port, "--kill-rank-at", "1:8", **{INPLACE_ENV: "1"})
+    lost = _start(tmp_path, 1, port, "--kill-rank-at", "1:8", **{INPLACE_ENV: "1"})
+    _, lost_err = lost.communicate(timeout=240)
+    assert lost.returncode == 9 and "injected loss of this process at step 8" in lost_err
+    assert survivor.poll() is None                  # waiting for the next generation, not gone
+    inplace.write(tmp_path / "control", inplace.Generation(1, 2, "127.0.0.1", store.port))
+    replacement = _start(tmp_path, 1, port, **{INPLACE_ENV: "1", GENERATION_ENV: "1"})
+    out, err = survivor.communicate(timeout=240)
+    replacement_out, replacement_err = replacement.communicate(timeout=240)
+    assert survivor.returncode == 0, err[-3000:]
+    assert replacement.returncode == 0, replacement_err[-3000:]
+    assert "the process group of generation 0 broke" in err and "joining generation 1 in place" in err
+    events = _events(out)                           # one process's output: the steps before and after
+    steps = [e["step"] for e in events if "step" in e and "event" not in e]
+    resumed = [e for e in events if e.get("event") == "resumed"]
+    assert len(resumed) == 1 and resumed[0]["step"] in (3, 6), resumed
+    assert resumed[0]["path"] == f"in-memory snapshot of step {resumed[0]['step']}"
+    assert steps[:8] == list(range(1, 9)) and steps[8:] == list(range(resumed[0]["step"] + 1, 13))
+    final = [e for e in events if e.get("event") == "final"]
+    assert final and final[0]["state_sha256"] == reference_hash
+
+
+def test_without_in_place_recovery_the_survivor_exits_as_before(tmp_path):
+    (tmp_path / "memory").mkdir()
+    port = _free_port()
+    procs = [_start(tmp_path, rank, port, "--kill-rank-at", "1:4") for rank in range(2)]
+    outs = [proc.communicate(timeout=240) for proc in procs]
+    assert procs[1].returncode == 9 and procs[0].returncode != 0
+    assert "joining generation" not in outs[0][1]
+
+
+def test_a_generation_that_does_not_come_in_time_is_the_relaunch(tmp_path, monkeypatch):
+    monkeypatch.setenv(INPLACE_ENV, "1")
+    monkeypatch.delenv(GENERATION_ENV, raising=False)
+    (tmp_path / "control").mkdir()
+
+    def broken() -> None:
+        raise RuntimeError("Connection closed by peer")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        inplace.run(broken, tmp_path / "control", 0, "gloo", 10.0, wait_s=0.3)
+    assert time.monotonic() - started < 5
+
+
+def test_a_generation_file_is_read_whole_or_not_at_all(tmp_path, capsys):
+    inplace.write(tmp_path, inplace.Generation(2, 4, "node9", 29500))
+    assert inplace.read(tmp_path) == inplace.Generation(2, 4, "node9", 29500)
+    for bad in ('{"number": 0, "world": 4, "store_host": "n", "store_port": 1}', '{"number": 1}', "[1]", "{"):
+        (tmp_path / "generation.json").write_text(bad)
+        assert inplace.read(tmp_path) is None
+        assert "is no generation" in capsys.readouterr().err
+    assert inplace.wait_for_next(tmp_path, 0, 0.2) is None
+    with pytest.raises(Exception, match="must be a generation number"):
+        inplace.current({GENERATION_ENV: "x"})
+
+
+def test_a_replacement_needs_the_generation_it_was_started_into(tmp_path):
+    inplace.write(tmp_path, inplace.Generation(1, 2, "127.0.0.1", 1))
+    with pytest.raises(Exception, match="started into generation 2, but the control dir's generation.json names 1"):
+        inplace.start("gloo", 5.0, tmp_path, {GENERATION_ENV: "2", "RANK": "1"})
