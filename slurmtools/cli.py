@@ -282,7 +282,10 @@ def _grouped_commands(sub: "argparse._SubParsersAction[_Parser]") -> str:
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
+    """The whole command line; with command, only what that command needs when one group of
+    commands holds it (the prolog's `health run` then imports no job or spec code: start-up is
+    what Slurm waits for on every node at every job's start)."""
     from slurmtools import __version__
 
     parser = _Parser(prog="slurmtools", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -292,6 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"slurmtools {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND",
                                 help=argparse.SUPPRESS)
+    if command in _ADDER_OF:
+        _ADDER_OF[command](sub)
+        return parser
     for add in _ADDERS:
         add(sub)
     parser.epilog = _grouped_commands(sub) + "\n\n" + EXAMPLES
@@ -313,6 +319,18 @@ def _add_preflight(sub: Any) -> None:
 
 
 _ADDERS = [_add_minicluster, _add_jobs, _add_health, _add_preflight]
+# the commands whose group of commands is built alone (every other command: the whole parser)
+_ADDER_OF = {"health": _add_health, "minicluster": _add_minicluster, "preflight": _add_preflight,
+             "blames": _add_preflight, "metrics": _add_preflight}
+
+
+def _asked_for_json(arguments: List[str], args: Optional[argparse.Namespace]) -> bool:
+    """Whether slurmtools itself was asked for --json: the parsed option when the command line
+    parsed, else the word among slurmtools' own (not after `--`: the trainer's command's own)."""
+    if args is not None:
+        return bool(getattr(args, "json", False))
+    own = arguments[:arguments.index("--")] if "--" in arguments else arguments
+    return "--json" in own
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -320,13 +338,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not arguments:                 # bare `slurmtools`: what it can do, not an error line
         build_parser().print_help()
         return Exit.USAGE
+    args: Optional[argparse.Namespace] = None
     try:
-        args = build_parser().parse_args(arguments)
+        args = build_parser(arguments[0]).parse_args(arguments)
         return int(args.func(args) or Exit.OK)
     except SlurmToolsError as exc:
         message = one_line(str(exc))
         print(f"slurmtools: error: {message}", file=sys.stderr)
-        if "--json" in arguments:     # a script that asked for JSON reads its error as JSON too
+        if _asked_for_json(arguments, args):    # a script that asked for JSON reads its error as JSON too
             print(json.dumps({"error": message, "exit_code": int(exc.exit_code)}))
         return exc.exit_code
     except KeyboardInterrupt:

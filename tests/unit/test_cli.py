@@ -259,3 +259,28 @@ def test_submit_and_render_both_take_portable():
         assert cli_module.build_parser().parse_args([command, "job.yaml", "--portable"]).portable is True
     assert cli_module._slurmtools_cmd(True) == ["slurmtools"]
     assert cli_module._slurmtools_cmd(False) == [sys.executable, "-m", "slurmtools"]
+
+
+def test_a_json_word_in_the_trainers_command_is_not_slurmtools_json():
+    from slurmtools.cli import _asked_for_json
+    assert _asked_for_json(["run", "--", "python", "train.py", "--json"], None) is False
+    assert _asked_for_json(["status", "12x", "--json"], None) is True
+    proc = cli("run", "--max-restarts", "-3", "--", "python", "train.py", "--json")
+    assert proc.returncode == 2 and proc.stdout == ""
+
+
+def test_a_command_of_a_group_built_alone_parses_as_in_the_whole_parser_and_health_imports_no_job_code():
+    from slurmtools.cli import _ADDER_OF, build_parser
+    whole = build_parser()
+    for name in _ADDER_OF:
+        alone = build_parser(name)
+        assert alone.parse_args([name, *_FIRST_ARGS[name]]) == whole.parse_args([name, *_FIRST_ARGS[name]])
+    proc = subprocess.run([sys.executable, "-c", "import sys; from slurmtools.cli import build_parser; "
+                           "build_parser('health').parse_args(['health', 'run', '--phase', 'prolog']); "
+                           "print(sorted(m for m in sys.modules if m.startswith(('slurmtools.requeue', 'slurmtools.spec'))))"],
+                          capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"
+
+
+_FIRST_ARGS = {"health": ["run", "--phase", "prolog"], "minicluster": ["status"], "preflight": [],
+               "blames": ["handle"], "metrics": ["relay"]}
