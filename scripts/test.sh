@@ -59,6 +59,11 @@ phase_done "bootstrap" 0
 # the type checker first (strict, configured in setup.cfg): a type error fails the run like a test
 .venv/bin/python -m mypy
 phase_done "mypy" 0
+# the documentation site (mkdocs.yml): a broken link between pages or to a heading fails the run
+site=$(mktemp -d)
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
+rm -rf "$site"
+phase_done "docs site" 0
 if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest "$@"
 fi
