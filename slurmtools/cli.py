@@ -118,7 +118,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     from slurmtools.slurm import commands as slurm
 
-    slurm.cancel(_job_id(args.job_id))
+    job_id = _job_id(args.job_id)
+    if args.graceful:       # SIGINT to the supervisor alone: it asks the ranks to checkpoint, then stops
+        slurm.cancel(job_id, "INT", batch_only=True)
+        print(f"slurmtools: job {job_id} asked to checkpoint and stop; it ends CANCELLED once it has "
+              f"(`slurmtools status {job_id}`)", file=sys.stderr)
+        return 0
+    slurm.cancel(job_id)
     return 0
 
 
@@ -219,8 +225,11 @@ def _add_jobs(sub: Any) -> None:
     parser.add_argument("job_id", help="the Slurm job id")
     parser.add_argument("--json", action="store_true", help="print the state as one JSON object")
     parser.set_defaults(func=cmd_status)
-    parser = sub.add_parser("cancel", help="cancel a job")
+    parser = sub.add_parser("cancel", help="cancel a job (--graceful: checkpoint first)")
     parser.add_argument("job_id", help="the Slurm job id")
+    parser.add_argument("--graceful", action="store_true",
+                        help="ask the supervised job to checkpoint and stop (within its checkpoint_grace_s), "
+                        "then end CANCELLED, not requeued")
     parser.set_defaults(func=cmd_cancel)
     parser = sub.add_parser("logs", help="print (or --follow) a job's output")
     parser.add_argument("job_id", help="the Slurm job id")

@@ -134,6 +134,17 @@ def requeue(job_id: int, attempt_id: str, diag: policy.Diagnosis, verdict: polic
     return _ended_by_slurm(flags)
 
 
+def cancel_own_job(job_id: int, attempt_id: str) -> None:
+    """A graceful cancel's end, once the ranks checkpointed and stopped: the job cancelled, as a
+    person's scancel ends it (CANCELLED in sacct, no requeue); a refused cancel leaves the job to
+    end with the batch script (COMPLETED)."""
+    try:
+        slurm.cancel(job_id)
+        emit("cancelled", attempt_id, by="slurmtools")
+    except SlurmCommandError as exc:
+        emit("cancel_failed", attempt_id, error=str(exc))
+
+
 def regrow(job_id: int, attempt_id: str, job_nodes: int, flags: SignalFlags) -> int:
     """Slurm requeued this job as it last was, shrunk by the dead nodes it gave back, and the
     allocation cannot hold its training nodes: requeue it asking its full node count again. Not a

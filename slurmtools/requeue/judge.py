@@ -83,6 +83,7 @@ def evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: Si
         stopped_for_requeue=step.marker(control / STOPPED_FILE),
         warning_received=flags.any(),
         cancelled=flags.seen(signal.SIGTERM) and slurm_view.ended_for_good(attempt.job_id, attempt.restart),
+        stop_requested=flags.seen(signal.SIGINT),
         hang_detected=watch.stall is not None,
         hang_rank=watch.stall.rank if watch.stall else None,
         hang_node=watch.stall.host if watch.stall else None,

@@ -44,6 +44,7 @@ class Evidence:
     stopped_for_requeue: bool = False        # ranks checkpointed on request and exited
     warning_received: bool = False           # warning signal or SIGTERM (preemption / person's requeue)
     cancelled: bool = False                  # Slurm ends the job for good (scancel, time limit): no requeue follows
+    stop_requested: bool = False             # its user asked it to checkpoint and stop (SIGINT: cancel --graceful)
     hang_rank: Optional[int] = None          # watchdog: laggard rank (None: no hang or not attributable)
     hang_detected: bool = False
     hang_node: Optional[str] = None
@@ -117,6 +118,9 @@ class Verdict:
 NOT_RESPONDING = "not_responding"
 DOWN_STATES = ("down", "fail", "failing", NOT_RESPONDING)
 # slurm_view gives a node with Slurm's DRAIN flag this state (down and not responding rank first):
+# a graceful cancel (`slurmtools cancel --graceful`: SIGINT to the supervisor): checkpoint, then stop
+USER_STOP = "its user asked it to checkpoint and stop"
+
 # a health check (the site's, or our gate) drained it while the step ran, the GPU fault that
 # crashed a rank, say, whose XID is only in that node's kernel log
 DRAINED = "drained"
@@ -136,6 +140,9 @@ def classify(evidence: Evidence) -> Diagnosis:
         return Diagnosis(Cause.COMPLETED, detail="" if ev.exit_code == 0 else f"exit {ev.exit_code} after completion")
     if ev.cancelled:
         return Diagnosis(Cause.CANCELLED, detail="cancelled or out of time; Slurm is not requeueing it")
+    if ev.stop_requested:
+        return Diagnosis(Cause.CANCELLED, detail=USER_STOP + (": checkpointed first" if ev.stopped_for_requeue else
+                                                              ": it did not checkpoint in time"))
     if ev.straggler_node and not ev.warning_received and (ev.stopped_for_requeue or ev.exit_code is None):
         return Diagnosis(Cause.STRAGGLER, node=ev.straggler_node, detail=ev.straggler_detail or
                          f"node={ev.straggler_node}", fatal_for_node=True)
@@ -239,6 +246,8 @@ def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: RequeueSpe
         if capacity.in_allocation and limits.in_allocation and diag.node in capacity.replaceable:
             return Verdict(Action.RESTART, reason, exclude_node=diag.node, drain_node=diag.node)
         return Verdict(Action.REQUEUE, reason, exclude_node=diag.node, drain_node=diag.node)
+    if diag.cause is Cause.CANCELLED and diag.detail.startswith(USER_STOP):
+        return Verdict(Action.STOP, f"cancelled: {diag.detail}")
     if diag.cause is Cause.CANCELLED:
         return Verdict(Action.STOP, "cancelled or out of time: Slurm ended the job and is not requeueing it")
     if diag.aftermath and history and history[-1].cause is Cause.NODE_FAILURE and history[-1].counted:

@@ -204,6 +204,11 @@ def run(config: SupervisorConfig, argv: Sequence[str], environ: Optional[Mapping
         this_run.expired_exclusions = exclusions.expired(events, time.time())
         if verdict.action is policy.Action.COMPLETE:
             return 0
+        if verdict.action is policy.Action.STOP and diag.detail.startswith(policy.USER_STOP):
+            print(f"slurmtools: STOP after attempt {attempt.attempt_id}: {verdict.reason}", file=sys.stderr, flush=True)
+            if job_id is not None:      # the job ends CANCELLED, as a person's cancel ends it
+                actions.cancel_own_job(job_id, attempt.attempt_id)
+            return 0
         if verdict.action is policy.Action.STOP:
             failures = sum(1 for record in ledger.history(events) if record.counted) + (1 if verdict.counted else 0)
             print(f"slurmtools: STOP after attempt {attempt.attempt_id}: {verdict.reason} "
@@ -273,7 +278,8 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
             return diag, verdict, checkpoint_step, events
         if flags.any():        # warned or ended during the preflight: no training to start now
             evidence = policy.Evidence(exit_code=None, progressed=False, warning_received=True, cancelled=flags.seen(
-                signal.SIGTERM) and slurm_view.ended_for_good(attempt.job_id, attempt.restart))
+                signal.SIGTERM) and slurm_view.ended_for_good(attempt.job_id, attempt.restart),
+                stop_requested=flags.seen(signal.SIGINT))
             diag, verdict, checkpoint_step = judge.decide(config, attempt, evidence, [], events, manager, None,
                                                           policy.Capacity())
             return diag, verdict, checkpoint_step, events

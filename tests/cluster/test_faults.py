@@ -282,6 +282,27 @@ def test_cancel_by_a_person_stops_without_requeue(workdir):
     assert training.leftover_trainers(job) == []
 
 
+def test_a_graceful_cancel_checkpoints_then_ends_cancelled_without_requeue(workdir):
+    from slurmtools import cli
+    from tests.cluster import asuser
+    spec = training.training_spec(workdir, "graceful", extra=["--step-sleep-s", "0.5", "--checkpoint-every", "1000"])
+    job = training.submit(spec)
+    training.wait_step(spec, job, 3)
+    assert asuser.call(cli.main, ["cancel", "--graceful", str(job)]) == 0      # by its user, as they would
+    info = training.wait_finished(job, 120)
+    evts = training.events(spec, job)
+    assert info.state == "CANCELLED", training.describe(spec, job)
+    ends = [e for e in ledger.read(control_dir_for(spec.checkpoint_dir, spec.output_dir, str(job)))
+            if isinstance(e, ledger.AttemptEnd)]
+    assert [(e.cause, e.counted, e.action, e.reason) for e in ends] == [
+        ("cancelled", False, "stop", "cancelled: its user asked it to checkpoint and stop: checkpointed first")]
+    stopped = [e["step"] for e in training.trainer_events(evts, "stopped_for_requeue")]
+    latest = CheckpointManager(spec.checkpoint_dir).latest()
+    assert len(stopped) == 1 and latest is not None and latest.step == stopped[0] >= 3    # the stop step, saved
+    assert slurm.job_state(job).restarts == 0
+    assert training.leftover_trainers(job) == []
+
+
 def test_h_repeating_failure_stops_at_the_budget(workdir):
     spec = training.training_spec(workdir, "repeat", extra=["--fail-at-step", "6", "--faults-on-attempt", "-1"],
                                   requeue={"max_restarts": 2, "max_consecutive_failures": 10,

@@ -97,3 +97,20 @@ def test_backoff_doubles_with_consecutive_failures():
     assert decide(Diagnosis(Cause.CRASH), [crash(1)], limits, 1).backoff_s == 10
     assert decide(Diagnosis(Cause.CRASH), [crash(1), crash(1)], limits, 1).backoff_s == 20
     assert decide(Diagnosis(Cause.CRASH), [crash(1), crash(1)], limits, 3).backoff_s == 5    # progress: anew
+
+
+@pytest.mark.parametrize("evidence,detail", [
+    (Evidence(exit_code=0, stopped_for_requeue=True, warning_received=True, stop_requested=True),
+     "its user asked it to checkpoint and stop: checkpointed first"),
+    (Evidence(exit_code=None, warning_received=True, stop_requested=True),
+     "its user asked it to checkpoint and stop: it did not checkpoint in time"),
+])
+def test_a_graceful_cancel_stops_uncounted_with_or_without_its_checkpoint(evidence, detail):
+    diag = classify(evidence)
+    assert (diag.cause, diag.detail) == (Cause.CANCELLED, detail)
+    verdict = decide(diag, [crash(5)] * 9, LIMITS, 5)
+    assert (verdict.action, verdict.counted, verdict.reason) == (Action.STOP, False, f"cancelled: {detail}")
+
+
+def test_a_completed_run_stays_completed_when_a_graceful_cancel_came_late():
+    assert classify(Evidence(exit_code=0, complete_marker=True, stop_requested=True)).cause is Cause.COMPLETED
