@@ -7,7 +7,9 @@ do), its slurmd does not answer, the second spare takes its place. The job compl
 requeue, heartbeats gathered per node throughout."""
 from __future__ import annotations
 
+import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -60,13 +62,28 @@ def _training_in(control: Path, attempt: str, ranks: int) -> bool:
     return len(beats) >= ranks and all(beat.first_progress_s is not None for beat in beats)
 
 
+def _wait_quietly(predicate, timeout_s: float) -> bool:
+    """Whether predicate() held within timeout_s (polled every second)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(1.0)
+    return bool(predicate())
+
+
 def test_a_straggler_and_a_killed_node_at_128_nodes_are_replaced_by_spares(cluster, workdir):
     spec = _spec(workdir)
     job = training.submit(spec)
     control = control_dir_for(spec.checkpoint_dir, spec.output_dir, str(job))
     # the straggler swapped and every rank training again (heartbeats gathered per node): then a node goes
-    wait_for(lambda: _training_in(control, f"{job}.0.1", TRAIN_NODES), 300,
-             f"job {job}'s straggler swapped and all ranks training again", interval_s=1.0)
+    if not _wait_quietly(lambda: _training_in(control, f"{job}.0.1", TRAIN_NODES), 300):
+        beats = [beat for beat in watchdog.read_heartbeats(control) if beat.attempt_id == f"{job}.0.1"]
+        pytest.fail(f"timed out after 300 s waiting for job {job}'s straggler swapped and all ranks training "
+                    f"again: {len(beats)} ranks of {job}.0.1 beat, "
+                    f"{sum(beat.first_progress_s is not None for beat in beats)} of them trained\n"
+                    + "\n".join(json.dumps(e) for e in training.events(spec, job) if "slurmtools" in e)[-6000:]
+                    + "\n" + training.describe(spec, job))
     starts = training.supervisor_events(training.events(spec, job), "start")
     victim = _expand(starts[1]["nodes"])[6]
     assert len(list((control / HEARTBEAT_DIR).glob("node-*.json"))) >= TRAIN_NODES
