@@ -99,11 +99,13 @@ def _wait_finished(job: int, timeout_s: float) -> slurm.JobInfo:
         return info if info.finished else None
     try:
         return wait_for(done, timeout_s, f"job {job} to finish")
-    except BaseException:
+    except BaseException as exc:
         # where it stuck: a pending job's reason and the nodes' states say why it never ran
         last = seen[0] if seen else None
         nodes = "; ".join(f"{n.name} {n.display_state} {n.reason}".strip() for n in slurm.nodes())
-        pytest.fail(f"timed out after {timeout_s:g} s waiting for job {job} to finish: last "
+        ended = ("timed out after {:g} s".format(timeout_s) if isinstance(exc, pytest.fail.Exception)
+                 else f"failed ({type(exc).__name__}: {exc})")
+        pytest.fail(f"{ended} waiting for job {job} to finish: last "
                     f"{last.state if last else None} reason={last.reason if last else None} "
                     f"nodes={last.nodes if last else None}; cluster: {nodes}")
 

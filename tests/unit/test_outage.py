@@ -114,3 +114,22 @@ def test_a_requeue_with_an_exclusion_is_requeue_then_update_never_a_hold(monkeyp
     slurm.requeue_excluding(7, {"ExcNodeList": "node2", "StartTime": "now+5"})
     assert asked == [["scontrol", "requeue", "7"],
                      ["scontrol", "update", "JobId=7", "ExcNodeList=node2", "StartTime=now+5"]]
+
+
+def test_a_command_a_busy_controller_cut_off_with_sigpipe_is_run_again(monkeypatch, tmp_path):
+    """A real process killed by SIGPIPE once (as scontrol is when slurmctld closes its connection
+    while it writes), then answering: retried like a refused connection; a plain failure is not."""
+    clock = Clock()
+    monkeypatch.setattr(slurm, "time", clock)
+    marker = tmp_path / "cut-off-once"
+    script = tmp_path / "scontrol"
+    script.write_text(f"#!/bin/bash\nif [ ! -e {marker} ]; then touch {marker}; kill -PIPE $$; fi\necho answered\n")
+    script.chmod(0o755)
+    assert slurm.run_slurm([str(script), "-o", "show", "job", "7"]) == "answered\n"
+    assert clock.now_s == slurm.RETRY_DELAYS_S[0]
+    failing = tmp_path / "failing"
+    failing.write_text("#!/bin/bash\necho 'Invalid job id specified' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    with pytest.raises(slurm.SlurmCommandError, match="Invalid job id"):
+        slurm.run_slurm([str(failing)])
+    assert clock.now_s == slurm.RETRY_DELAYS_S[0]
