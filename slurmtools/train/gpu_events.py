@@ -191,7 +191,10 @@ def read_events(control_dir: Path, attempt_id: str) -> List[GpuEvent]:
     torn or malformed, is skipped: the control dir is the job's own, written by its processes)."""
     found: List[GpuEvent] = []
     try:
-        names = sorted(os.listdir(control_dir / GPU_EVENTS_DIR))[:MAX_NODE_FILES]
+        # node files only: a writer's temp file beside them (write_json_atomic's, between its write
+        # and its rename) holds the same events again
+        names = sorted(name for name in os.listdir(control_dir / GPU_EVENTS_DIR)
+                       if not name.startswith("."))[:MAX_NODE_FILES]
     except OSError:
         return found
     for name in names:

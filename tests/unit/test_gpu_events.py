@@ -135,3 +135,13 @@ def test_the_spec_names_its_source_and_the_script_exports_it_only_when_not_nvml(
         spec_from_dict(dict(base, distributed={"gpu_events": "nvlm"}))
     with pytest.raises(SpecError, match="got 'fixture:'"):
         spec_from_dict(dict(base, distributed={"gpu_events": "fixture:"}))
+
+
+def test_a_writers_temp_file_beside_the_node_file_is_not_read_as_events_again(tmp_path):
+    """write_events renames a temp file into place: a reader listing the directory in between saw
+    both and read one event twice (the watch's test, once in R86)."""
+    event = gpu_events.GpuEvent("node2", 1, 13, 1000.0)
+    gpu_events.write_events(tmp_path, "node2", "7.0", [event])
+    temp = tmp_path / gpu_events.GPU_EVENTS_DIR / f".{gpu_events.node_file(tmp_path, 'node2').name}.x1y2.tmp"
+    temp.write_text(gpu_events.node_file(tmp_path, "node2").read_text())
+    assert [(e.host, e.gpu, e.xid) for e in gpu_events.read_events(tmp_path, "7.0")] == [("node2", 1, 13)]
