@@ -36,8 +36,22 @@ def task_prolog_text(layout: MiniClusterLayout) -> str:
             f'echo "export {NODE_LOCAL_DIR_ENV}={node_memory_root(layout)}/$(hostname)"\n')
 
 
+# nodes per probe-second: a rehearsal's prologs and epilogs all share one machine's cores (130 nodes'
+# epilogs at once on 2 cores took 13 s, and a 3-s probe of /proc/meminfo timed out and drained 4
+# healthy nodes: R87); a real node runs its own alone, in the default time box
+NODES_PER_PROBE_S = 4
+
+
+def probe_time_box_s(nodes: int) -> "tuple[int, int]":
+    """(probe_timeout_s, deadline_s) of a rehearsal of `nodes` nodes: the defaults up to 12 nodes,
+    then a second per 4 nodes."""
+    probe_s = max(3, nodes // NODES_PER_PROBE_S)
+    return probe_s, probe_s + 2
+
+
 def render_health_config(layout: MiniClusterLayout) -> str:
     """The fake nodes' GPUs come from a built-in fixture, named explicitly: a rehearsal cluster."""
+    probe_s, deadline_s = probe_time_box_s(layout.nodes)
     return "\n".join([
         "# Written by `slurmtools minicluster up` (kept when it exists). Rehearsal settings: the",
         "# fake GPUs are served by a built-in NVML fixture, selected explicitly here.",
@@ -45,8 +59,9 @@ def render_health_config(layout: MiniClusterLayout) -> str:
         '  gpu_probe: "fixture:minicluster-4gpu"' if layout.gpus_per_node else "  gpu_probe: none",
         "  kernel_log: null",
         f"  state_dir: {layout.root}/health",
-        "  probe_timeout_s: 3",
-        "  deadline_s: 5",
+        "  # every node's prolog and epilog share this machine's cores: the time box grows with the nodes",
+        f"  probe_timeout_s: {probe_s}",
+        f"  deadline_s: {deadline_s}",
         "  syslog: false",
         "  checks:",
         f"    gpu: {{count: {{expected: {layout.gpus_per_node}}}}}",

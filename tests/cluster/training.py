@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import sys
 import time
 from pathlib import Path
@@ -195,6 +196,14 @@ def kill_ranks_on(job: int, node: str, program: Path = TRAIN) -> List[int]:
 
 def supervisor_events(evts: List[Dict[str, Any]], kind: str) -> List[Dict[str, Any]]:
     return [e for e in evts if e.get("slurmtools") == kind]
+
+
+def supervisor_story(evts: List[Dict[str, Any]]) -> str:
+    """The supervisor's events, one line each, without their per-node maps (128 nodes' busy times
+    would push the decisions out of an assertion message): what it saw and did, in order."""
+    return "\n".join(json.dumps({key: value for key, value in e.items()
+                                 if not isinstance(value, dict) and len(str(value)) <= 400})
+                     for e in evts if "slurmtools" in e)
 
 
 def trainer_events(evts: List[Dict[str, Any]], kind: str) -> List[Dict[str, Any]]:

@@ -187,3 +187,13 @@ def test_status_rows_are_what_the_table_and_its_json_show():
     table = cluster.format_table(nodes).splitlines()
     assert table[0].split() == ["NODE", "STATE", "GRES", "REASON"] and table[1].split()[-1] == "-"
     assert table[2].endswith("slurmtools gpu.ecc")
+
+
+@pytest.mark.parametrize("nodes, probe_s, deadline_s", [(3, 3, 5), (12, 3, 5), (20, 5, 7), (130, 32, 34)])
+def test_the_rehearsals_probe_time_box_grows_with_the_nodes_sharing_its_cores(nodes, probe_s, deadline_s):
+    """130 nodes' epilogs at once on 2 cores: a 3-s probe timed out and drained healthy nodes (R87)."""
+    from slurmtools.health import config
+
+    parsed = config.parse_config(node_files.render_health_config(layout(nodes=nodes)), "health.yaml")
+    settings = parsed.for_host("node1")
+    assert (settings.probe_timeout_s, settings.deadline_s) == (probe_s, deadline_s)
