@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
+from slurmtools.common.control_dir import standalone_env  # noqa: E402
 from slurmtools.snapshot.host_copy import HostCopier, staging_room  # noqa: E402
 from slurmtools.snapshot.rules import DEFAULT_EVERY_STEPS  # noqa: E402
 
@@ -145,8 +146,7 @@ def canary(args: argparse.Namespace) -> str:
 
 
 def _train_run(work: Path, name: str, extra: List[str], attempt: str) -> Tuple[List[Dict[str, object]], str, int]:
-    env = dict(os.environ, SLURMTOOLS_CONTROL_DIR=str(work / name / "control"), SLURMTOOLS_ATTEMPT_ID=attempt,
-               SLURMTOOLS_NODE_LOCAL_DIR=str(work / "memory"), SLURM_JOB_ID="47")
+    env = dict(os.environ, **standalone_env(work / name / "control", attempt, work / "memory"))
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", str(EXAMPLE),
             "--steps", "60", *MODEL_ARGS, "--checkpoint-every", "20", "--checkpoint-dir", str(work / name / "ckpt"), "--loader-workers", "0",
             *extra]

@@ -43,7 +43,8 @@ import torch  # noqa: E402
 from slurmtools.checkpoint.manager import CheckpointManager  # noqa: E402
 from slurmtools.snapshot.rules import DEFAULT_MAX_OVERHEAD_PCT, Copy, interval_for  # noqa: E402
 from slurmtools.snapshot.store import SnapshotStore  # noqa: E402
-from slurmtools.snapshot.torch_state import STATE_FILE, deserialize, serialize, to_host  # noqa: E402
+from slurmtools.snapshot.host_copy import HostCopier  # noqa: E402
+from slurmtools.snapshot.torch_state import STATE_FILE, deserialize, serialize  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import snapshot_goodput  # noqa: E402
@@ -79,12 +80,15 @@ def measure(state_mb: int, disk_dir: Path, memory_dir: Path) -> Dict[str, float]
     elements = state_mb * 1024 * 1024 // 4
     state = {"weights": torch.randn(elements // 3), "exp_avg": torch.randn(elements // 3),
              "exp_avg_sq": torch.rand(elements - 2 * (elements // 3)), "step": 1000}
+    copier = HostCopier()              # the Snapshotter's copy path: on CPU, a copy on this thread
     t0 = time.perf_counter()
-    host = to_host(state)
+    copier.start(state)
     first_stall_s = time.perf_counter() - t0
+    copier.finish()
     t0 = time.perf_counter()
-    host = to_host(state, host)        # every later snapshot writes over the previous copy (Snapshotter)
+    host = copier.start(state)         # every later snapshot writes over the previous copy
     stall_s = time.perf_counter() - t0
+    copier.finish()
     store = SnapshotStore(memory_dir, "bench-snapshot", "localhost", bytes(32))
     t1 = time.perf_counter()
     data = serialize(host)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Mapping, Optional, Tuple, Union
+from typing import Dict, Mapping, Optional, Tuple, Union
 
 LOCAL_JOB_ID = "local"          # a run outside Slurm: its attempt ids and directories say so
 CONTROL_DIR_ENV = "SLURMTOOLS_CONTROL_DIR"
@@ -53,6 +53,9 @@ CONTROL_SUBDIR = ".slurmtools"
 GENERATION_FILE = "generation.json"
 GENERATION_ENV = "SLURMTOOLS_GENERATION"
 INPLACE_ENV = "SLURMTOOLS_INPLACE"
+# where a rank keeps what lives in its node's memory (heartbeats gathered per node, snapshots):
+# /dev/shm unless set (the mini-cluster's TaskProlog gives each fake node a directory of its own)
+NODE_LOCAL_DIR_ENV = "SLURMTOOLS_NODE_LOCAL_DIR"
 HEARTBEAT_DIR = "heartbeat"
 HEARTBEAT_INTERVAL_S = 1.0     # a rank's keep-alive thread: how often `alive` is refreshed and markers looked at
 FLIGHT_RECORDER_DIR = "flight-recorder"
@@ -118,3 +121,11 @@ def attempt_of(environ: Mapping[str, str]) -> Tuple[Optional[int], int, str]:
     restart_text = environ.get("SLURM_RESTART_COUNT", "0") or "0"
     restart = int(restart_text) if restart_text.isascii() and restart_text.isdigit() else 0
     return job_id, restart, f"{job_id if job_id is not None else LOCAL_JOB_ID}.{restart}"
+
+
+def standalone_env(control_dir: PathLike, attempt_id: str, node_local_dir: PathLike) -> Dict[str, str]:
+    """What a rank is told of its job by the supervisor (its control dir and attempt), Slurm (the
+    job id, the attempt id's first part) and the node (its memory directory): to run a trainer
+    without either, as bench/ and the tests do."""
+    return {CONTROL_DIR_ENV: str(control_dir), ATTEMPT_ID_ENV: attempt_id, "SLURM_JOB_ID": attempt_id.split(".")[0],
+            NODE_LOCAL_DIR_ENV: str(node_local_dir)}

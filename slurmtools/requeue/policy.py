@@ -92,6 +92,7 @@ class Diagnosis:
     check: str = ""                  # the drain reason's check (default: job.<cause>)
     also_nodes: Tuple[str, ...] = ()  # lost together with node, on the same evidence
     aftermath: bool = False          # Slurm's own removal of a node failure already handled ended the step
+    by_user: bool = False            # its user stopped it (cancel --graceful), not Slurm
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class Verdict:
     drain_node: Optional[str] = None
     backoff_s: float = 0.0
     also_nodes: Tuple[str, ...] = ()  # excluded with exclude_node (and drained with drain_node)
+    cancel_job: bool = False         # the supervisor ends its job CANCELLED, as its user's scancel would
 
     @property
     def excluded(self) -> Tuple[str, ...]:
@@ -142,7 +144,7 @@ def classify(evidence: Evidence) -> Diagnosis:
         return Diagnosis(Cause.CANCELLED, detail="cancelled or out of time; Slurm is not requeueing it")
     if ev.stop_requested:
         return Diagnosis(Cause.CANCELLED, detail=USER_STOP + (": checkpointed first" if ev.stopped_for_requeue else
-                                                              ": it did not checkpoint in time"))
+                                                              ": it did not checkpoint in time"), by_user=True)
     if ev.straggler_node and not ev.warning_received and (ev.stopped_for_requeue or ev.exit_code is None):
         return Diagnosis(Cause.STRAGGLER, node=ev.straggler_node, detail=ev.straggler_detail or
                          f"node={ev.straggler_node}", fatal_for_node=True)
@@ -246,8 +248,8 @@ def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: RequeueSpe
         if capacity.in_allocation and limits.in_allocation and diag.node in capacity.replaceable:
             return Verdict(Action.RESTART, reason, exclude_node=diag.node, drain_node=diag.node)
         return Verdict(Action.REQUEUE, reason, exclude_node=diag.node, drain_node=diag.node)
-    if diag.cause is Cause.CANCELLED and diag.detail.startswith(USER_STOP):
-        return Verdict(Action.STOP, f"cancelled: {diag.detail}")
+    if diag.cause is Cause.CANCELLED and diag.by_user:
+        return Verdict(Action.STOP, f"cancelled: {diag.detail}", cancel_job=True)
     if diag.cause is Cause.CANCELLED:
         return Verdict(Action.STOP, "cancelled or out of time: Slurm ended the job and is not requeueing it")
     if diag.aftermath and history and history[-1].cause is Cause.NODE_FAILURE and history[-1].counted:

@@ -204,7 +204,7 @@ def run(config: SupervisorConfig, argv: Sequence[str], environ: Optional[Mapping
         this_run.expired_exclusions = exclusions.expired(events, time.time())
         if verdict.action is policy.Action.COMPLETE:
             return 0
-        if verdict.action is policy.Action.STOP and diag.detail.startswith(policy.USER_STOP):
+        if verdict.action is policy.Action.STOP and verdict.cancel_job:
             print(f"slurmtools: STOP after attempt {attempt.attempt_id}: {verdict.reason}", file=sys.stderr, flush=True)
             if job_id is not None:      # the job ends CANCELLED, as a person's cancel ends it
                 actions.cancel_own_job(job_id, attempt.attempt_id)

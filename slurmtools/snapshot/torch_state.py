@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from slurmtools.checkpoint import digests
 from slurmtools.errors import CheckpointError
-from slurmtools.snapshot.host_copy import HostCopier, copy_now, structure, tensors
+from slurmtools.snapshot.host_copy import HostCopier, tensors
 from slurmtools.snapshot.rules import Copy, interval_for, over_limit, peer_of, plan_restore, replicas_kept_by
 from slurmtools.snapshot.store import SnapshotStore, open_regular
 from slurmtools.snapshot.wire import (ViewReader, agree_max, exchange, exchange_macs, exchange_sizes, first_rank_over,
@@ -46,13 +46,6 @@ def side_group(timeout_s: float = EXCHANGE_TIMEOUT_S) -> Any:
     """A gloo group of every rank, for snapshots only (collective: every rank calls it, in order);
     its own timeout bounds every wait on a peer (EXCHANGE_TIMEOUT_S)."""
     return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
-
-
-def to_host(state: Any, reuse: Any = None) -> Any:
-    """A copy of state with every tensor in host memory now, detached; a DTensor as its local
-    shard; reuse: the previous copy, whose tensors of the same shape and dtype are written over (a
-    fresh allocation faults in every page). Snapshotter copies through a HostCopier instead."""
-    return structure(state, reuse, copy_now)
 
 
 def tensor_bytes(state: Any) -> int:

@@ -143,16 +143,23 @@ def enabled(environ: Mapping[str, str] = os.environ) -> bool:
     return environ.get(INPLACE_ENV, "") not in ("", "0")
 
 
+def group_broke(exc: BaseException) -> bool:
+    """What a process group raises when a peer is lost: torch's DistError (NCCL's backend error, the
+    store's), or gloo's transport error, a plain RuntimeError that names gloo's source file. A
+    trainer's own RuntimeError (a shape mismatch, say) is none of these: it fails at once."""
+    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and "gloo" in str(exc))
+
+
 def run(train_once: Callable[[], T], control_dir: Optional[Path], rank: int, backend: str, timeout_s: float,
         wait_s: float = REFORM_WAIT_S, environ: Mapping[str, str] = os.environ) -> T:
-    """train_once() until it returns. When it raises a RuntimeError (what a broken group raises)
-    and in-place recovery is on, wait for the next generation, join it and train again; anything
-    else, or no generation in time, is raised as before."""
+    """train_once() until it returns. When its group broke (group_broke) and in-place recovery is
+    on, wait for the next generation, join it and train again; any other error, or no generation
+    in time, is raised as before."""
     while True:
         try:
             return train_once()
         except RuntimeError as exc:
-            if control_dir is None or not enabled(environ):
+            if control_dir is None or not enabled(environ) or not group_broke(exc):
                 raise
             after = current(os.environ)
             generation = wait_for_next(control_dir, after, wait_s)

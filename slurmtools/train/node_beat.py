@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from slurmtools.common.control_dir import NODE_LOCAL_DIR_ENV as NODE_LOCAL_DIR_ENV
 from slurmtools.common.fsutil import json_object, read_small_regular, write_json_atomic
 from slurmtools.train import node_sweep
 
-NODE_LOCAL_DIR_ENV = "SLURMTOOLS_NODE_LOCAL_DIR"
 DEFAULT_NODE_LOCAL_DIR = "/dev/shm"
 NODE_FILE_PREFIX = "node-"
 MAX_RANK_RECORD_BYTES = 64 * 1024             # one rank's heartbeat record (watchdog reads it by this)

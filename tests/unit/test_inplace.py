@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools.common.control_dir import GENERATION_ENV, INPLACE_ENV, SNAPSHOT_MAX_OVERHEAD_ENV
+from slurmtools.common.control_dir import GENERATION_ENV, INPLACE_ENV, SNAPSHOT_MAX_OVERHEAD_ENV, standalone_env
 from tests.unit.test_flight_recorder import _free_port
 
 torch = pytest.importorskip("torch")
@@ -29,8 +29,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_fsdp" / "trai
 
 def _start(tmp_path: Path, rank: int, port: int, *args: str, **extra_env: str) -> subprocess.Popen:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
-               LOCAL_RANK=str(rank), SLURMTOOLS_CONTROL_DIR=str(tmp_path / "control"), SLURMTOOLS_ATTEMPT_ID="5.0",
-               SLURMTOOLS_NODE_LOCAL_DIR=str(tmp_path / "memory"), SLURM_JOB_ID="5",
+               LOCAL_RANK=str(rank), **standalone_env(tmp_path / "control", "5.0", tmp_path / "memory"),
                **{SNAPSHOT_MAX_OVERHEAD_ENV: "0"}, **extra_env)
     argv = [sys.executable, str(EXAMPLE), "--steps", "12", "--checkpoint-every", "100", "--checkpoint-dir",
             str(tmp_path / "ckpt"), "--loader-workers", "0", "--snapshot-every", "3", *args]
@@ -88,17 +87,35 @@ def test_without_in_place_recovery_the_survivor_exits_as_before(tmp_path):
     assert "joining generation" not in outs[0][1]
 
 
-def test_a_generation_that_does_not_come_in_time_is_the_relaunch(tmp_path, monkeypatch):
+@pytest.fixture
+def control(tmp_path, monkeypatch) -> Path:
+    """A control dir of a job with in-place recovery on, no generation written yet."""
     monkeypatch.setenv(INPLACE_ENV, "1")
     monkeypatch.delenv(GENERATION_ENV, raising=False)
     (tmp_path / "control").mkdir()
+    return tmp_path / "control"
 
+
+def test_a_generation_that_does_not_come_in_time_is_the_relaunch(control):
     def broken() -> None:
-        raise RuntimeError("Connection closed by peer")
+        raise RuntimeError("[third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
     started = time.monotonic()
-    with pytest.raises(RuntimeError, match="closed by peer"):
-        inplace.run(broken, tmp_path / "control", 0, "gloo", 10.0, wait_s=0.3)
-    assert time.monotonic() - started < 5
+    with pytest.raises(RuntimeError, match="reset by peer"):
+        inplace.run(broken, control, 0, "gloo", 10.0, wait_s=0.3)
+    assert 0.3 <= time.monotonic() - started < 5
+
+
+def test_a_trainers_own_error_fails_at_once_without_waiting_for_a_generation(control):
+    """Only a broken group waits: a bug of the trainer's raises at once, not after REFORM_WAIT_S."""
+    def buggy() -> None:
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 16x4)")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        inplace.run(buggy, control, 0, "gloo", 10.0, wait_s=30.0)
+    assert time.monotonic() - started < 1
+    assert inplace.group_broke(torch.distributed.DistBackendError("NCCL communicator was aborted"))
+    assert inplace.group_broke(torch.distributed.DistStoreError("wait timeout"))
+    assert not inplace.group_broke(ValueError("gloo"))
 
 
 def test_a_generation_file_is_read_whole_or_not_at_all(tmp_path, capsys):

@@ -107,9 +107,13 @@ def test_backoff_doubles_with_consecutive_failures():
 ])
 def test_a_graceful_cancel_stops_uncounted_with_or_without_its_checkpoint(evidence, detail):
     diag = classify(evidence)
-    assert (diag.cause, diag.detail) == (Cause.CANCELLED, detail)
+    assert (diag.cause, diag.detail, diag.by_user) == (Cause.CANCELLED, detail, True)
     verdict = decide(diag, [crash(5)] * 9, LIMITS, 5)
-    assert (verdict.action, verdict.counted, verdict.reason) == (Action.STOP, False, f"cancelled: {detail}")
+    assert (verdict.action, verdict.counted, verdict.reason, verdict.cancel_job) == (
+        Action.STOP, False, f"cancelled: {detail}", True)
+    # Slurm's own end of the job (scancel, the time limit) is no graceful cancel: nothing to cancel again
+    slurms = decide(classify(Evidence(exit_code=None, cancelled=True)), [], LIMITS, 5)
+    assert (slurms.action, slurms.cancel_job) == (Action.STOP, False)
 
 
 def test_a_completed_run_stays_completed_when_a_graceful_cancel_came_late():

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from slurmtools.common import ledger
-from slurmtools.common.control_dir import SNAPSHOT_MAX_OVERHEAD_ENV
+from slurmtools.common.control_dir import SNAPSHOT_MAX_OVERHEAD_ENV, standalone_env
 from slurmtools.snapshot.rules import SNAPSHOTS_SUBDIR, job_key
 from tests.unit.test_flight_recorder import _free_port
 
@@ -25,8 +25,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_fsdp" / "trai
 
 def _train(tmp_path: Path, name: str, *args: str, attempt: str = "5.0") -> list:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2",
-               SLURMTOOLS_CONTROL_DIR=str(tmp_path / name / "control"), SLURMTOOLS_ATTEMPT_ID=attempt,
-               SLURMTOOLS_NODE_LOCAL_DIR=str(tmp_path / "memory"), SLURM_JOB_ID="5",
+               **standalone_env(tmp_path / name / "control", attempt, tmp_path / "memory"),
                # every 3 steps exactly: the default bound (1% of training time) would space these tiny
                # steps' snapshots out (test_snapshot_gloo.py tests the bound)
                **{SNAPSHOT_MAX_OVERHEAD_ENV: "0"})
@@ -103,8 +102,7 @@ def test_a_stop_whose_save_is_cut_short_resumes_from_the_snapshot_of_the_stop_st
     reference_hash, _ = crashed_once
     (tmp_path / "memory").mkdir()
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2",
-               SLURMTOOLS_CONTROL_DIR=str(tmp_path / "job" / "control"), SLURMTOOLS_ATTEMPT_ID="5.0",
-               SLURMTOOLS_NODE_LOCAL_DIR=str(tmp_path / "memory"), SLURM_JOB_ID="5", **{SNAPSHOT_MAX_OVERHEAD_ENV: "0"})
+               **standalone_env(tmp_path / "job" / "control", "5.0", tmp_path / "memory"), **{SNAPSHOT_MAX_OVERHEAD_ENV: "0"})
     argv = [sys.executable, str(EXAMPLE), "--steps", "10", "--checkpoint-every", "100", "--checkpoint-dir",
             str(tmp_path / "job" / "ckpt"), "--loader-workers", "0", "--snapshot-every", "100",
             "--step-sleep-s", "0.3", "--slow-requested-checkpoint", "--slow-checkpoint-s", "120"]
