@@ -99,11 +99,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)
     job_id = jobs.submit_spec(spec, slurmtools_cmd=_slurmtools_cmd(args.portable), source=args.spec)
-    print(job_id, flush=True)
+    print(json.dumps({"job_id": job_id}) if args.json else job_id, flush=True)
     if not args.wait:
         return 0
     info = jobs.wait_for_job(job_id, out=sys.stderr)
-    print(f"job {job_id}: {info.state} exit={info.exit_code or '?'}", file=sys.stderr)
+    if args.json:            # a second line: the id came first, for a script that may cancel meanwhile
+        print(json.dumps({"job_id": job_id, "state": info.state, "exit_code": info.exit_code or None}), flush=True)
+    else:
+        print(f"job {job_id}: {info.state} exit={info.exit_code or '?'}", file=sys.stderr)
     return Exit.OK if info.state == "COMPLETED" else Exit.FAILED
 
 
@@ -220,6 +223,8 @@ def _add_jobs(sub: Any) -> None:
     parser.add_argument("spec", help="the job spec (YAML)")
     parser.add_argument("--wait", action="store_true", help="follow state and progress; exit with the job's result")
     parser.add_argument("--portable", action="store_true", help=PORTABLE_HELP)
+    parser.add_argument("--json", action="store_true", help="print {\"job_id\": N}; with --wait, then the end as "
+                        "{\"job_id\", \"state\", \"exit_code\"} (one JSON object per line)")
     parser.set_defaults(func=cmd_submit)
     parser = sub.add_parser("status", help="a job's state (squeue, then sacct)")
     parser.add_argument("job_id", help="the Slurm job id")
@@ -302,8 +307,10 @@ def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
                      description="Multi-node training on Slurm that survives the failures large clusters have: "
                      "describe a job once,\nrun it under the supervisor, gate every node on its health.")
     parser.add_argument("--version", action="version", version=f"slurmtools {__version__}")
+    # prog given: argparse would build the commands' own from the custom usage above
+    # ("slurmtools [-h] [--version] COMMAND ... render"), in their usage and their errors alike
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND",
-                                help=argparse.SUPPRESS)
+                                help=argparse.SUPPRESS, prog="slurmtools")
     if command in _ADDER_OF:
         _ADDER_OF[command](sub)
         return parser

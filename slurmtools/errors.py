@@ -11,9 +11,9 @@ from typing import Callable, Optional, Sequence
 
 
 class Exit(IntEnum):
-    """The exit codes of every slurmtools command (docs/user-guide.md, "Exit codes")."""
+    """The exit codes of every slurmtools command (docs/environment.md, "Exit codes")."""
 
-    OK = 0
+    OK = 0           # done; for `status`, the job completed
     FAILED = 1       # the operation failed: a Slurm command, a job that did not complete, a check that could not run
     USAGE = 2        # bad input: a flag, a file, a job spec or a config
     NODE_BAD = 3     # a node was found bad: a CRITICAL health check (the prolog fails on it), a node preflight named

@@ -326,6 +326,8 @@ def cross_checks(spec: JobSpec) -> None:
 
 def spec_from_dict(data: Any, *, file: Optional[str] = None,
                    lines: Optional[Dict[Tuple[str, ...], int]] = None) -> JobSpec:
+    """A job spec from a dict of its keys (as YAML gives it), validated; a SpecError names the key
+    (and, given file and lines, where it is)."""
     if not isinstance(data, dict):
         raise SpecError("is empty: a job spec needs at least name and command" if data is None else
                         f"must be a mapping of keys to values, got {type(data).__name__}", file=file)

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Checkpoint:
+    """A sealed checkpoint: its step, its directory and its manifest (every file's size and digest)."""
+
     step: int
     path: Path
     manifest: Dict[str, Any]
@@ -262,9 +264,11 @@ class CheckpointManager:
 
     # ---- paths -------------------------------------------------------------------
     def final_dir(self, step: int) -> Path:
+        """Where step's checkpoint lies once sealed: `<root>/step_<N>`."""
         return self.root / f"step_{step}"
 
     def tmp_dir(self, step: int) -> Path:
+        """Where step's checkpoint is written before its seal: `<root>/step_<N>.tmp`."""
         return self.root / f"step_{step}.tmp"
 
     # ---- writing -------------------------------------------------------------------
@@ -310,6 +314,7 @@ class CheckpointManager:
 
     # ---- reading -------------------------------------------------------------------
     def step_dirs(self) -> List[Tuple[int, Path]]:
+        """(step, directory) of every `step_<N>` directory (sealed, or sealed and since damaged), newest first."""
         if not self.root.is_dir():
             return []
         out = []
@@ -329,6 +334,7 @@ class CheckpointManager:
         return None
 
     def complete(self, *, checksums: bool = False) -> List[Checkpoint]:
+        """Every checkpoint whose manifest verifies, newest first (checksums: every file's digest too)."""
         out = []
         for step, path in self.step_dirs():
             ok, _, manifest = verify_dir(path, checksums=checksums, step=step)

@@ -6,11 +6,18 @@ supervisor, the submitit path and the trainer):
 
   control dir   <checkpoint_dir or output_dir>/.slurmtools/<job id>, on the shared filesystem,
                 kept across requeues; exported to the trainer as SLURMTOOLS_CONTROL_DIR:
-    heartbeat/<rank>.json   each rank's last step and its time (the hang watchdog), `alive` (a
-                            thread's, in collectives too: the node-death watch), `busy_s` (stragglers)
+    heartbeat/node-<host>.json  the last step and time of each rank of the node (the hang
+                            watchdog), `alive` (a thread's, in collectives too: the node-death
+                            watch), `busy_s` (stragglers); gathered per node by its local rank 0
+                            (train/node_beat.py; heartbeat/<rank>.json from a rank outside a node)
     checkpoint-request      the supervisor wants a checkpoint now (a warning, a straggler's swap)
     stopped-for-requeue     written by rank 0 after it checkpointed on request
     complete                written by rank 0 when training has finished
+    reports-progress        made by every TrainingControl: the program reports its progress
+    term-received           Slurm's SIGTERM came (recorded before any save)
+    flight-recorder-request the supervisor wants every rank's flight recorder dumped (a hang)
+    job-nodes               the job's node count at its first run (a requeue keeps a shrunk one)
+    preflight.json          rank 0 of the preflight step: its report (slurmtools/preflight)
     silent-data-corruption  written by rank 0 when the SDC canary found ranks disagreeing
     gpu-events/node-<host>.json  XIDs the node's GPUs reported while it ran (train/gpu_events.py)
     ledger.jsonl            the attempts of the job (common/ledger.py)
@@ -34,12 +41,12 @@ from pathlib import Path
 from typing import Dict, Mapping, Optional, Tuple, Union
 
 LOCAL_JOB_ID = "local"          # a run outside Slurm: its attempt ids and directories say so
-CONTROL_DIR_ENV = "SLURMTOOLS_CONTROL_DIR"
-ATTEMPT_ID_ENV = "SLURMTOOLS_ATTEMPT_ID"
-ATTEMPT_NUMBER_ENV = "SLURMTOOLS_ATTEMPT_NUMBER"
-CHECKPOINT_DIR_ENV = "SLURMTOOLS_CHECKPOINT_DIR"
-COLLECTIVE_TIMEOUT_ENV = "SLURMTOOLS_COLLECTIVE_TIMEOUT_S"
-CHECKPOINT_GRACE_ENV = "SLURMTOOLS_CHECKPOINT_GRACE_S"
+CONTROL_DIR_ENV = "SLURMTOOLS_CONTROL_DIR"  # the job's control dir (docs/control-dir.md), for every rank
+ATTEMPT_ID_ENV = "SLURMTOOLS_ATTEMPT_ID"  # this step's attempt id: JOB.RESTART, or JOB.RESTART.SEQ in place
+ATTEMPT_NUMBER_ENV = "SLURMTOOLS_ATTEMPT_NUMBER"  # the attempt's number across the job, from 0
+CHECKPOINT_DIR_ENV = "SLURMTOOLS_CHECKPOINT_DIR"  # the spec's checkpoint_dir: where a trainer saves
+COLLECTIVE_TIMEOUT_ENV = "SLURMTOOLS_COLLECTIVE_TIMEOUT_S"  # distributed.collective_timeout_s
+CHECKPOINT_GRACE_ENV = "SLURMTOOLS_CHECKPOINT_GRACE_S"  # notebook path: requeue.checkpoint_grace_s
 # the newest checkpoint step the ledger records (checkpoint/resume.refuse_fresh_start)
 EXPECTED_CHECKPOINT_ENV = "SLURMTOOLS_EXPECTED_CHECKPOINT_STEP"
 # the job's node count at its first run (requeue/step.job_nodes: Slurm's requeue keeps a shrunk one)
@@ -51,8 +58,8 @@ CONTROL_SUBDIR = ".slurmtools"
 # its first group, torchrun's; N: a replacement started into generation N, or a survivor that
 # joined it), and whether a rank whose group broke waits for the next generation at all
 GENERATION_FILE = "generation.json"
-GENERATION_ENV = "SLURMTOOLS_GENERATION"
-INPLACE_ENV = "SLURMTOOLS_INPLACE"
+GENERATION_ENV = "SLURMTOOLS_GENERATION"  # in-place recovery: this process's generation
+INPLACE_ENV = "SLURMTOOLS_INPLACE"  # in-place recovery on (not empty or 0): a broken group waits for the next
 # where a rank keeps what lives in its node's memory (heartbeats gathered per node, snapshots):
 # /dev/shm unless set (the mini-cluster's TaskProlog gives each fake node a directory of its own)
 NODE_LOCAL_DIR_ENV = "SLURMTOOLS_NODE_LOCAL_DIR"

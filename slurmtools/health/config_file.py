@@ -11,7 +11,7 @@ from slurmtools.common.schema import MAX_YAML_BYTES
 from slurmtools.errors import ConfigError
 
 DEFAULT_PATH = Path("/etc/slurmtools/health.yaml")
-CONFIG_ENV = "SLURMTOOLS_HEALTH_CONFIG"
+CONFIG_ENV = "SLURMTOOLS_HEALTH_CONFIG"  # the health config's path, not /etc/slurmtools/health.yaml
 BESIDE_SLURM_CONF = "slurmtools-health.yaml"
 DEFAULT_SLURM_CONF = Path("/etc/slurm/slurm.conf")
 

@@ -65,6 +65,7 @@ _DEFAULT_PYTHON = "python3"
 
 
 def load(spec_or_path: SpecLike) -> JobSpec:
+    """A job spec from a JobSpec, a dict of its keys, or a YAML file's path, validated."""
     if isinstance(spec_or_path, JobSpec):
         return spec_or_path
     if isinstance(spec_or_path, dict):
@@ -318,6 +319,8 @@ def _wait_to_be_ended() -> None:
 # ---- notebook-friendly status -------------------------------------------------------------------
 @dataclass(frozen=True)
 class JobStatus:
+    """What `status` found: the job's id and Slurm state, its newest progress line, its log's tail."""
+
     job_id: str
     state: str
     progress: Optional[str]

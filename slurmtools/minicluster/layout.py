@@ -16,8 +16,9 @@ from slurmtools.minicluster import release
 # Named clusters, like kind's: each name has its own state dir, slot (subnet, ports), bridge,
 # namespaces, munged and MariaDB, so several run side by side and never touch each other.
 DEFAULT_NAME = "mini"
-NAME_ENV = "SLURMTOOLS_MINICLUSTER_NAME"
-BASE_DIR = Path(os.environ.get("SLURMTOOLS_MINICLUSTER_DIR", "/var/lib/slurmtools/minicluster"))
+NAME_ENV = "SLURMTOOLS_MINICLUSTER_NAME"  # the mini-cluster `slurmtools minicluster` commands act on (default: mini)
+DIR_ENV = "SLURMTOOLS_MINICLUSTER_DIR"  # where mini-clusters keep their state
+BASE_DIR = Path(os.environ.get(DIR_ENV, "/var/lib/slurmtools/minicluster"))
 # live clusters on this machine (tmpfs: gone after a reboot, like the clusters themselves)
 REGISTRY_DIR = Path("/run/slurmtools/minicluster")
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,7}$")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 SEED = 20261130
-CANARY_FAULT_ENV = "SLURMTOOLS_TEST_CANARY_FAULT_NODES"
+CANARY_FAULT_ENV = "SLURMTOOLS_TEST_CANARY_FAULT_NODES"  # tests only: nodes whose canary computes wrong
 
 
 @dataclass(frozen=True)

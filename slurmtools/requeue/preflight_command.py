@@ -1,7 +1,7 @@
 """`slurmtools preflight`: the same check by hand inside an allocation (salloc, an sbatch
-script, a maintenance reservation): JSON lines on stdout, exit 0 when every node passed, 1
-when a node was named (with --drain: reported with the evidence for the root-owned health hooks
-to drain; --direct-drain: drained with the caller's rights), 3 when the check itself
+script, a maintenance reservation): JSON lines on stdout, exit 0 when every node passed, 3
+(NODE_BAD) when a node was named (with --drain: reported with the evidence for the root-owned
+health hooks to drain; --direct-drain: drained with the caller's rights), 1 when the check itself
 could not run. The supervisor runs it on its own (spec `preflight`); this is for people."""
 from __future__ import annotations
 

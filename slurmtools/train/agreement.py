@@ -61,6 +61,8 @@ class RequestAgreement:
         self.next_check_step: Optional[int] = None          # the first call checks
 
     def check(self, step: int, requested: bool, step_s: float) -> bool:
+        """Whether every rank checkpoints now, after step (requested: this rank's own view; step_s:
+        the step's time, which spaces the collective out to about every interval_s)."""
         if self.next_check_step is not None and step < self.next_check_step:
             return False
         proposal = step + steps_until_next_check(step_s, self.interval_s)

@@ -275,6 +275,8 @@ class TrainingControl:
                 self._metrics = None
 
     def mark_stopped_for_requeue(self, step: int) -> None:
+        """Every rank, after the requested checkpoint of step: the supervisor requeues or restarts the
+        job instead of counting a failure (rank 0 writes the marker)."""
         self.flush_metrics(last=True)
         if self.control_dir is not None and self.rank == 0:
             write_json_atomic(self.control_dir / STOPPED_FILE, {"step": step, "attempt_id": self.attempt_id})
@@ -295,6 +297,8 @@ class TrainingControl:
                 ledger.append(self.control_dir, ledger.CheckpointRefused(self.attempt_id, time.time(), path, why))
 
     def mark_complete(self, step: int) -> None:
+        """Every rank, once training finished at step and its final checkpoint is saved: the job
+        completes (rank 0 writes the marker; a non-zero exit after it is teardown's)."""
         self.flush_metrics(last=True)
         if self.control_dir is not None and self.rank == 0:
             write_json_atomic(self.control_dir / COMPLETE_FILE, {"step": step, "attempt_id": self.attempt_id})

@@ -28,7 +28,7 @@ from slurmtools.common import xid
 from slurmtools.common.fsutil import json_object, read_small_regular, write_json_atomic
 from slurmtools.train.node_beat import local_rank, node_file_name
 
-GPU_EVENTS_ENV = "SLURMTOOLS_GPU_EVENTS"
+GPU_EVENTS_ENV = "SLURMTOOLS_GPU_EVENTS"  # distributed.gpu_events: nvml, none, or fixture:NAME (rehearsals, tests)
 DEFAULT_SOURCE = "nvml"
 FIXTURE_PREFIX = "fixture:"
 GPU_EVENTS_DIR = "gpu-events"         # in the control dir: one file per node that saw an event

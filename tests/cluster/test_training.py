@@ -1,6 +1,8 @@
 """The example FSDP2 job through the real sbatch path: render -> submit -> supervisor -> torchrun."""
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import pytest
@@ -48,11 +50,13 @@ def test_cli_submit_wait_status_and_logs(cluster, user_tmp: Path):
         f"python: {sys.executable}\n"
         f"command: [{training.TRAIN}, --steps, '4', --checkpoint-every, '2']\n"
         f"output_dir: {user_tmp}/logs\ncheckpoint_dir: {user_tmp}/ckpt\n")
-    proc = asuser.run([sys.executable, "-m", "slurmtools", "submit", str(spec_file), "--wait"], timeout=180)
+    # --json (the plain output: the getting-started walk): the id at once, the end on a line of its own
+    proc = asuser.run([sys.executable, "-m", "slurmtools", "submit", str(spec_file), "--wait", "--json"], timeout=180)
     assert proc.returncode == 0, proc.stderr
-    job = int(proc.stdout.strip())
+    first, last = [json.loads(line) for line in proc.stdout.splitlines()]
+    job = first["job_id"]
+    assert first == {"job_id": job} and last == {"job_id": job, "state": "COMPLETED", "exit_code": "0:0"}
     assert f"job {job}: RUNNING" in proc.stderr
-    assert f"job {job}: COMPLETED exit=0:0" in proc.stderr.splitlines()[-1]
     status = asuser.run([sys.executable, "-m", "slurmtools", "status", str(job), "--json"])
     assert '"state": "COMPLETED"' in status.stdout
     logs = asuser.run([sys.executable, "-m", "slurmtools", "logs", str(job)])

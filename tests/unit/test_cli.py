@@ -49,7 +49,8 @@ def test_version_and_render_golden():
     (["minicluster", "kill", "node99"], 2, "unknown node 'node99'"),
     (["minicluster", "up", "--nodes", "0"], 2, "nodes must be between 1 and 240"),
     (["nodes", "drain", "node1", "--reason", " "], 2, "--reason must be one line of text"),
-    (["health", "run", "--phase", "later"], 2, "health run: argument --phase: invalid choice: 'later'"),
+    (["health", "run", "--phase", "later"], 2, "slurmtools: error: health run: argument --phase: invalid choice: 'later'"),
+    (["nodes", "drain"], 2, "slurmtools: error: nodes drain: the following arguments are required: node, --reason"),
     (["sumbit", "job.yaml"], 2, "slurmtools: error: argument COMMAND: invalid choice: 'sumbit'"),
     (["sumbit", "job.yaml"], 2, "; did you mean 'submit'?"),
     (["health", "rnu"], 2, "health: argument health_action: invalid choice: 'rnu'"),
@@ -161,7 +162,8 @@ def test_every_subcommands_help_is_formatted_without_error():
         for name in path:
             parser = next(action for action in parser._actions
                           if isinstance(action, argparse._SubParsersAction)).choices[name]
-        assert parser.format_help().startswith("usage: "), path
+        # the command's own words first, as a person types them (not the top level's usage)
+        assert parser.format_help().startswith(" ".join(["usage: slurmtools", *path, "[-h]"])), path
     proc = cli("run", "--help")
     assert proc.returncode == 0 and "5% of a step" in " ".join(proc.stdout.split()) and proc.stderr == ""
 
@@ -210,9 +212,9 @@ def test_every_exit_code_comes_from_the_one_table():
     assert errors.SpecError("x").exit_code == errors.ConfigError("x").exit_code == errors.Exit.USAGE
     outcome = gate.Outcome([], Status.CRITICAL, None, False, 0.0, {})
     assert outcome.exit_code == errors.Exit.NODE_BAD
-    readme = (REPO / "docs" / "user-guide.md").read_text()
+    page = (REPO / "docs" / "environment.md").read_text()       # generated from errors.Exit
     for code in errors.Exit:
-        assert f"| {int(code)} | `{code.name}` |" in readme
+        assert f"| {int(code)} | `{code.name}` |" in page
 
 
 def test_the_top_help_groups_every_command_once_and_its_examples_parse():

@@ -1,5 +1,6 @@
-"""The reference pages generated from the code (docs/job-spec.md, docs/health-config.md, docs/cli.md)
-are the code's: a page that drifts fails here, with the command that writes it anew."""
+"""The reference pages generated from the code (docs/job-spec.md, docs/health-config.md, docs/cli.md,
+docs/environment.md, docs/control-dir.md, docs/python-api.md) are the code's: a page that drifts
+fails here, with the command that writes it anew."""
 from __future__ import annotations
 
 import importlib.util
@@ -32,3 +33,26 @@ def test_the_pages_hold_every_key_with_its_default_and_every_command():
     for heading in ("## slurmtools run", "## slurmtools health run", "## slurmtools minicluster up", "## slurmtools plan"):
         assert heading + "\n" in cli_page
     assert "/work/" not in cli_page and str(ROOT) not in cli_page
+
+
+def test_every_variable_and_exit_code_is_on_its_page_and_an_undocumented_one_stops_the_generator(tmp_path):
+    from slurmtools.common import control_dir
+    from slurmtools.errors import Exit
+    page = (ROOT / "docs" / "environment.md").read_text()
+    for name in dir(control_dir):
+        value = getattr(control_dir, name)
+        if name.endswith("_ENV") and isinstance(value, str):
+            assert f"| `{value}` | `slurmtools/common/control_dir.py` | " in page
+    assert all(f"| {code.value} | `{code.name}` | " in page for code in Exit)
+    source = tmp_path / "module.py"
+    source.write_text('A_ENV = "SLURMTOOLS_A"  # said beside it\n# said above it\nB_ENV = "SLURMTOOLS_B"\nC_ENV = "SLURMTOOLS_C"\n')
+    assert [(name, comment) for name, _, comment in generator.string_constants(source)] == [
+        ("A_ENV", "said beside it"), ("B_ENV", "said above it"), ("C_ENV", "")]
+
+
+def test_the_api_page_shows_the_trainers_contract_with_its_signatures():
+    page = (ROOT / "docs" / "python-api.md").read_text()
+    for line in ("### `slurmtools.runtime.TrainingControl`", "- `heartbeat(step: int, *, force: bool=False, defer: bool=False)",
+                 "### `slurmtools.integrations.lightning.resume_path(", "### `slurmtools.notebook.executor("):
+        assert line in page
+    assert "on_train_batch_end" not in page          # a framework's hook without a docstring of its own
