@@ -23,6 +23,8 @@ supervisor, the submitit path and the trainer):
     ledger.jsonl            the attempts of the job (common/ledger.py)
     generation.json         in-place recovery: the process group the ranks form next (its number,
                             world, store), written by the supervisor (train/inplace.py)
+    group-broken-<N>.<host>.json  in-place recovery: the ranks of host saw generation N's group
+                            break (the supervisor looks for the lost node at once)
     steps/<attempt id>.rank<N>.jsonl
                             each rank's finished steps and rank 0's checkpoints (train/steplog.py),
                             what `slurmtools report` plots
@@ -58,8 +60,12 @@ CONTROL_SUBDIR = ".slurmtools"
 # its first group, torchrun's; N: a replacement started into generation N, or a survivor that
 # joined it), and whether a rank whose group broke waits for the next generation at all
 GENERATION_FILE = "generation.json"
+# a node's word that its ranks' group of generation N broke: group-broken-<N>.<host>.json
+GROUP_BROKEN_PREFIX = "group-broken-"
 GENERATION_ENV = "SLURMTOOLS_GENERATION"  # in-place recovery: this process's generation
 INPLACE_ENV = "SLURMTOOLS_INPLACE"  # in-place recovery on (not empty or 0): a broken group waits for the next
+RANK_BASE_ENV = "SLURMTOOLS_RANK_BASE"  # srun launcher: a replacement step's first rank (its tasks count from it)
+WORLD_SIZE_ENV = "SLURMTOOLS_WORLD_SIZE"  # srun launcher: a replacement step's world (more than its own tasks)
 # where a rank keeps what lives in its node's memory (heartbeats gathered per node, snapshots):
 # /dev/shm unless set (the mini-cluster's TaskProlog gives each fake node a directory of its own)
 NODE_LOCAL_DIR_ENV = "SLURMTOOLS_NODE_LOCAL_DIR"

@@ -142,9 +142,25 @@ class SnapshotRestore:
     restore_s: float = 0.0
 
 
-Event = Union[AttemptStart, AttemptEnd, NodeSlowdown, PreflightCheck, CheckpointRefused, SnapshotRestore]
+@dataclass(frozen=True)
+class InPlaceRecovery:
+    """A node failure the step survived (docs/recovery.md, "In place"): the lost nodes' ranks were
+    started again on spares, into the next generation, while every other rank kept its process.
+    Counted against the restart budget as any node failure is."""
+    KIND: ClassVar[str] = "in_place"
+    attempt_id: str
+    time_s: float
+    generation: int
+    lost: str                               # comma-separated
+    spares: str
+    detail: str = ""
+    checkpoint_step: Optional[int] = None    # the newest complete checkpoint then: the budget's progress marker
+
+
+Event = Union[AttemptStart, AttemptEnd, NodeSlowdown, PreflightCheck, CheckpointRefused, SnapshotRestore,
+              InPlaceRecovery]
 _KINDS: Dict[str, Any] = {cls.KIND: cls for cls in (AttemptStart, AttemptEnd, NodeSlowdown, PreflightCheck,
-                                                     CheckpointRefused, SnapshotRestore)}
+                                                     CheckpointRefused, SnapshotRestore, InPlaceRecovery)}
 
 
 def append(control_dir: Path, event: Event) -> None:
@@ -288,11 +304,17 @@ def attempts(events: List[Event]) -> List[Attempt]:
 
 
 def history(events: List[Event]) -> List[AttemptRecord]:
-    """Finished attempts as the policy sees them (oldest first), each with its progress marker."""
+    """Failures as the policy sees them (oldest first): each finished attempt with its progress
+    marker, and each node failure a step survived in place (at its time, before its attempt's end)."""
     restored = restored_steps(events)
-    return [AttemptRecord(Cause(a.cause), a.counted, progress_step(a.checkpoint_step, restored.get(a.attempt_id)),
-                          a.node, a.end_s)
-            for a in attempts(events) if a.cause is not None]
+    ended = [AttemptRecord(Cause(a.cause), a.counted, progress_step(a.checkpoint_step, restored.get(a.attempt_id)),
+                           a.node, a.end_s)
+             for a in attempts(events) if a.cause is not None]
+    survived = [AttemptRecord(Cause.NODE_FAILURE, True, event.checkpoint_step, event.lost.split(",")[0], event.time_s)
+                for event in events if isinstance(event, InPlaceRecovery)]
+    if not survived:
+        return ended
+    return sorted(ended + survived, key=lambda record: record.time_s if record.time_s is not None else 0.0)
 
 
 def restored_steps(events: List[Event]) -> Dict[str, int]:

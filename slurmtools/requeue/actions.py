@@ -65,7 +65,7 @@ def drain_node(job_id: Optional[int], attempt_id: str, node: str, diag: policy.D
         emit("drain_failed", attempt_id, node=node, error=str(exc))
 
 
-def restart_in_place(job_id: Optional[int], attempt_id: str, this_run: Run, diag: policy.Diagnosis, verdict: policy.Verdict,
+def restart_in_allocation(job_id: Optional[int], attempt_id: str, this_run: Run, diag: policy.Diagnosis, verdict: policy.Verdict,
                       flags: SignalFlags) -> bool:
     """Drain a blamed node and leave it out of the next steps, wait the backoff; False when
     Slurm began ending the run meanwhile (the caller requeues instead).

@@ -64,6 +64,17 @@ class NodeWatch:
         self.reprobe_after_s = CONFIRM_GAP_S        # unreachable(): the wait before the confirming probe
         self.endpoints: Dict[str, "tuple[str, int]"] = {}    # asked of the controller once per node
         self.pool = ThreadPoolExecutor(max_workers=PROBE_THREADS, thread_name_prefix="slurmd-probe")
+        self.joined_s: Dict[str, float] = {}        # spares that replaced a lost node in place: since when
+
+    def swap(self, lost: Sequence[str], spares: Sequence[str], now: float) -> None:
+        """In-place recovery: the lost nodes leave the watch, the spares that took their ranks join
+        it (silent since now, not since the step's launch)."""
+        for node in lost:
+            self.probes.pop(node, None)
+            self.failed_since.pop(node, None)
+        self.step_nodes = [node for node in self.step_nodes if node not in lost] + list(spares)
+        self.candidates = [node for node in self.candidates if node not in lost] + list(spares)
+        self.joined_s.update({node: now for node in spares})
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -115,7 +126,7 @@ class NodeWatch:
         PROBE_INTERVAL_S); a Death once one did not answer twice CONFIRM_GAP_S apart, with every
         node of the step probed, when they are lost for sure (watchdog.lost_for_sure)."""
         timeout = watchdog.node_timeout_s(self.configured_s, self.step_times_s)
-        silent = dict(watchdog.silent_step_nodes(beats, self.candidates, self.launched_s, now, timeout))
+        silent = dict(watchdog.silent_step_nodes(beats, self.candidates, self.launched_s, now, timeout, self.joined_s))
         for host in silent:
             if host not in self.probes and now - self.probed_at.get(host, 0.0) >= PROBE_INTERVAL_S:
                 self.probed_at[host] = now

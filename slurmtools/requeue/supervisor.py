@@ -26,8 +26,8 @@ from slurmtools.common import rendezvous
 from slurmtools.common import ledger
 from slurmtools.requeue import job_metrics
 from slurmtools.requeue import preflight_launch as preflight
-from slurmtools.requeue import (actions, exclusions, judge, nodecheck, observe, policy, progress, slurm_view, step,
-                                straggler, watchdog)
+from slurmtools.requeue import (actions, exclusions, inplace_plan, inplace_step, judge, nodecheck, observe, policy,
+                                progress, slurm_view, step, straggler, watchdog)
 from slurmtools.requeue.actions import Run, emit
 from slurmtools.requeue.deadline import WarningClock
 # re-exported: `slurmtools run` and the tests build a supervisor.SupervisorConfig
@@ -82,10 +82,14 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
            start_t: float, node_watch: Optional[nodecheck.NodeWatch],
            stragglers: Optional[straggler.StragglerWatch], can_swap: Callable[[str], bool],
            keep_clock: Callable[[], None], inferred: progress.ProgressWatch,
-           end_s: Callable[[], Optional[float]] = lambda: None) -> Watch:
+           end_s: Callable[[], Optional[float]] = lambda: None,
+           survived: Callable[[nodecheck.Death, str], bool] = lambda death, detail: False,
+           ended_in_place: Callable[[], bool] = lambda: False,
+           task_failed: "Callable[[float], Optional[nodecheck.Death | str]]" = lambda now: None) -> Watch:
     """Until the step ends: warning (Slurm's, or ours when due) -> checkpoint request (and the
     grace timer), heartbeats -> hang, silent node + unreachable slurmd -> node death, a
-    persistently slow node -> a checkpoint request to swap it out."""
+    persistently slow node -> a checkpoint request to swap it out. With in-place recovery a dead
+    node's ranks start again on a spare (survived) and the step goes on until ended_in_place."""
     control = config.control_dir
     requeue = config.requeue
     child = launched.child
@@ -125,15 +129,24 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
                 observe.request_checkpoint(control, attempt.attempt_id, now, straggler=watch.straggler.node)
         if node_watch is not None and requested_at is None:
             node_watch.observe(beats, now)
-            dead = node_watch.dead(beats, now)
+            failed = task_failed(now)               # in place: srun's word of a failed task, at once
+            if isinstance(failed, str):             # a rank lost on a live node: the relaunch
+                emit("rank_lost", attempt.attempt_id, detail=failed)
+                step.stop(child, config.stop_timeout_s)
+                break
+            dead = failed or node_watch.dead(beats, now)
             if dead is not None:
                 node, *also = dead.nodes
                 watch.dead_node, watch.dead_also = node, tuple(also)
-                watch.dead_detail = (f"node {node}: every rank silent for {dead.silent_s:.1f} s (node timeout "
-                                     f"{dead.timeout_s:.0f} s) and its slurmd does not answer"
+                watch.dead_detail = (f"node {node}: " + (f"every rank silent for {dead.silent_s:.1f} s (node timeout "
+                                     f"{dead.timeout_s:.0f} s)" if failed is None else "srun lost its tasks")
+                                     + " and its slurmd does not answer"
                                      + (f"; nor does the slurmd of {','.join(also)}" if also else ""))
                 emit("node_dead", attempt.attempt_id, node=node, also=list(also), silent_s=round(dead.silent_s, 1),
                      node_timeout_s=round(dead.timeout_s, 1))
+                if survived(dead, watch.dead_detail):
+                    watch.dead_node, watch.dead_also, watch.dead_detail = None, (), ""
+                    continue
                 step.kill_now(child)
                 watch.killed_by_us = True
                 break
@@ -143,7 +156,8 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
                 stall = inferred.stall(progress.reports_progress(control, False), start_t, now,
                                        requeue.hang_timeout_s, STARTUP_ALLOWANCE_S)
             if stall is None and node_watch is not None:
-                stall = watchdog.not_started(beats, node_watch.step_nodes, start_t, now, requeue.startup_timeout_s)
+                stall = watchdog.not_started(beats, node_watch.step_nodes, start_t, now, requeue.startup_timeout_s,
+                                             node_watch.joined_s)
             stall = dumps.settle(stall, beats, now)
             if stall is not None:
                 emit("hang", attempt.attempt_id, idle_s=round(stall.idle_s, 1), rank=stall.rank, host=stall.host,
@@ -156,6 +170,11 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
                 else:
                     watch.stall = stall
                 break
+        if ended_in_place():
+            if not (control / COMPLETE_FILE).exists():      # a replacement failed: the relaunch takes over
+                step.stop(child, config.stop_timeout_s)
+                watch.killed_by_us = True
+            break
         time.sleep(observe.pace_s(config.poll_s, time.thread_time() - pass_cpu_t))
     watch.exit_code = child.wait()
     return watch
@@ -216,7 +235,7 @@ def run(config: SupervisorConfig, argv: Sequence[str], environ: Optional[Mapping
                   f"{checkpoint_step if checkpoint_step is not None else 'none'})", file=sys.stderr, flush=True)
             return 1
         if verdict.action is policy.Action.RESTART:
-            if not actions.restart_in_place(job_id, attempt.attempt_id, this_run, diag, verdict, flags):
+            if not actions.restart_in_allocation(job_id, attempt.attempt_id, this_run, diag, verdict, flags):
                 return actions.requeue(job_id, attempt.attempt_id, diag, replace(verdict, drain_node=None), flags,
                                        this_run) if job_id is not None else 1
             seq += 1
@@ -287,9 +306,12 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
     inferred = progress.ProgressWatch.start(requeue.progress_checkpoints, requeue.progress_checkpoint_marker,
                                             requeue.progress_log_pattern, Path.cwd())
     start_t = time.time()
+    recovery = inplace_step.prepare(requeue, config.control_dir, attempt.job_id, argv, child_env, nodes, this_run)
+    step_cmd = step_argv(argv, nodes, overlap=bool(this_run.lost))
+    fed: Optional[Callable[[str], None]] = inferred.log.feed if inferred.log is not None else None
+    on_line = recovery.feed(fed) if recovery is not None else fed
     try:
-        launched = step.launch(step_argv(argv, nodes, overlap=bool(this_run.lost)), child_env,
-                               inferred.log.feed if inferred.log is not None else None)
+        launched = step.launch(inplace_plan.surviving(step_cmd) if recovery else step_cmd, child_env, on_line)
     except OSError as exc:
         emit("stop", attempt.attempt_id, reason=f"cannot start {argv[0]}: {exc}")
         return 1
@@ -306,14 +328,24 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
         """A spare is left to take the node's place in this allocation."""
         return (attempt.job_id is not None and requeue.in_allocation and not flags.seen(signal.SIGTERM)
                 and bool(this_run.topology.spares(this_run.lost)) and this_run.topology.can_lose(node, this_run.lost))
+    def survived(dead: nodecheck.Death, detail: str) -> bool:
+        return (recovery is not None and node_watch is not None and attempt.job_id is not None
+                and not flags.seen(signal.SIGTERM) and inplace_step.on_death(
+                    recovery, dead, detail, attempt.attempt_id, attempt.job_id, this_run, node_watch, manager, on_line))
     watch: Optional[Watch] = None
     try:
         try:
             watch = _watch(config, attempt, launched, flags, start_t, node_watch, stragglers, can_swap,
-                           lambda: _warn_when_due(clock, attempt, flags, warn_sig), inferred, lambda: clock.end_s)
+                           lambda: _warn_when_due(clock, attempt, flags, warn_sig), inferred, lambda: clock.end_s,
+                           survived, lambda: recovery is not None and inplace_step.ended(recovery, launched.child,
+                                                                                          config.stop_timeout_s),
+                           lambda now: (inplace_step.task_failed(recovery, node_watch, now)
+                                        if recovery is not None and node_watch is not None else None))
         finally:
             if watch is None or not watch.stopped_on_term:
                 launched.finish(config.stop_timeout_s)      # the whole tail read
+            if recovery is not None:
+                recovery.finish(config.stop_timeout_s)
         if watch.stopped_on_term:
             return _judge_then_finish(config, attempt, launched, watch, flags, resume, inferred, events, manager,
                                       start_t)

@@ -202,15 +202,18 @@ def judge(beats: List[Beat], now_s: float, timeout_s: float, expected_ranks: Opt
 
 
 def not_started(beats: List[Beat], step_nodes: Sequence[str], launched_s: float, now_s: float,
-                startup_timeout_s: float) -> Optional[Stall]:
+                startup_timeout_s: float, joined_s: Optional[Dict[str, float]] = None) -> Optional[Stall]:
     """Ranks elsewhere beat, but none on some of the step's nodes startup_timeout_s after the
-    launch: stuck before their TrainingControl (an import on a hung filesystem mount), while their
+    launch (or after the node joined the step: joined_s, a spare that took a lost node's ranks in
+    place): stuck before their TrainingControl (an import on a hung filesystem mount), while their
     peers wait in the rendezvous up to the collective timeout. The node is named when a minority
     of the step's nodes did not start (else what they share, the filesystem, is the suspect)."""
     if startup_timeout_s <= 0 or not beats or now_s - launched_s < startup_timeout_s:
         return None
     started = {beat.host for beat in beats}
-    missing = [node for node in step_nodes if node not in started]
+    joined = joined_s or {}
+    missing = [node for node in step_nodes
+               if node not in started and now_s - joined.get(node, launched_s) >= startup_timeout_s]
     if not missing:
         return None
     named = missing[0] if 2 * len(missing) < len(step_nodes) else None
@@ -289,15 +292,16 @@ def cut_off(stall: Stall, beats: List[Beat], unreachable: List[str], step_nodes:
 
 
 def silent_step_nodes(beats: List[Beat], nodes: List[str], since_s: float, now_s: float,
-                      timeout_s: float) -> List[Tuple[str, float]]:
+                      timeout_s: float, joined_s: Optional[Dict[str, float]] = None) -> List[Tuple[str, float]]:
     """(host, silent seconds) of each of the step's nodes none of whose ranks has shown life for
     timeout_s, most silent first; a node none of whose ranks ever beat is silent since since_s
-    (the step's launch: a node that dies during start-up never beats at all). Silence alone is
-    no death (a stuck filesystem silences every node; the survivors of a dead peer may have
-    exited): the supervisor asks the node's slurmd next."""
+    (the step's launch: a node that dies during start-up never beats at all), or since it joined
+    the step (joined_s: a spare whose ranks replaced a lost node's). Silence alone is no death (a
+    stuck filesystem silences every node; the survivors of a dead peer may have exited): the
+    supervisor asks the node's slurmd next."""
     if timeout_s <= 0:
         return []
-    newest: Dict[str, float] = {node: since_s for node in nodes}
+    newest: Dict[str, float] = {node: (joined_s or {}).get(node, since_s) for node in nodes}
     for beat in beats:
         if beat.host in newest:
             newest[beat.host] = max(newest[beat.host], beat.last_alive_s)

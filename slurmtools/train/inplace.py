@@ -14,11 +14,9 @@ relaunch takes over.
 from __future__ import annotations
 
 import datetime
-import json
 import os
+import socket
 import sys
-import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, TypeVar
 
@@ -26,7 +24,7 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]  # documented, not re-exported
 
 from slurmtools.common.control_dir import GENERATION_ENV, GENERATION_FILE, INPLACE_ENV
-from slurmtools.common.fsutil import read_small_regular, write_json_atomic
+from slurmtools.common.generation import Generation, current, read, report_broken, wait_for_next
 from slurmtools.errors import UsageError, one_line
 
 T = TypeVar("T")
@@ -34,66 +32,6 @@ T = TypeVar("T")
 # how long a rank whose group broke waits for the next generation before it exits (the relaunch)
 REFORM_WAIT_S = 60.0
 STORE_PREFIX = "slurmtools/generation/"
-
-
-@dataclass(frozen=True)
-class Generation:
-    """A process group the ranks form in place: its number (1, 2, ... within an attempt), its
-    world size, and the store every rank meets on (one that outlives the lost node)."""
-    number: int
-    world: int
-    store_host: str
-    store_port: int
-
-    @classmethod
-    def parse(cls, text: str) -> "Generation":
-        """From generation.json; ValueError naming what is wrong."""
-        data = json.loads(text)
-        if not isinstance(data, dict) or set(data) != {"number", "world", "store_host", "store_port"}:
-            raise ValueError("expected number, world, store_host and store_port")
-        number, world, host, port = data["number"], data["world"], data["store_host"], data["store_port"]
-        if not (isinstance(number, int) and number > 0 and isinstance(world, int) and world > 0
-                and isinstance(host, str) and host and isinstance(port, int) and 0 < port < 65536):
-            raise ValueError(f"out of range: {data}")
-        return cls(number, world, host, port)
-
-
-def write(control_dir: Path, generation: Generation) -> None:
-    """The supervisor's word: written whole (renamed into place), read by every rank."""
-    write_json_atomic(control_dir / GENERATION_FILE, asdict(generation), durable=False)
-
-
-def read(control_dir: Path) -> Optional[Generation]:
-    """The newest generation written, or None (none yet, or a file that is not one: said)."""
-    raw = read_small_regular(control_dir / GENERATION_FILE, 4096)
-    if raw is None:
-        return None
-    try:
-        return Generation.parse(raw.decode())
-    except (ValueError, UnicodeDecodeError) as exc:
-        print(f"slurmtools: {control_dir / GENERATION_FILE} is no generation: {one_line(str(exc))}", file=sys.stderr,
-              flush=True)
-        return None
-
-
-def current(environ: Mapping[str, str] = os.environ) -> int:
-    """The generation this process runs in (0: its first group)."""
-    text = environ.get(GENERATION_ENV, "0") or "0"
-    if not text.isdigit():
-        raise UsageError(f"{GENERATION_ENV} must be a generation number, got {text!r}")
-    return int(text)
-
-
-def wait_for_next(control_dir: Path, after: int, wait_s: float, poll_s: float = 0.1) -> Optional[Generation]:
-    """The first generation newer than `after` written within wait_s, or None."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        generation = read(control_dir)
-        if generation is not None and generation.number > after:
-            return generation
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(poll_s)
 
 
 def leave_group() -> None:
@@ -162,6 +100,8 @@ def run(train_once: Callable[[], T], control_dir: Optional[Path], rank: int, bac
             if control_dir is None or not enabled(environ) or not group_broke(exc):
                 raise
             after = current(os.environ)
+            if os.environ.get("LOCAL_RANK", "0") == "0":        # one word per node
+                report_broken(control_dir, after, socket.gethostname(), one_line(str(exc)))
             generation = wait_for_next(control_dir, after, wait_s)
             if generation is None:
                 raise

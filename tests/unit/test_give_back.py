@@ -74,7 +74,7 @@ def _restart(monkeypatch, capsys, diag, verdict, give_back=None):
     monkeypatch.setattr(slurm, "give_back_nodes", shrink)
     run = actions.Run(topology.topology_of(["node1", "node2", "node3", "node4"], RequeueSpec(spare_nodes=1)))
     flags = SignalFlags().install({signal.SIGUSR2})
-    assert actions.restart_in_place(7, "7.0", run, diag, verdict, flags)
+    assert actions.restart_in_allocation(7, "7.0", run, diag, verdict, flags)
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     return given, {e["slurmtools"]: e for e in events}, run
 

@@ -23,6 +23,7 @@ from tests.unit.test_flight_recorder import _free_port
 
 torch = pytest.importorskip("torch")
 from slurmtools.train import inplace  # noqa: E402
+from slurmtools.common import generation  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_fsdp" / "train.py"
 
@@ -61,7 +62,7 @@ def test_a_lost_rank_is_replaced_in_place_and_the_survivor_keeps_its_process(tmp
     _, lost_err = lost.communicate(timeout=240)
     assert lost.returncode == 9 and "injected loss of this process at step 8" in lost_err
     assert survivor.poll() is None                  # waiting for the next generation, not gone
-    inplace.write(tmp_path / "control", inplace.Generation(1, 2, "127.0.0.1", store.port))
+    generation.write(tmp_path / "control", generation.Generation(1, 2, "127.0.0.1", store.port))
     replacement = _start(tmp_path, 1, port, **{INPLACE_ENV: "1", GENERATION_ENV: "1"})
     out, err = survivor.communicate(timeout=240)
     replacement_out, replacement_err = replacement.communicate(timeout=240)
@@ -119,18 +120,18 @@ def test_a_trainers_own_error_fails_at_once_without_waiting_for_a_generation(con
 
 
 def test_a_generation_file_is_read_whole_or_not_at_all(tmp_path, capsys):
-    inplace.write(tmp_path, inplace.Generation(2, 4, "node9", 29500))
-    assert inplace.read(tmp_path) == inplace.Generation(2, 4, "node9", 29500)
+    generation.write(tmp_path, generation.Generation(2, 4, "node9", 29500))
+    assert generation.read(tmp_path) == generation.Generation(2, 4, "node9", 29500)
     for bad in ('{"number": 0, "world": 4, "store_host": "n", "store_port": 1}', '{"number": 1}', "[1]", "{"):
         (tmp_path / "generation.json").write_text(bad)
-        assert inplace.read(tmp_path) is None
+        assert generation.read(tmp_path) is None
         assert "is no generation" in capsys.readouterr().err
-    assert inplace.wait_for_next(tmp_path, 0, 0.2) is None
+    assert generation.wait_for_next(tmp_path, 0, 0.2) is None
     with pytest.raises(Exception, match="must be a generation number"):
-        inplace.current({GENERATION_ENV: "x"})
+        generation.current({GENERATION_ENV: "x"})
 
 
 def test_a_replacement_needs_the_generation_it_was_started_into(tmp_path):
-    inplace.write(tmp_path, inplace.Generation(1, 2, "127.0.0.1", 1))
+    generation.write(tmp_path, generation.Generation(1, 2, "127.0.0.1", 1))
     with pytest.raises(Exception, match="started into generation 2, but the control dir's generation.json names 1"):
         inplace.start("gloo", 5.0, tmp_path, {GENERATION_ENV: "2", "RANK": "1"})

@@ -171,3 +171,17 @@ def test_the_step_gets_its_attempt_number_and_a_flight_recorder_dir(tmp_path, ca
                                     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{recorder}/rank_",
                                     "SLURMTOOLS_ATTEMPT_NUMBER": "0", "SLURMTOOLS_ATTEMPT_ID": "local.0"}
     assert recorder.is_dir()
+
+
+def test_a_spare_that_took_a_lost_nodes_ranks_is_watched_from_when_it_joined():
+    from slurmtools.requeue import nodecheck
+    watch = nodecheck.NodeWatch(10, ["node1", "node2", "node3"], "node1", 90.0)
+    watch.failed_since["node2"] = 120.0
+    watch.swap(["node2"], ["node4"], 125.0)
+    assert watch.step_nodes == ["node1", "node3", "node4"] and watch.candidates == ["node3", "node4"]
+    assert "node2" not in watch.failed_since and watch.joined_s == {"node4": 125.0}
+    beats = [beat(0, "node1", 130.0), beat(2, "node3", 131.0)]
+    # silent since it joined (125.0), not since the launch (90.0)
+    assert watchdog.silent_step_nodes(beats, watch.candidates, 90.0, 136.0, 10.0, watch.joined_s) == [("node4", 11.0)]
+    assert watchdog.silent_step_nodes(beats, watch.candidates, 90.0, 134.0, 10.0, watch.joined_s) == []
+    watch.close()

@@ -57,3 +57,12 @@ def test_the_deadlines_are_spec_settings_with_their_defaults():
     spec = spec_from_dict({"name": "j", "nodes": 1, "command": ["train.py"],
                            "requeue": {"first_step_timeout_s": 3600, "startup_timeout_s": 0}})
     assert (spec.requeue.first_step_timeout_s, spec.requeue.startup_timeout_s) == (3600, 0)
+
+
+def test_a_spare_that_joined_in_place_is_given_the_startup_deadline_from_when_it_joined():
+    nodes = ["node1", "node3", "node4"]                 # node4 took node2's ranks at LAUNCH_S + 2000
+    beats = [beat(0, "node1", 40, LAUNCH_S + 2001), beat(1, "node3", 40, LAUNCH_S + 2001)]
+    joined = {"node4": LAUNCH_S + 2000.0}
+    assert watchdog.not_started(beats, nodes, LAUNCH_S, LAUNCH_S + 2899, 900, joined) is None
+    stall = watchdog.not_started(beats, nodes, LAUNCH_S, LAUNCH_S + 2900, 900, joined)
+    assert stall is not None and stall.host == "node4"

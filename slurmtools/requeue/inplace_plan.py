@@ -1,0 +1,103 @@
+"""In-place recovery, the supervisor's decision (pure): whether the ranks a lost node held can be
+started again on spares while every other rank keeps its process, and where each goes.
+
+Ranks keep their numbers across generations: a survivor's rank never changes (its process, its
+data loader's position and its snapshot are that rank's), and a spare takes the lost node's whole
+block of ranks. The srun launcher places ranks in blocks, node by node, in the step's node order:
+`placement` is that order, the node of each block. What cannot be done in place (the batch host
+lost: it hosts the generation's store and the supervisor; too few spares; a launcher whose ranks
+are not ours to place) is said in one line, and the supervisor relaunches as before.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Collection, List, Sequence, Tuple, Union
+
+from slurmtools.requeue.topology import step_argv
+
+# what keeps a step's srun and its other tasks going when a node's tasks are lost: the supervisor
+# replaces them (Slurm's defaults end the whole step)
+SURVIVE_LOSS = ("--no-kill", "--kill-on-bad-exit=0")
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """The ranks first_rank .. first_rank + ranks - 1 of a lost node, started again on spare."""
+    lost: str
+    spare: str
+    first_rank: int
+    ranks: int
+
+
+@dataclass(frozen=True)
+class InPlacePlan:
+    generation: int                          # the group the ranks form next (1, 2, ...)
+    world: int
+    replacements: Tuple[Replacement, ...]
+    placement: Tuple[str, ...]               # the node of each block of ranks, after the swap
+
+    @property
+    def spares_used(self) -> List[str]:
+        return [replacement.spare for replacement in self.replacements]
+
+
+def plan(placement: Sequence[str], lost: Collection[str], spares: Sequence[str], ranks_per_node: int,
+         generation: int, batch_host: str) -> Union[InPlacePlan, str]:
+    """The next generation with each lost node's block on a spare (the spares taken in their
+    order), or why it cannot be done in place."""
+    if ranks_per_node < 1:
+        return f"{ranks_per_node} ranks per node: the launcher places no ranks of ours"
+    if batch_host in lost:
+        return f"the batch host {batch_host} is lost (the generation's store and the supervisor were on it)"
+    strangers = sorted(node for node in lost if node not in placement)
+    if strangers:
+        return f"{','.join(strangers)} held no ranks of this step"
+    lost_blocks = [index for index, node in enumerate(placement) if node in lost]
+    if not lost_blocks:
+        return "no node of this step is lost"
+    free = [node for node in spares if node not in placement and node not in lost]
+    if len(free) < len(lost_blocks):
+        return f"{len(lost_blocks)} node(s) lost, {len(free)} spare(s) left"
+    after = list(placement)
+    replacements = []
+    for index, spare in zip(lost_blocks, free):
+        replacements.append(Replacement(placement[index], spare, index * ranks_per_node, ranks_per_node))
+        after[index] = spare
+    return InPlacePlan(generation, len(placement) * ranks_per_node, tuple(replacements), tuple(after))
+
+
+def _srun_options(argv: Sequence[str]) -> List[str]:
+    """srun's own options: the arguments after `srun` up to its program."""
+    if not argv or os.path.basename(argv[0]) != "srun":
+        return []
+    options = []
+    for arg in argv[1:]:
+        if not arg.startswith("-"):
+            break
+        options.append(arg)
+    return options
+
+
+def ranks_per_node(argv: Sequence[str]) -> int:
+    """The ranks srun places on each node when each of its tasks is a rank (the srun launcher's
+    `--ntasks-per-node=N`); 0 when they are not ours to place (torchrun's agents restart their own
+    workers; a command that is not srun)."""
+    if any(arg == "torch.distributed.run" or arg.endswith("torchrun") for arg in argv):
+        return 0
+    counts = [arg.split("=", 1)[1] for arg in _srun_options(argv) if arg.startswith("--ntasks-per-node=")]
+    return int(counts[-1]) if counts and counts[-1].isdigit() else 0
+
+
+def surviving(argv: Sequence[str]) -> List[str]:
+    """The step's srun, made to keep its other tasks running when a node's are lost."""
+    options = _srun_options(argv)
+    if not options and (not argv or os.path.basename(argv[0]) != "srun"):
+        return list(argv)
+    kept = [arg for arg in options if arg not in ("--no-kill", "-k") and not arg.startswith("--kill-on-bad-exit")]
+    return [argv[0], *SURVIVE_LOSS, *kept, *argv[1 + len(options):]]
+
+
+def replacement_argv(argv: Sequence[str], spare: str) -> List[str]:
+    """The step's command on the spare alone: the same program and ranks per node."""
+    return surviving(step_argv(argv, [spare]))

@@ -1,0 +1,230 @@
+"""In-place recovery, the supervisor's side (docs/recovery.md): while a step runs, the store its
+ranks re-form on is served from the batch host, and when a node is lost its ranks are started
+again on a spare, into the next generation, while every other rank keeps its process. Effects
+only: what to do comes from inplace_plan (pure); the ranks' side is train/inplace.py.
+"""
+from __future__ import annotations
+
+import select
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
+
+from slurmtools.checkpoint.manager import CheckpointManager
+from slurmtools.common import generation, ledger
+from slurmtools.common.control_dir import (COMPLETE_FILE, GENERATION_ENV, HEARTBEAT_DIR, INPLACE_ENV, RANK_BASE_ENV,
+                                           WORLD_SIZE_ENV)
+from slurmtools.requeue import actions, inplace_plan, nodecheck, policy, step
+from slurmtools.requeue import output_signs as signs
+from slurmtools.requeue.actions import Run, emit
+from slurmtools.requeue.inplace_plan import InPlacePlan
+from slurmtools.spec import RequeueSpec
+from slurmtools.train.node_beat import node_file_name
+
+# how long the store host may take to start (it imports torch: seconds on a loaded node)
+STORE_START_S = 120.0
+STORE_READY_PREFIX = "port "          # train/store_host.py's first line
+
+
+class InPlace:
+    """One step's in-place recovery: the store host, the generations written, the replacement steps."""
+
+    def __init__(self, control_dir: Path, argv: Sequence[str], env: Mapping[str, str], placement: Sequence[str],
+                 batch_host: str, store_host: str, python: str = sys.executable) -> None:
+        self.control_dir, self.argv, self.env = control_dir, list(argv), dict(env)
+        self.placement = list(placement)
+        self.batch_host, self.store_host, self.python = batch_host, store_host, python
+        self.ranks_per_node = inplace_plan.ranks_per_node(argv)
+        self.generation = 0
+        self.store: "Optional[subprocess.Popen[str]]" = None
+        self.store_port: Optional[int] = None
+        self.store_error = ""
+        self.replacements: List[step.Step] = []
+        self._failed_nodes: List[str] = []         # nodes srun named a task failed on, not yet looked at
+        self.broken_seen = 0                         # nodes' reports of this generation's broken group, looked at
+        self._lock = threading.Lock()
+
+    def feed(self, then: Optional[Callable[[str], None]]) -> Callable[[str], None]:
+        """An output-line hook that notes each node srun names a failed task on (then: the next hook)."""
+        def on_line(line: str) -> None:
+            found = signs.FAILED_TASK.match(line)
+            if found:
+                with self._lock:
+                    self._failed_nodes.append(found.group(1))
+            if then is not None:
+                then(line)
+        return on_line
+
+    def failed_nodes(self) -> List[str]:
+        """The nodes srun named a failed task on since the last call, each once."""
+        with self._lock:
+            found, self._failed_nodes = self._failed_nodes, []
+        return sorted(set(found))
+
+    def start_store(self) -> None:
+        """Start serving the generations' store now, beside the step's start: its import of torch is
+        paid before any failure (its port is read when first needed)."""
+        try:
+            self.store = subprocess.Popen([self.python, "-m", "slurmtools.train.store_host"], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        except OSError as exc:
+            self.store_error = f"cannot start the store host: {exc}"
+
+    def _port(self) -> Optional[int]:
+        """The store's port, once it says it serves (waited for up to STORE_START_S); None: store_error."""
+        if self.store_port is not None or self.store is None:
+            return self.store_port
+        assert self.store.stdout is not None
+        ready, _, _ = select.select([self.store.stdout], [], [], STORE_START_S)
+        line = self.store.stdout.readline() if ready else ""
+        if not line.startswith(STORE_READY_PREFIX) or not line[len(STORE_READY_PREFIX):].strip().isdigit():
+            said: List[str] = []
+            if self.store.poll() is not None and self.store.stderr is not None:
+                said = self.store.stderr.read().strip().splitlines()[-1:]
+            self.store_error = f"the store host did not start: {line.strip() or (said[0] if said else 'no answer')}"
+            self.close()
+            return None
+        self.store_port = int(line[len(STORE_READY_PREFIX):])
+        return self.store_port
+
+    def recover(self, lost: Sequence[str], spares: Sequence[str],
+                on_line: Optional[Callable[[str], None]] = None) -> Union[InPlacePlan, str]:
+        """Write the next generation and start the lost nodes' ranks on spares; why not, or the plan."""
+        port = self._port()
+        if port is None or self.store is None or self.store.poll() is not None:
+            return self.store_error or "the store host is gone"
+        found = inplace_plan.plan(self.placement, set(lost), spares, self.ranks_per_node, self.generation + 1,
+                                  self.batch_host)
+        if isinstance(found, str):
+            return found
+        generation.write(self.control_dir, generation.Generation(found.generation, found.world, self.store_host, port))
+        for replacement in found.replacements:
+            env: Dict[str, str] = dict(self.env, **{INPLACE_ENV: "1", GENERATION_ENV: str(found.generation),
+                                                    RANK_BASE_ENV: str(replacement.first_rank),
+                                                    WORLD_SIZE_ENV: str(found.world)})
+            try:
+                self.replacements.append(step.launch(inplace_plan.replacement_argv(self.argv, replacement.spare),
+                                                     env, on_line))
+            except OSError as exc:
+                return f"cannot start the replacement on {replacement.spare}: {exc}"
+        self.placement, self.generation, self.broken_seen = list(found.placement), found.generation, 0
+        return found
+
+    def failed_replacement(self) -> Optional[int]:
+        """The exit code of a replacement step that ended badly, or None."""
+        return next((code for code in (s.child.poll() for s in self.replacements) if code not in (None, 0)), None)
+
+    def running(self) -> bool:
+        return any(s.child.poll() is None for s in self.replacements)
+
+    def evidence(self) -> str:
+        return "".join(s.evidence() for s in self.replacements)
+
+    def finish(self, stop_timeout_s: float) -> None:
+        """The replacement steps stopped (when still running: after training completed, given
+        stop_timeout_s to end on their own) and drained; the store closed."""
+        deadline = time.monotonic() + (stop_timeout_s if (self.control_dir / COMPLETE_FILE).exists() else 0.0)
+        for replacement in self.replacements:
+            try:
+                replacement.child.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            replacement.finish(stop_timeout_s)
+        self.close()
+
+    def close(self) -> None:
+        if self.store is None:
+            return
+        for stream in (self.store.stdin, self.store.stdout, self.store.stderr):
+            if stream is not None:
+                stream.close()              # stdin closed: the store host exits
+        try:
+            self.store.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.store.kill()
+            self.store.wait()
+        self.store = None
+
+
+def prepare(requeue: RequeueSpec, control_dir: Path, job_id: Optional[int], argv: Sequence[str],
+            env: Dict[str, str], nodes: Sequence[str], this_run: Run) -> Optional[InPlace]:
+    """The step's in-place recovery when its spec asks for one and it can be had (the srun
+    launcher's ranks, a job under Slurm): the ranks are told (env) and the store starts now."""
+    host = this_run.topology.batch_host
+    if not requeue.in_place or job_id is None or not nodes or host is None or inplace_plan.ranks_per_node(argv) < 1:
+        return None
+    env[INPLACE_ENV] = "1"
+    in_place = InPlace(control_dir, argv, env, nodes, host, env.get("MASTER_ADDR") or host)
+    in_place.start_store()
+    return in_place
+
+
+def on_death(in_place: InPlace, dead: nodecheck.Death, detail: str, attempt_id: str, job_id: int, this_run: Run,
+             node_watch: nodecheck.NodeWatch, manager: Optional[CheckpointManager],
+             on_line: Optional[Callable[[str], None]]) -> bool:
+    """Nodes found dead while the step runs: their ranks started again on spares, the step going
+    on (True); or why not said, for the relaunch (False)."""
+    spares = [node for node in this_run.topology.allocation if node not in this_run.lost]
+    found = in_place.recover(dead.nodes, spares, on_line)
+    if isinstance(found, str):
+        emit("in_place_refused", attempt_id, nodes=list(dead.nodes), reason=found)
+        return False
+    now = time.time()
+    lost = [replacement.lost for replacement in found.replacements]
+    emit("in_place", attempt_id, generation=found.generation, lost=lost, spares=found.spares_used,
+         ranks=[[r.first_rank, r.ranks] for r in found.replacements], detail=detail)
+    for node in lost:
+        # its ranks' last beats would stand for the replacements' (the same ranks): gone with it
+        (in_place.control_dir / HEARTBEAT_DIR / node_file_name(node)).unlink(missing_ok=True)
+        actions.drain_node(job_id, attempt_id, node, policy.Diagnosis(policy.Cause.NODE_FAILURE, node, detail,
+                                                                      fatal_for_node=True),
+                           direct=this_run.direct_drain)
+    this_run.lost.extend(lost)
+    node_watch.swap(lost, found.spares_used, now)
+    newest = manager.latest(checksums=False) if manager is not None else None
+    ledger.append(in_place.control_dir, ledger.InPlaceRecovery(
+        attempt_id, now, found.generation, ",".join(lost), ",".join(found.spares_used), detail,
+        newest.step if newest else None))
+    return True
+
+
+def task_failed(in_place: InPlace, node_watch: nodecheck.NodeWatch, now: float) -> "Optional[nodecheck.Death | str]":
+    """A loss heard of at once: srun's line for a failed task (its node's slurmd asked), or a node's
+    word that its ranks' group broke (every node of the step asked), each slurmd twice, 2 s apart. A
+    node that does not answer is dead (the in-place path, no node timeout waited for); a loss while
+    every slurmd answers is a rank's, not a node's: said (the step cannot go on without it)."""
+    failed = [node for node in in_place.failed_nodes() if node in in_place.placement]
+    reports = generation.broken_reports(in_place.control_dir, in_place.generation)
+    if reports > in_place.broken_seen:
+        in_place.broken_seen = reports
+        failed = sorted(set(failed) | set(node_watch.candidates))
+    if not failed:
+        return None
+    dead = node_watch.unreachable(failed)
+    if dead:
+        return nodecheck.Death(tuple(dead), 0.0, 0.0)
+    return f"a rank was lost on a live node (every slurmd of {','.join(failed)} answers)"
+
+
+def ended(in_place: InPlace, main: "subprocess.Popen[bytes]", grace_s: float) -> bool:
+    """After a recovery in place the step's end is not srun's alone: training completed (the marker:
+    then every step given grace_s to end), or a replacement failed (the relaunch takes over)."""
+    if not in_place.replacements:
+        return False
+    if (in_place.control_dir / COMPLETE_FILE).exists():
+        wait_all_ended(in_place, main, grace_s)
+        return True
+    return in_place.failed_replacement() is not None
+
+
+def wait_all_ended(in_place: InPlace, main: "subprocess.Popen[bytes]", grace_s: float) -> None:
+    """Training completed: the replacements' own ranks end on their own; the main srun may still
+    wait for a lost node's tasks Slurm has not yet removed (until SlurmdTimeout): given grace_s."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and (in_place.running() or main.poll() is None):
+        time.sleep(0.2)
+    if main.poll() is None:
+        step.kill_now(main)

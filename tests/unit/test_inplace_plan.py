@@ -1,0 +1,53 @@
+"""The supervisor's in-place decision (slurmtools/requeue/inplace_plan.py): survivors keep their
+ranks, a spare takes a lost node's whole block, and whatever cannot be done in place says why."""
+from __future__ import annotations
+
+import pytest
+
+from slurmtools.requeue.inplace_plan import InPlacePlan, Replacement, plan, ranks_per_node, replacement_argv, surviving
+
+
+def test_a_spare_takes_the_lost_nodes_block_and_every_survivor_keeps_its_ranks():
+    found = plan(["n1", "n2", "n3", "n4"], {"n3"}, ["n5", "n6"], 8, 1, "n1")
+    assert found == InPlacePlan(1, 32, (Replacement("n3", "n5", 16, 8),), ("n1", "n2", "n5", "n4"))
+    assert found.spares_used == ["n5"]
+
+
+def test_two_nodes_lost_together_take_two_spares_in_order_in_the_next_generation():
+    found = plan(["n1", "n5", "n3", "n4"], {"n4", "n5"}, ["n5", "n6", "n7"], 2, 3, "n1")      # n5: lost, no spare
+    assert isinstance(found, InPlacePlan)
+    assert found.replacements == (Replacement("n5", "n6", 2, 2), Replacement("n4", "n7", 6, 2))
+    assert (found.generation, found.world, found.placement) == (3, 8, ("n1", "n6", "n3", "n7"))
+
+
+@pytest.mark.parametrize("placement, lost, spares, ranks, why", [
+    (["n1", "n2"], {"n1"}, ["n3"], 1, "the batch host n1 is lost (the generation's store and the supervisor were on it)"),
+    (["n1", "n2", "n3"], {"n2", "n3"}, ["n4"], 1, "2 node(s) lost, 1 spare(s) left"),
+    (["n1", "n2"], {"n2"}, [], 4, "1 node(s) lost, 0 spare(s) left"),
+    (["n1", "n2"], {"n9"}, ["n3"], 1, "n9 held no ranks of this step"),
+    (["n1", "n2"], set(), ["n3"], 1, "no node of this step is lost"),
+    (["n1", "n2"], {"n2"}, ["n3"], 0, "0 ranks per node: the launcher places no ranks of ours"),
+])
+def test_what_cannot_be_done_in_place_says_why_in_one_line(placement, lost, spares, ranks, why):
+    assert plan(placement, lost, spares, ranks, 1, "n1") == why
+
+
+SRUN = ["srun", "--kill-on-bad-exit=1", "--nodes=2", "--cpus-per-task=1", "--cpu-bind=cores", "--ntasks-per-node=2",
+        "bash", "-c", 'exec "$@"', "slurmtools-task", "python3", "train.py", "--nodes=9"]
+
+
+def test_the_steps_srun_survives_a_lost_node_and_a_replacement_runs_on_the_spare_alone():
+    assert ranks_per_node(SRUN) == 2
+    assert surviving(SRUN) == ["srun", "--no-kill", "--kill-on-bad-exit=0", "--nodes=2", "--cpus-per-task=1",
+                               "--cpu-bind=cores", "--ntasks-per-node=2", *SRUN[6:]]
+    assert replacement_argv(SRUN, "node4") == [
+        "srun", "--no-kill", "--kill-on-bad-exit=0", "--nodelist=node4", "--nodes=1", "--cpus-per-task=1",
+        "--cpu-bind=cores", "--ntasks-per-node=2", *SRUN[6:]]       # the program's own --nodes untouched
+
+
+def test_ranks_not_placed_by_srun_are_not_ours_to_replace():
+    torchrun = ["srun", "--ntasks-per-node=1", "bash", "-c", "x", "slurmtools-agent", "python3", "-m",
+                "torch.distributed.run", "--nnodes=2", "train.py"]
+    assert ranks_per_node(torchrun) == 0
+    assert ranks_per_node(["python3", "train.py"]) == 0 and surviving(["python3", "train.py"]) == ["python3", "train.py"]
+    assert ranks_per_node(["srun", "--nodes=2", "train.py"]) == 0

@@ -1,0 +1,112 @@
+"""In-place recovery, the supervisor's side (slurmtools/requeue/inplace_step.py), with real processes
+and no Slurm: the store host serves a TCPStore until its stdin closes, and a recovery writes the
+next generation (naming that store) and starts the lost node's ranks with their first rank and the
+world in their environment. The srun side is tested on the mini-cluster
+(tests/cluster/test_inplace_recovery.py)."""
+from __future__ import annotations
+
+import datetime
+import sys
+import time
+
+import pytest
+
+from slurmtools.common import generation, ledger
+from slurmtools.requeue import inplace_step
+
+torch = pytest.importorskip("torch")
+
+
+def test_the_store_host_serves_until_its_stdin_closes(tmp_path):
+    in_place = inplace_step.InPlace(tmp_path, ["true"], {}, ["n1"], "n1", "127.0.0.1")
+    in_place.start_store()
+    port = in_place._port()
+    assert port is not None, in_place.store_error
+    client = torch.distributed.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10))
+    client.set("slurmtools/generation/1/x", "y")
+    assert client.get("slurmtools/generation/1/x") == b"y"
+    store = in_place.store
+    in_place.close()
+    assert store is not None and store.returncode == 0
+
+
+def test_a_recovery_writes_the_next_generation_and_starts_the_lost_ranks_with_their_numbers(tmp_path):
+    program = [sys.executable, "-c", "import os; print('ranks', os.environ['SLURMTOOLS_RANK_BASE'], "
+               "os.environ['SLURMTOOLS_WORLD_SIZE'], os.environ['SLURMTOOLS_GENERATION'], os.environ['SLURMTOOLS_INPLACE'])"]
+    in_place = inplace_step.InPlace(tmp_path, program, {"PATH": "/usr/bin:/bin"}, ["n1", "n2", "n3"], "n1", "n1")
+    in_place.ranks_per_node = 4          # as the srun launcher's --ntasks-per-node=4 says
+    in_place.start_store()
+    lines: list = []
+    try:
+        found = in_place.recover(["n2"], ["n1", "n3", "n4"], lines.append)
+        assert not isinstance(found, str), found
+        assert (found.generation, found.world, found.placement) == (1, 12, ("n1", "n4", "n3"))
+        assert generation.read(tmp_path) == generation.Generation(1, 12, "n1", in_place.store_port)
+        deadline = time.monotonic() + 30
+        while in_place.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert in_place.failed_replacement() is None
+        assert in_place.replacements[0].child.returncode == 0
+        in_place.replacements[0].finish(5)
+        assert lines == ["ranks 4 12 1 1\n"]
+        # a second loss: the next generation, the next spare; none left after it
+        assert not isinstance(in_place.recover(["n3"], ["n1", "n4", "n5"]), str)
+        assert in_place.placement == ["n1", "n4", "n5"] and in_place.generation == 2
+        assert in_place.recover(["n4"], ["n1", "n5"]) == "1 node(s) lost, 0 spare(s) left"
+    finally:
+        in_place.finish(5)
+    assert in_place.store is None
+
+
+def test_without_a_store_the_recovery_says_why(tmp_path):
+    in_place = inplace_step.InPlace(tmp_path, ["true"], {}, ["n1", "n2"], "n1", "n1", python="/nonexistent/python")
+    in_place.ranks_per_node = 1
+    in_place.start_store()
+    assert in_place.recover(["n2"], ["n3"]) == ("cannot start the store host: [Errno 2] No such file or directory: "
+                                                "'/nonexistent/python'")
+    assert generation.read(tmp_path) is None
+
+
+def test_a_node_failure_survived_in_place_counts_against_the_budget_at_its_time():
+    events = [ledger.AttemptStart("5.0", 100.0),
+              ledger.InPlaceRecovery("5.0", 150.0, 1, "n2", "n4", "n2 silent", 8),
+              ledger.AttemptEnd("5.0", 200.0, "crash", counted=True, checkpoint_step=12)]
+    assert [(r.cause.value, r.counted, r.checkpoint_step, r.node, r.time_s) for r in ledger.history(events)] == [
+        ("node_failure", True, 8, "n2", 150.0), ("crash", True, 12, None, 200.0)]
+    record = ledger.parse({"event": "in_place", "attempt_id": "5.0", "time_s": 1.0, "generation": 2, "lost": "a",
+                           "spares": "b"})
+    assert record == ledger.InPlaceRecovery("5.0", 1.0, 2, "a", "b")
+    assert ledger.parse({"event": "in_place", "attempt_id": "5.0", "time_s": 1.0, "generation": "2", "lost": "a",
+                         "spares": "b"}) is None
+
+
+def test_a_loss_is_heard_of_at_once_and_told_apart_a_dead_node_from_a_lost_rank(tmp_path):
+    """A node's word that its group broke has every slurmd of the step asked at once (no node
+    timeout); srun's line for a failed task has its node's asked. Real sockets stand for slurmds."""
+    import socket
+
+    from slurmtools.requeue import nodecheck
+    alive = socket.socket()
+    alive.bind(("127.0.0.1", 0))
+    alive.listen()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead_port = closed.getsockname()[1]
+    closed.close()
+    watch = nodecheck.NodeWatch(10, ["n1", "n2", "n3"], "n1", 0.0)
+    watch.endpoints = {"n2": ("127.0.0.1", dead_port), "n3": alive.getsockname()}
+    watch.reprobe_after_s = 0.1
+    in_place = inplace_step.InPlace(tmp_path, ["true"], {}, ["n1", "n2", "n3"], "n1", "n1")
+    try:
+        assert inplace_step.task_failed(in_place, watch, 0.0) is None
+        generation.report_broken(tmp_path, 0, "n3", "Connection closed by peer")
+        death = inplace_step.task_failed(in_place, watch, 0.0)
+        assert isinstance(death, nodecheck.Death) and death.nodes == ("n2",)
+        assert inplace_step.task_failed(in_place, watch, 0.0) is None          # that report was heard
+        in_place.feed(None)("srun: error: n3: task 2: Exited with exit code 1\n")
+        assert inplace_step.task_failed(in_place, watch, 0.0) == (
+            "a rank was lost on a live node (every slurmd of n3 answers)")
+        assert generation.broken_reports(tmp_path, 1) == 0                   # another generation's
+    finally:
+        alive.close()
+        watch.close()
