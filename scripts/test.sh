@@ -16,7 +16,7 @@
 #           control plane at 128 nodes (marker scale: a light trainer without torch on a 130-node
 #           cluster, `shost`);
 #   lane 3: the cluster suite's part a (SUITE_A_MODULES: the fault tests, the gates, the training
-#           basics) on the machine's own Slurm (`ahost`), then the core cluster tests on Slurm 24.11
+#           basics, the getting-started walk) on the machine's own Slurm (`ahost`), then the core cluster tests on Slurm 24.11
 #           (`t2411`).
 # SLURMTOOLS_TEST_LANES overrides them: lanes separated by ';', each a list of words RELEASE:KIND,
 # KIND one of cluster (the whole cluster suite but the matrix), suite-a or suite-b (its two parts:
@@ -28,7 +28,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 lanes_text=${SLURMTOOLS_TEST_LANES-host:suite-b host:unit; host:matrix 26.05:core host:scale; host:suite-a 24.11:core}
 # the cluster suite's part a (suite-a); every other cluster module (a new one too) is in part b
-SUITE_A_MODULES="test_0_failed_up test_blame test_confinement test_faults test_health_gate test_training"
+SUITE_A_MODULES="test_0_failed_up test_blame test_confinement test_faults test_getting_started test_health_gate test_training"
 IFS=';' read -ra lanes <<<"$lanes_text"
 for lane in "${lanes[@]}"; do   # a bad word fails before an hour of tests, not after
   for run in $lane; do

@@ -72,9 +72,10 @@ class RequeueSpec:
                            "failure is drained and replaced by a spare without a requeue.", 0, min=0, max=1000)
     min_nodes: int = doc("When no spare is left, go on with fewer nodes down to this many (the checkpoint is "
                          "resharded on load); 0: never fewer than `nodes`.", 0, min=0, max=100000)
-    in_place: bool = doc("Recover a lost node in place: the other ranks keep their processes and state, the lost "
-                         "node's ranks start again on a spare and restore from node memory (docs/recovery.md, "
-                         "\"In place\"). Needs the srun launcher, spare_nodes and a trainer that runs under "
+    in_place: bool = doc("Experimental: recover a lost node in place: the other ranks keep their processes and "
+                         "state, the lost node's ranks start again on a spare and restore from node memory "
+                         "(docs/recovery.md, \"In place\": today only where every survivor's collective fails with "
+                         "the loss). Needs the srun launcher, spare_nodes and a trainer that runs under "
                          "slurmtools.train.inplace (the reference trainer does); what cannot be recovered in place "
                          "relaunches the step.", False)
     node_timeout_s: int = doc("Every rank of one node silent this long (or none of its ranks beating this long "

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import IO, Any, Callable, Collection, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurmtools.common import job_secret
-from slurmtools.common.control_dir import (COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, HEARTBEAT_DIR,
-                                           REPORTS_PROGRESS_FILE, JOB_NODES_FILE, REQUEST_FILE, SDC_FILE,
-                                           STOPPED_FILE, TERM_FILE)
+from slurmtools.common.control_dir import (COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, GENERATION_FILE,
+                                           GROUP_BROKEN_PREFIX, HEARTBEAT_DIR, REPORTS_PROGRESS_FILE, JOB_NODES_FILE,
+                                           REQUEST_FILE, SDC_FILE, STOPPED_FILE, TERM_FILE)
 from slurmtools.common.fsutil import read_small_regular, write_json_atomic
 from slurmtools.errors import SlurmCommandError, UsageError
 from slurmtools.slurm import commands as slurm
@@ -200,8 +200,12 @@ def prepare_control_dir(control_dir: Path) -> None:
     except OSError as exc:
         raise UsageError(f"control dir {control_dir}: cannot make the job key: {exc.strerror}") from None
     for name in (REQUEST_FILE, STOPPED_FILE, COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, SDC_FILE,
-                 REPORTS_PROGRESS_FILE, TERM_FILE):
+                 REPORTS_PROGRESS_FILE, TERM_FILE, GENERATION_FILE):
         _remove(control_dir / name)
+    # an earlier step's word that its group broke would read as this step's (in-place recovery)
+    for entry in os.scandir(control_dir):
+        if entry.name.startswith(GROUP_BROKEN_PREFIX):
+            _remove(control_dir / entry.name)
     _remove(control_dir / GPU_EVENTS_DIR)
     heartbeats = control_dir / HEARTBEAT_DIR
     if heartbeats.is_symlink() or (heartbeats.exists() and not heartbeats.is_dir()):

@@ -110,3 +110,14 @@ def test_a_loss_is_heard_of_at_once_and_told_apart_a_dead_node_from_a_lost_rank(
     finally:
         alive.close()
         watch.close()
+
+
+def test_a_new_step_starts_without_an_earlier_steps_generation_or_broken_group_reports(tmp_path):
+    """A relaunch after a recovery in place: the earlier step's word that its group broke would read
+    as the new step's at once (every slurmd answers: a rank lost, the step stopped, again and again)."""
+    from slurmtools.requeue import step
+    generation.write(tmp_path, generation.Generation(1, 4, "n1", 2000))
+    generation.report_broken(tmp_path, 0, "n3", "Connection closed by peer")
+    assert generation.broken_reports(tmp_path, 0) == 1
+    step.prepare_control_dir(tmp_path)
+    assert generation.broken_reports(tmp_path, 0) == 0 and generation.read(tmp_path) is None
