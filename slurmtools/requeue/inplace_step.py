@@ -120,9 +120,6 @@ class InPlace:
     def running(self) -> bool:
         return any(s.child.poll() is None for s in self.replacements)
 
-    def evidence(self) -> str:
-        return "".join(s.evidence() for s in self.replacements)
-
     def finish(self, stop_timeout_s: float) -> None:
         """The replacement steps stopped (when still running: after training completed, given
         stop_timeout_s to end on their own) and drained; the store closed."""
@@ -191,7 +188,7 @@ def on_death(in_place: InPlace, dead: nodecheck.Death, detail: str, attempt_id: 
     return True
 
 
-def task_failed(in_place: InPlace, node_watch: nodecheck.NodeWatch, now: float) -> "Optional[nodecheck.Death | str]":
+def task_failed(in_place: InPlace, node_watch: nodecheck.NodeWatch) -> "Optional[nodecheck.Death | str]":
     """A loss heard of at once: srun's line for a failed task (its node's slurmd asked), or a node's
     word that its ranks' group broke (every node of the step asked), each slurmd twice, 2 s apart. A
     node that does not answer is dead (the in-place path, no node timeout waited for); a loss while

@@ -85,7 +85,7 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
            end_s: Callable[[], Optional[float]] = lambda: None,
            survived: Callable[[nodecheck.Death, str], bool] = lambda death, detail: False,
            ended_in_place: Callable[[], bool] = lambda: False,
-           task_failed: "Callable[[float], Optional[nodecheck.Death | str]]" = lambda now: None) -> Watch:
+           task_failed: "Callable[[], Optional[nodecheck.Death | str]]" = lambda: None) -> Watch:
     """Until the step ends: warning (Slurm's, or ours when due) -> checkpoint request (and the
     grace timer), heartbeats -> hang, silent node + unreachable slurmd -> node death, a
     persistently slow node -> a checkpoint request to swap it out. With in-place recovery a dead
@@ -129,7 +129,7 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
                 observe.request_checkpoint(control, attempt.attempt_id, now, straggler=watch.straggler.node)
         if node_watch is not None and requested_at is None:
             node_watch.observe(beats, now)
-            failed = task_failed(now)               # in place: srun's word of a failed task, at once
+            failed = task_failed()                  # in place: srun's word of a failed task, at once
             if isinstance(failed, str):             # a rank lost on a live node: the relaunch
                 emit("rank_lost", attempt.attempt_id, detail=failed)
                 step.stop(child, config.stop_timeout_s)
@@ -339,7 +339,7 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
                            lambda: _warn_when_due(clock, attempt, flags, warn_sig), inferred, lambda: clock.end_s,
                            survived, lambda: recovery is not None and inplace_step.ended(recovery, launched.child,
                                                                                           config.stop_timeout_s),
-                           lambda now: (inplace_step.task_failed(recovery, node_watch, now)
+                           lambda: (inplace_step.task_failed(recovery, node_watch)
                                         if recovery is not None and node_watch is not None else None))
         finally:
             if watch is None or not watch.stopped_on_term:

@@ -98,13 +98,13 @@ def test_a_loss_is_heard_of_at_once_and_told_apart_a_dead_node_from_a_lost_rank(
     watch.reprobe_after_s = 0.1
     in_place = inplace_step.InPlace(tmp_path, ["true"], {}, ["n1", "n2", "n3"], "n1", "n1")
     try:
-        assert inplace_step.task_failed(in_place, watch, 0.0) is None
+        assert inplace_step.task_failed(in_place, watch) is None
         generation.report_broken(tmp_path, 0, "n3", "Connection closed by peer")
-        death = inplace_step.task_failed(in_place, watch, 0.0)
+        death = inplace_step.task_failed(in_place, watch)
         assert isinstance(death, nodecheck.Death) and death.nodes == ("n2",)
-        assert inplace_step.task_failed(in_place, watch, 0.0) is None          # that report was heard
+        assert inplace_step.task_failed(in_place, watch) is None          # that report was heard
         in_place.feed(None)("srun: error: n3: task 2: Exited with exit code 1\n")
-        assert inplace_step.task_failed(in_place, watch, 0.0) == (
+        assert inplace_step.task_failed(in_place, watch) == (
             "a rank was lost on a live node (every slurmd of n3 answers)")
         assert generation.broken_reports(tmp_path, 1) == 0                   # another generation's
     finally:
