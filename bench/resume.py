@@ -9,10 +9,15 @@ injected failures of different kinds (crash, hung rank, node kill; one spare, mi
 against the failure-free run of the same length; and the warning signal's path. Then failures
 that come together, on a 3-node x 1-process job: two nodes killed at once (requeue excluding both;
 two spares in the allocation) and the batch host killed (Slurm requeues the batch script), each
-with its `ratio` line against one node killed on the requeue path of the same job.
+with its `ratio` line against one node killed on the requeue path of the same job. Then recovery
+without relaunch (section inplace, per --inplace-nodes): N nodes x 1 rank and a spare, snapshots
+every step, the middle node killed: fault -> first resumed step in place (the survivors keep their
+processes; split into detect / form and restore / first step) and on the relaunch path of the same
+job, and `ratio inplace/relaunch node-kill <N> nodes <x>`.
 
-    .venv/bin/python bench/resume.py [--goodput-min 5] [--only SECTION,...]
-    (brings its own 5-node cluster up and down; sections: floor, faults, warning, goodput, correlated)
+    .venv/bin/python bench/resume.py [--goodput-min 5] [--only SECTION,...] [--inplace-nodes 4,32]
+    (brings its own cluster up and down: 5 nodes, or one more than the most --inplace-nodes;
+    sections: floor, faults, warning, goodput, correlated, inplace)
 
 The warning is delivered as Slurm delivers `--signal=B:USR1@lead` (scancel --batch --signal=USR1)
 so its moment is known; the real time-limit path is covered by the fault tests.
@@ -25,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import psutil
 
@@ -56,12 +61,15 @@ def wait(pred, timeout_s: float, what: str, interval_s: float = 0.1):
     raise SystemExit(f"timed out waiting for {what}")
 
 
-SECTIONS = ("floor", "faults", "warning", "goodput", "correlated")
+SECTIONS = ("floor", "faults", "warning", "goodput", "correlated", "inplace")
+# in-memory snapshots every step: a replacement restores from its peer's replica, not from disk
+SNAPSHOTS_EVERY_STEP = {"snapshot_every_steps": 1, "snapshot_memory_gb": 1, "snapshot_max_overhead_pct": 0}
 
 
 def spec(work: Path, name: str, extra: List[str] = (), steps: int = STEPS, nodes: int = 2, processes_per_node: int = 2,
-         **requeue: Any):
+         top: Optional[Dict[str, Any]] = None, **requeue: Any):
     return spec_from_dict({
+        **(top or {}),
         "name": name, "nodes": nodes, "processes_per_node": processes_per_node, "python": sys.executable,
         "time_limit_min": 30,
         "command": [str(TRAIN), "--steps", str(steps), "--checkpoint-every", "5", "--step-sleep-s", "0.25", *extra],
@@ -236,6 +244,42 @@ def goodput_run(layout, work: Path, name: str, steps: int, faults: bool) -> floa
     return wall
 
 
+def node_kill_with_a_spare(layout, work: Path, nodes: int, in_place: bool) -> Dict[str, float]:
+    """N nodes x 1 rank (srun launcher) and a spare, snapshots every step; the middle node (never the
+    batch host) killed at step 12; the breakdown of the path taken."""
+    path = "inplace" if in_place else "relaunch"
+    s = spec(work, f"node-kill-{nodes}-{path}", ["--step-sleep-s", "0.5"], nodes=nodes, processes_per_node=1,
+             top={"launcher": "srun", "distributed": SNAPSHOTS_EVERY_STEP}, spare_nodes=1, in_place=in_place)
+    job = submit(s)
+    wait(lambda: step_reached(s, job, 12), 300 + 10 * nodes, f"step 12 of {nodes} nodes")
+    victim = current_nodes(s, job)[nodes // 2]
+    fault_t = time.time()
+    mc_faults.kill_node(layout, victim)
+    wait(lambda: finished(job), 600, f"node kill, {nodes} nodes, {path}")
+    evts = events(s, job)
+    mc_faults.restart_node(layout, victim)
+    resume_drained()
+    wait(lambda: all(n.state == "idle" and not n.flags for n in slurm.nodes()), 120, "nodes idle")
+    b = inplace_breakdown(evts, fault_t) if in_place else breakdown(evts, fault_t)
+    show(f"node kill with a spare, {nodes} nodes x 1 rank, {path}", b)
+    return b
+
+
+def inplace_breakdown(evts: List[Dict[str, Any]], fault_t: float) -> Dict[str, float]:
+    """Phases of a recovery in place: the kill to the supervisor's in_place line (detect), to
+    rank 0's resumed line (the generation formed, the replacement started, its state restored),
+    to its first step after it. None of it without an in_place line: the recovery failed over."""
+    recovered = [e for e in evts if e.get("slurmtools") == "in_place" and e["t"] >= fault_t]
+    if not recovered:
+        said = [e for e in evts if e.get("slurmtools") in ("in_place_refused", "in_place_failed", "decision")]
+        raise SystemExit(f"bench/resume.py: no recovery in place after the kill: {said}")
+    resumed = next(e for e in evts if e.get("event") == "resumed" and e["t"] > recovered[0]["t"])
+    first = next(e for e in evts if "loss" in e and e["t"] > resumed["t"])
+    return {"detect": recovered[0]["t"] - fault_t, "form and restore": resumed["t"] - recovered[0]["t"],
+            "first step": first["t"] - resumed["t"], "total": first["t"] - fault_t,
+            "steps lost": float(max(e["step"] for e in evts if "loss" in e and e["t"] < fault_t) - resumed["step"])}
+
+
 def current_nodes(s, job: int) -> List[str]:
     from ClusterShell.NodeSet import NodeSet
     starts = [e for e in events(s, job) if e.get("slurmtools") == "start"]
@@ -247,28 +291,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--goodput-min", type=float, default=5.0, help="length of the goodput runs (minutes)")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, of {','.join(SECTIONS)}")
+    parser.add_argument("--inplace-nodes", default="4,32", help="node counts of the inplace section, comma-separated")
     args = parser.parse_args()
+    try:
+        inplace_nodes = [int(n) for n in args.inplace_nodes.split(",")]
+    except ValueError:
+        raise SystemExit(f"bench/resume.py: --inplace-nodes: expected node counts like 4,32, got {args.inplace_nodes!r}")
+    if any(n < 2 or n > 128 for n in inplace_nodes):
+        raise SystemExit(f"bench/resume.py: --inplace-nodes: each count from 2 to 128, got {args.inplace_nodes}")
     only = args.only.split(",")
     unknown = sorted(set(only) - set(SECTIONS))
     if unknown:
         raise SystemExit(f"bench/resume.py: --only: {','.join(unknown)} is not a section ({','.join(SECTIONS)})")
     mc.down(mc.find_layout("resume", Path("/var/tmp/slurmtools-bench-resume")), purge=True)
     # 5 nodes: a 3-node job with two spares; a 2-node job with a spare requeued without a dead node
-    layout = mc.layout_for_up("resume", Path("/var/tmp/slurmtools-bench-resume"), nodes=5, gpus_per_node=4,
+    nodes = max(5, max(inplace_nodes) + 1) if "inplace" in only else 5
+    layout = mc.layout_for_up("resume", Path("/var/tmp/slurmtools-bench-resume"), nodes=nodes, gpus_per_node=4,
                               prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
     mc.up(layout, install=True, wait_s=120)
     os.environ["SLURM_CONF"] = str(layout.slurm_conf)
     work = Path(tempfile.mkdtemp(prefix="slurmtools-bench-"))
     work.chmod(0o755)
     try:
-        run_sections(layout, work, only, args.goodput_min)
+        run_sections(layout, work, only, args.goodput_min, inplace_nodes)
     finally:
         for j in slurm.run_slurm(["squeue", "-h", "-o", "%i"]).split():
             slurm.cancel(int(j))
         mc.down(layout, purge=True)
 
 
-def run_sections(layout, work: Path, only: List[str], goodput_min: float) -> None:
+def run_sections(layout, work: Path, only: List[str], goodput_min: float, inplace_nodes: List[int]) -> None:
     if "floor" in only:
         floor_job = slurm.submit("#!/bin/bash\n#SBATCH -N2 --requeue -o /dev/null\nsrun sleep 300\n")
         wait(lambda: slurm.job_state(floor_job).state == "RUNNING", 30, "floor job")
@@ -312,6 +364,13 @@ def run_sections(layout, work: Path, only: List[str], goodput_min: float) -> Non
             b = correlated_fault(layout, work, fault)
             print(f"ratio {fault.split(',')[0].replace(' ', '-')}{'-spares' if 'spares' in fault else ''} "
                   f"{b['total'] / single['total']:.2f}", flush=True)
+
+    if "inplace" in only:
+        for nodes in inplace_nodes:
+            in_place = node_kill_with_a_spare(layout, work, nodes, in_place=True)
+            relaunched = node_kill_with_a_spare(layout, work, nodes, in_place=False)
+            print(f"ratio inplace/relaunch node-kill {nodes} nodes {in_place['total'] / relaunched['total']:.2f}",
+                  flush=True)
 
 if __name__ == "__main__":
     if os.geteuid() != 0:

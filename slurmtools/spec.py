@@ -74,8 +74,7 @@ class RequeueSpec:
                          "resharded on load); 0: never fewer than `nodes`.", 0, min=0, max=100000)
     in_place: bool = doc("Experimental: recover a lost node in place: the other ranks keep their processes and "
                          "state, the lost node's ranks start again on a spare and restore from node memory "
-                         "(docs/recovery.md, \"In place\": today only where every survivor's collective fails with "
-                         "the loss). Needs the srun launcher, spare_nodes and a trainer that runs under "
+                         "(docs/recovery.md, \"In place\", says what it does not do yet). Needs the srun launcher, spare_nodes and a trainer that runs under "
                          "slurmtools.train.inplace (the reference trainer does); what cannot be recovered in place "
                          "relaunches the step.", False)
     node_timeout_s: int = doc("Every rank of one node silent this long (or none of its ranks beating this long "
@@ -145,7 +144,8 @@ class DistributedSpec:
     collective_timeout_s: int = doc("Timeout of every collective (init_process_group timeout).", 1800,
                                     min=10, max=86400)
     async_error_handling: bool = doc("TORCH_NCCL_ASYNC_ERROR_HANDLING=1: a hung collective aborts the "
-                                     "process instead of hanging forever.", True)
+                                     "process instead of hanging forever (0 with requeue.in_place: the ranks "
+                                     "abort their group themselves).", True)
     dump_on_timeout: bool = doc("TORCH_NCCL_DUMP_ON_TIMEOUT=1: flight-recorder dump when a collective times out.",
                                 True)
     sdc_check_every: int = doc("Silent-data-corruption canary: every N steps and before each checkpoint is "

@@ -25,6 +25,8 @@ supervisor, the submitit path and the trainer):
                             world, store), written by the supervisor (train/inplace.py)
     group-broken-<N>.<host>.json  in-place recovery: the ranks of host saw generation N's group
                             break (the supervisor looks for the lost node at once)
+    generation-formed-<N>.json  in-place recovery: rank 0 joined generation N's group, so every
+                            rank did (the supervisor stops waiting; not in time: the relaunch)
     steps/<attempt id>.rank<N>.jsonl
                             each rank's finished steps and rank 0's checkpoints (train/steplog.py),
                             what `slurmtools report` plots
@@ -62,6 +64,8 @@ CONTROL_SUBDIR = ".slurmtools"
 GENERATION_FILE = "generation.json"
 # a node's word that its ranks' group of generation N broke: group-broken-<N>.<host>.json
 GROUP_BROKEN_PREFIX = "group-broken-"
+# rank 0's word that generation N's group formed (every rank joined): generation-formed-<N>.json
+GENERATION_FORMED_PREFIX = "generation-formed-"
 GENERATION_ENV = "SLURMTOOLS_GENERATION"  # in-place recovery: this process's generation
 INPLACE_ENV = "SLURMTOOLS_INPLACE"  # in-place recovery on (not empty or 0): a broken group waits for the next
 RANK_BASE_ENV = "SLURMTOOLS_RANK_BASE"  # srun launcher: a replacement step's first rank (its tasks count from it)

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
-from slurmtools.common.control_dir import GENERATION_ENV, GENERATION_FILE, GROUP_BROKEN_PREFIX
+from slurmtools.common.control_dir import GENERATION_ENV, GENERATION_FILE, GENERATION_FORMED_PREFIX, GROUP_BROKEN_PREFIX
 from slurmtools.common.fsutil import read_small_regular, write_json_atomic
 from slurmtools.errors import UsageError, one_line
 
@@ -101,3 +101,18 @@ def broken_reports(control_dir: Path, number: int) -> int:
                    and entry.name.endswith(".json"))
     except OSError:
         return 0
+
+
+def report_formed(control_dir: Path, number: int) -> None:
+    """Rank 0's word that generation `number`'s group formed (its init returns once every rank
+    joined): the supervisor stops waiting for it. Never fails a rank."""
+    try:
+        write_json_atomic(control_dir / f"{GENERATION_FORMED_PREFIX}{number}.json", {"generation": number},
+                          durable=False)
+    except OSError as exc:
+        print(f"slurmtools: cannot report the formed group in {control_dir}: {exc.strerror}", file=sys.stderr,
+              flush=True)
+
+
+def formed(control_dir: Path, number: int) -> bool:
+    return (control_dir / f"{GENERATION_FORMED_PREFIX}{number}.json").is_file()

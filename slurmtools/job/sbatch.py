@@ -89,7 +89,9 @@ def environment(spec: JobSpec) -> List[Tuple[str, str]]:
     """Variables exported to the training processes, sorted; the user's env wins on a clash."""
     env: Dict[str, str] = {
         COLLECTIVE_TIMEOUT_ENV: str(spec.distributed.collective_timeout_s),
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1" if spec.distributed.async_error_handling else "0",
+        # in place, the watcher aborts the group (torch's abort asks for it off); the hang watchdog stays
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1" if spec.distributed.async_error_handling and not spec.requeue.in_place
+        else "0",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1" if spec.distributed.dump_on_timeout else "0",
     }
     env[SDC_CHECK_EVERY_ENV] = str(spec.distributed.sdc_check_every)

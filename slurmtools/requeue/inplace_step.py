@@ -27,14 +27,17 @@ from slurmtools.train.node_beat import node_file_name
 # how long the store host may take to start (it imports torch: seconds on a loaded node)
 STORE_START_S = 120.0
 STORE_READY_PREFIX = "port "          # train/store_host.py's first line
+# how long a generation may take to form after it is named (the replacement's start, its import of
+# torch, every rank's join) before the step is stopped for the relaunch (not the hang timeout)
+FORM_TIMEOUT_S = 60.0
 
 
 class InPlace:
     """One step's in-place recovery: the store host, the generations written, the replacement steps."""
 
     def __init__(self, control_dir: Path, argv: Sequence[str], env: Mapping[str, str], placement: Sequence[str],
-                 batch_host: str, store_host: str, python: str = sys.executable) -> None:
-        self.control_dir, self.argv, self.env = control_dir, list(argv), dict(env)
+                 batch_host: str, store_host: str, python: str = sys.executable, attempt_id: str = "") -> None:
+        self.control_dir, self.argv, self.env, self.attempt_id = control_dir, list(argv), dict(env), attempt_id
         self.placement = list(placement)
         self.batch_host, self.store_host, self.python = batch_host, store_host, python
         self.ranks_per_node = inplace_plan.ranks_per_node(argv)
@@ -45,6 +48,7 @@ class InPlace:
         self.replacements: List[step.Step] = []
         self._failed_nodes: List[str] = []         # nodes srun named a task failed on, not yet looked at
         self.broken_seen = 0                         # nodes' reports of this generation's broken group, looked at
+        self.named_at = 0.0                          # when the newest generation was named (monotonic)
         self._lock = threading.Lock()
 
     def feed(self, then: Optional[Callable[[str], None]]) -> Callable[[str], None]:
@@ -111,7 +115,13 @@ class InPlace:
             except OSError as exc:
                 return f"cannot start the replacement on {replacement.spare}: {exc}"
         self.placement, self.generation, self.broken_seen = list(found.placement), found.generation, 0
+        self.named_at = time.monotonic()
         return found
+
+    def not_formed(self, form_timeout_s: float = FORM_TIMEOUT_S) -> bool:
+        """The newest generation was named over form_timeout_s ago and rank 0 has not said it formed."""
+        return (self.generation > 0 and time.monotonic() - self.named_at > form_timeout_s
+                and not generation.formed(self.control_dir, self.generation))
 
     def failed_replacement(self) -> Optional[int]:
         """The exit code of a replacement step that ended badly, or None."""
@@ -147,14 +157,14 @@ class InPlace:
 
 
 def prepare(requeue: RequeueSpec, control_dir: Path, job_id: Optional[int], argv: Sequence[str],
-            env: Dict[str, str], nodes: Sequence[str], this_run: Run) -> Optional[InPlace]:
+            env: Dict[str, str], nodes: Sequence[str], this_run: Run, attempt_id: str) -> Optional[InPlace]:
     """The step's in-place recovery when its spec asks for one and it can be had (the srun
     launcher's ranks, a job under Slurm): the ranks are told (env) and the store starts now."""
     host = this_run.topology.batch_host
     if not requeue.in_place or job_id is None or not nodes or host is None or inplace_plan.ranks_per_node(argv) < 1:
         return None
     env[INPLACE_ENV] = "1"
-    in_place = InPlace(control_dir, argv, env, nodes, host, env.get("MASTER_ADDR") or host)
+    in_place = InPlace(control_dir, argv, env, nodes, host, env.get("MASTER_ADDR") or host, attempt_id=attempt_id)
     in_place.start_store()
     return in_place
 
@@ -208,13 +218,23 @@ def task_failed(in_place: InPlace, node_watch: nodecheck.NodeWatch) -> "Optional
 
 def ended(in_place: InPlace, main: "subprocess.Popen[bytes]", grace_s: float) -> bool:
     """After a recovery in place the step's end is not srun's alone: training completed (the marker:
-    then every step given grace_s to end), or a replacement failed (the relaunch takes over)."""
+    then every step given grace_s to end), or the relaunch takes over: a replacement failed, or the
+    generation did not form in time (said, with why)."""
     if not in_place.replacements:
         return False
     if (in_place.control_dir / COMPLETE_FILE).exists():
         wait_all_ended(in_place, main, grace_s)
         return True
-    return in_place.failed_replacement() is not None
+    code = in_place.failed_replacement()
+    if code is not None:
+        emit("in_place_failed", in_place.attempt_id, generation=in_place.generation,
+             reason=f"a replacement step ended with exit code {code}")
+        return True
+    if in_place.not_formed():
+        emit("in_place_failed", in_place.attempt_id, generation=in_place.generation,
+             reason=f"generation {in_place.generation} did not form within {FORM_TIMEOUT_S:g} s")
+        return True
+    return False
 
 
 def wait_all_ended(in_place: InPlace, main: "subprocess.Popen[bytes]", grace_s: float) -> None:

@@ -306,7 +306,8 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
     inferred = progress.ProgressWatch.start(requeue.progress_checkpoints, requeue.progress_checkpoint_marker,
                                             requeue.progress_log_pattern, Path.cwd())
     start_t = time.time()
-    recovery = inplace_step.prepare(requeue, config.control_dir, attempt.job_id, argv, child_env, nodes, this_run)
+    recovery = inplace_step.prepare(requeue, config.control_dir, attempt.job_id, argv, child_env, nodes, this_run,
+                                    attempt.attempt_id)
     step_cmd = step_argv(argv, nodes, overlap=bool(this_run.lost))
     fed: Optional[Callable[[str], None]] = inferred.log.feed if inferred.log is not None else None
     on_line = recovery.feed(fed) if recovery is not None else fed

@@ -1,18 +1,21 @@
-"""In-place recovery, the ranks' side (slurmtools/train/inplace.py), for real: two gloo ranks of the
-reference trainer with snapshots every 3 steps. Rank 1's process is lost before step 9 (killed, no
-clean-up). Rank 0 does not exit: its broken group raises, and it waits for the next generation.
-The test stands for the supervisor: it hosts the store the next generation meets on (as the batch
-host does), writes generation 1 into the control dir and starts a replacement rank 1 straight into
-it. The survivor keeps its process (the same one trains on: no new start, no import); both ranks
-come back from the newest snapshot in node memory and the run ends with the uninterrupted run's
-exact state hash. Without in-place recovery, or without a generation in time, the rank exits as
-before."""
+"""In-place recovery, the ranks' side (slurmtools/train/inplace.py), for real: four gloo ranks of
+the reference trainer with snapshots every 3 steps. Rank 2's process is lost before step 9 (killed,
+no clean-up). The others do not exit: each one's broken group raises (also theirs whose collective
+waited on a live peer, not on the lost rank: the peers that got the error leave the group at once
+and free it, which fails the rest), and they wait for the next generation. The test stands for
+the supervisor: it waits until every survivor has left its group, hosts the store the next
+generation meets on (as the batch host does), writes generation 1 into the control dir and starts
+a replacement rank 2 straight into it. The survivors keep their processes (no new start, no
+import); every rank comes back from the newest snapshot in node memory and the run ends with the
+uninterrupted run's exact state hash. Without in-place recovery, or without a generation in time,
+the rank exits as before."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,8 +31,14 @@ from slurmtools.common import generation  # noqa: E402
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_fsdp" / "train.py"
 
 
-def _start(tmp_path: Path, rank: int, port: int, *args: str, **extra_env: str) -> subprocess.Popen:
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
+WORLD = 4
+LOST = 2
+LEFT = "waiting up to"        # a survivor's line once it has left its broken group
+
+
+def _start(tmp_path: Path, rank: int, port: int, *args: str, world: int = WORLD, **extra_env: str
+           ) -> subprocess.Popen:
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
                LOCAL_RANK=str(rank), **standalone_env(tmp_path / "control", "5.0", tmp_path / "memory"),
                **{SNAPSHOT_MAX_OVERHEAD_ENV: "0"}, **extra_env)
     argv = [sys.executable, str(EXAMPLE), "--steps", "12", "--checkpoint-every", "100", "--checkpoint-dir",
@@ -46,28 +55,56 @@ def reference_hash(tmp_path_factory) -> str:
     base = tmp_path_factory.mktemp("inplace-reference")
     (base / "memory").mkdir()
     port = _free_port()
-    procs = [_start(base, rank, port) for rank in range(2)]
+    procs = [_start(base, rank, port) for rank in range(WORLD)]
     outs = [proc.communicate(timeout=240) for proc in procs]
     finals = [e for e in _events(outs[0][0]) if e.get("event") == "final"]
     assert finals, outs[0][1][-2000:]
     return finals[0]["state_sha256"]
 
 
-def test_a_lost_rank_is_replaced_in_place_and_the_survivor_keeps_its_process(tmp_path, reference_hash):
+class _Said:
+    """A running process's stderr, read as it comes by a thread of its own."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.lines: list = []
+        self.thread = threading.Thread(target=lambda: self.lines.extend(proc.stderr), daemon=True)
+        self.thread.start()
+
+    def text(self) -> str:
+        return "".join(list(self.lines))
+
+
+def _wait_until_said(said: dict, text: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not all(text in s.text() for s in said.values()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_lost_rank_is_replaced_in_place_and_the_survivors_keep_their_processes(tmp_path, reference_hash):
     (tmp_path / "memory").mkdir()
     store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     port = _free_port()
-    survivor = _start(tmp_path, 0, port, "--kill-rank-at", "1:8", **{INPLACE_ENV: "1"})
-    lost = _start(tmp_path, 1, port, "--kill-rank-at", "1:8", **{INPLACE_ENV: "1"})
+    procs = {rank: _start(tmp_path, rank, port, "--kill-rank-at", f"{LOST}:8", **{INPLACE_ENV: "1"})
+             for rank in range(WORLD)}
+    lost = procs.pop(LOST)
     _, lost_err = lost.communicate(timeout=240)
     assert lost.returncode == 9 and "injected loss of this process at step 8" in lost_err
-    assert survivor.poll() is None                  # waiting for the next generation, not gone
-    generation.write(tmp_path / "control", generation.Generation(1, 2, "127.0.0.1", store.port))
-    replacement = _start(tmp_path, 1, port, **{INPLACE_ENV: "1", GENERATION_ENV: "1"})
-    out, err = survivor.communicate(timeout=240)
+    # every survivor leaves its group within seconds, not at the collective timeout
+    said = {rank: _Said(proc) for rank, proc in procs.items()}
+    assert _wait_until_said(said, LEFT, 30), {rank: s.text()[-1500:] for rank, s in said.items()}
+    assert all(proc.poll() is None for proc in procs.values())       # waiting, not gone
+    generation.write(tmp_path / "control", generation.Generation(1, WORLD, "127.0.0.1", store.port))
+    replacement = _start(tmp_path, LOST, port, **{INPLACE_ENV: "1", GENERATION_ENV: "1"})
+    outs = {rank: proc.communicate(timeout=240)[0] for rank, proc in procs.items()}
     replacement_out, replacement_err = replacement.communicate(timeout=240)
-    assert survivor.returncode == 0, err[-3000:]
+    for rank, proc in procs.items():
+        said[rank].thread.join(timeout=10)
+        assert proc.returncode == 0, said[rank].text()[-3000:]
     assert replacement.returncode == 0, replacement_err[-3000:]
+    out, err = outs[0], said[0].text()
     assert "the process group of generation 0 broke" in err and "joining generation 1 in place" in err
     events = _events(out)                           # one process's output: the steps before and after
     steps = [e["step"] for e in events if "step" in e and "event" not in e]
@@ -82,7 +119,7 @@ def test_a_lost_rank_is_replaced_in_place_and_the_survivor_keeps_its_process(tmp
 def test_without_in_place_recovery_the_survivor_exits_as_before(tmp_path):
     (tmp_path / "memory").mkdir()
     port = _free_port()
-    procs = [_start(tmp_path, rank, port, "--kill-rank-at", "1:4") for rank in range(2)]
+    procs = [_start(tmp_path, rank, port, "--kill-rank-at", "1:4", world=2) for rank in range(2)]
     outs = [proc.communicate(timeout=240) for proc in procs]
     assert procs[1].returncode == 9 and procs[0].returncode != 0
     assert "joining generation" not in outs[0][1]
@@ -135,3 +172,24 @@ def test_a_replacement_needs_the_generation_it_was_started_into(tmp_path):
     generation.write(tmp_path, generation.Generation(1, 2, "127.0.0.1", 1))
     with pytest.raises(Exception, match="started into generation 2, but the control dir's generation.json names 1"):
         inplace.start("gloo", 5.0, tmp_path, {GENERATION_ENV: "2", "RANK": "1"})
+
+
+def test_the_watcher_breaks_the_group_once_per_generation_and_never_while_the_rank_leaves(tmp_path, monkeypatch):
+    """The supervisor's word is what breaks a group a lost node never answers for (NCCL's abort;
+    gloo's connections shut): once per newer generation, not for the generation the process runs
+    in, and not while the process itself leaves or joins a group."""
+    group = inplace.Group()
+    broken: list = []
+    monkeypatch.setattr(group, "break_off", lambda: broken.append(1))
+    monkeypatch.setenv(GENERATION_ENV, "0")
+    assert not group.check(tmp_path)                         # no generation named
+    generation.write(tmp_path, generation.Generation(1, 4, "127.0.0.1", 1))
+    group.set_leaving(True)
+    assert not group.check(tmp_path)                         # the rank leaves on its own
+    group.set_leaving(False)
+    assert group.check(tmp_path) and not group.check(tmp_path)
+    assert len(broken) == 1
+    monkeypatch.setenv(GENERATION_ENV, "1")                  # joined generation 1
+    assert not group.check(tmp_path)
+    generation.write(tmp_path, generation.Generation(2, 4, "127.0.0.1", 1))
+    assert group.check(tmp_path) and len(broken) == 2

@@ -6,6 +6,7 @@ world in their environment. The srun side is tested on the mini-cluster
 from __future__ import annotations
 
 import datetime
+import json
 import sys
 import time
 
@@ -118,6 +119,27 @@ def test_a_new_step_starts_without_an_earlier_steps_generation_or_broken_group_r
     from slurmtools.requeue import step
     generation.write(tmp_path, generation.Generation(1, 4, "n1", 2000))
     generation.report_broken(tmp_path, 0, "n3", "Connection closed by peer")
-    assert generation.broken_reports(tmp_path, 0) == 1
+    generation.report_formed(tmp_path, 1)
+    assert generation.broken_reports(tmp_path, 0) == 1 and generation.formed(tmp_path, 1)
     step.prepare_control_dir(tmp_path)
     assert generation.broken_reports(tmp_path, 0) == 0 and generation.read(tmp_path) is None
+    assert not generation.formed(tmp_path, 1)
+
+
+def test_a_generation_that_does_not_form_in_time_ends_the_step_for_the_relaunch(tmp_path, capsys):
+    """A survivor that never leaves its old group (or a replacement that never joins) would keep
+    the step waiting until the hang timeout: after FORM_TIMEOUT_S without rank 0's word that the
+    generation formed, the step ends (the relaunch), said with why; once formed, it goes on."""
+    in_place = inplace_step.InPlace(tmp_path, ["true"], {}, ["n1", "n2"], "n1", "n1", attempt_id="7.0")
+    in_place.replacements = [object()]                 # type: ignore[list-item]  # one started
+    in_place.failed_replacement = lambda: None         # type: ignore[method-assign]  # still running
+    in_place.generation, in_place.named_at = 1, time.monotonic()
+    assert not in_place.not_formed() and not inplace_step.ended(in_place, None, 0)   # type: ignore[arg-type]
+    in_place.named_at -= inplace_step.FORM_TIMEOUT_S + 1
+    assert in_place.not_formed()
+    assert inplace_step.ended(in_place, None, 0)       # type: ignore[arg-type]
+    said = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(e["slurmtools"], e["attempt_id"], e["reason"]) for e in said] == [
+        ("in_place_failed", "7.0", "generation 1 did not form within 60 s")]
+    generation.report_formed(tmp_path, 1)
+    assert not in_place.not_formed() and not inplace_step.ended(in_place, None, 0)   # type: ignore[arg-type]

@@ -186,6 +186,18 @@ def test_the_network_preset_follows_the_hardware_unless_the_spec_says(extra, exp
     assert nccl == expected
 
 
+@pytest.mark.parametrize("extra, expected", [
+    ({}, "1"),
+    ({"distributed": {"async_error_handling": False}}, "0"),
+    ({"launcher": "srun", "requeue": {"in_place": True, "spare_nodes": 1}}, "0"),
+])
+def test_nccl_async_error_handling_is_off_where_the_ranks_abort_their_group_in_place(extra, expected):
+    """torch's abort of a process group asks for TORCH_NCCL_ASYNC_ERROR_HANDLING=0: with in-place
+    recovery the ranks abort a broken group themselves (the hang watchdog stays the net)."""
+    spec = spec_from_dict({"name": "n", "command": ["t.py"], "nodes": 2, **extra})
+    assert dict(environment(spec))["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == expected
+
+
 EXAMPLES = HERE.parent.parent / "examples"
 
 
