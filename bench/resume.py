@@ -270,6 +270,9 @@ def inplace_breakdown(evts: List[Dict[str, Any]], fault_t: float) -> Dict[str, f
     rank 0's resumed line (the generation formed, the replacement started, its state restored),
     to its first step after it. None of it without an in_place line: the recovery failed over."""
     recovered = [e for e in evts if e.get("slurmtools") == "in_place" and e["t"] >= fault_t]
+    failed = [e for e in evts if e.get("slurmtools") == "in_place_failed" and e["t"] >= fault_t]
+    if failed:
+        raise SystemExit(f"bench/resume.py: the recovery in place failed over to the relaunch: {failed[0]['reason']}")
     if not recovered:
         said = [e for e in evts if e.get("slurmtools") in ("in_place_refused", "in_place_failed", "decision")]
         raise SystemExit(f"bench/resume.py: no recovery in place after the kill: {said}")

@@ -27,6 +27,8 @@ supervisor, the submitit path and the trainer):
                             break (the supervisor looks for the lost node at once)
     generation-formed-<N>.json  in-place recovery: rank 0 joined generation N's group, so every
                             rank did (the supervisor stops waiting; not in time: the relaunch)
+    standby-<host>.json     in-place recovery: the supervisor's go to host's warm standby (the
+                            generation, the first rank of the block it takes, the world)
     steps/<attempt id>.rank<N>.jsonl
                             each rank's finished steps and rank 0's checkpoints (train/steplog.py),
                             what `slurmtools report` plots
@@ -66,6 +68,10 @@ GENERATION_FILE = "generation.json"
 GROUP_BROKEN_PREFIX = "group-broken-"
 # rank 0's word that generation N's group formed (every rank joined): generation-formed-<N>.json
 GENERATION_FORMED_PREFIX = "generation-formed-"
+# the supervisor's go to a spare's warm standby (train/standby.py): standby-<host>.json
+STANDBY_GO_PREFIX = "standby-"
+# the srun launcher's task wrapper's $0 (job/sbatch.py): what follows it is the rank's program
+TASK_WRAPPER_NAME = "slurmtools-task"
 GENERATION_ENV = "SLURMTOOLS_GENERATION"  # in-place recovery: this process's generation
 INPLACE_ENV = "SLURMTOOLS_INPLACE"  # in-place recovery on (not empty or 0): a broken group waits for the next
 RANK_BASE_ENV = "SLURMTOOLS_RANK_BASE"  # srun launcher: a replacement step's first rank (its tasks count from it)

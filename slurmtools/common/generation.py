@@ -11,9 +11,10 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
-from slurmtools.common.control_dir import GENERATION_ENV, GENERATION_FILE, GENERATION_FORMED_PREFIX, GROUP_BROKEN_PREFIX
+from slurmtools.common.control_dir import (GENERATION_ENV, GENERATION_FILE, GENERATION_FORMED_PREFIX,
+                                           GROUP_BROKEN_PREFIX, STANDBY_GO_PREFIX)
 from slurmtools.common.fsutil import read_small_regular, write_json_atomic
 from slurmtools.errors import UsageError, one_line
 
@@ -116,3 +117,26 @@ def report_formed(control_dir: Path, number: int) -> None:
 
 def formed(control_dir: Path, number: int) -> bool:
     return (control_dir / f"{GENERATION_FORMED_PREFIX}{number}.json").is_file()
+
+
+def go_file(control_dir: Path, host: str) -> Path:
+    """Where the supervisor gives host's warm standby its go (train/standby.py)."""
+    return control_dir / f"{STANDBY_GO_PREFIX}{_UNSAFE.sub('_', host)[:200]}.json"
+
+
+def write_go(control_dir: Path, host: str, number: int, rank_base: int, world: int) -> None:
+    """The go: host's standby becomes the block of ranks from rank_base, in generation number."""
+    write_json_atomic(go_file(control_dir, host), {"generation": number, "rank_base": rank_base, "world": world},
+                      durable=False)
+
+
+def parse_go(text: str) -> Tuple[int, int, int]:
+    """(generation, first rank, world) from a go file; ValueError naming what is wrong."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or set(data) != {"generation", "rank_base", "world"}:
+        raise ValueError("expected generation, rank_base and world")
+    values = data["generation"], data["rank_base"], data["world"]
+    if not (all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+            and values[0] > 0 and 0 <= values[1] < values[2]):
+        raise ValueError(f"out of range: {data}")
+    return values[0], values[1], values[2]

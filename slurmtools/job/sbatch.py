@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from slurmtools import __version__
 from slurmtools.common.control_dir import (CHECKPOINT_DIR_ENV, COLLECTIVE_TIMEOUT_ENV, SDC_CHECK_EVERY_ENV,
                                            RANK_BASE_ENV, SNAPSHOT_EVERY_ENV, SNAPSHOT_MAX_OVERHEAD_ENV,
-                                           SNAPSHOT_MEMORY_GB_ENV, WORLD_SIZE_ENV,
+                                           SNAPSHOT_MEMORY_GB_ENV, TASK_WRAPPER_NAME, WORLD_SIZE_ENV,
                                            control_root)
 from slurmtools.common.metric_names import METRICS_DIR_ENV
 from slurmtools.common.rendezvous import AGENT_WRAPPER, SHELL_PORT_EXPR
@@ -154,7 +154,7 @@ def launch_argv(spec: JobSpec) -> List[str]:
     wrapper = (f'export RANK=$(( ${{{RANK_BASE_ENV}:-0}} + SLURM_PROCID )) LOCAL_RANK=$SLURM_LOCALID '
                f'WORLD_SIZE=${{{WORLD_SIZE_ENV}:-$SLURM_NTASKS}}; exec "$@"')
     program = [py] + cmd if spec.command[0].endswith(".py") else cmd
-    return srun + ["bash", "-c", q(wrapper), "slurmtools-task", *program]
+    return srun + ["bash", "-c", q(wrapper), TASK_WRAPPER_NAME, *program]
 
 
 def supervisor_argv(spec: JobSpec, slurmtools_cmd: Sequence[str]) -> List[str]:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Collection, List, Sequence, Tuple, Union
+from typing import Collection, List, Optional, Sequence, Tuple, Union
 
+from slurmtools.common.control_dir import TASK_WRAPPER_NAME
 from slurmtools.requeue.topology import step_argv
 
 # what keeps a step's srun and its other tasks going when a node's tasks are lost: the supervisor
@@ -101,3 +102,17 @@ def surviving(argv: Sequence[str]) -> List[str]:
 def replacement_argv(argv: Sequence[str], spare: str) -> List[str]:
     """The step's command on the spare alone: the same program and ranks per node."""
     return surviving(step_argv(argv, [spare]))
+
+
+def standby_argv(argv: Sequence[str], spare: str) -> Optional[List[str]]:
+    """The replacement's command on the spare, its program a warm standby of it
+    (`python -m slurmtools.train.standby SCRIPT.py ARGS`); None when the rank's program is not a
+    Python script run by the srun launcher's task wrapper (nothing to warm)."""
+    command = replacement_argv(argv, spare)
+    if TASK_WRAPPER_NAME not in command:
+        return None
+    at = command.index(TASK_WRAPPER_NAME)
+    program = command[at + 1:]
+    if len(program) < 2 or not os.path.basename(program[0]).startswith("python") or not program[1].endswith(".py"):
+        return None
+    return [*command[:at + 2], "-m", "slurmtools.train.standby", *program[1:]]

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from slurmtools.checkpoint.manager import CheckpointManager
 from slurmtools.common import generation, ledger
@@ -30,6 +30,9 @@ STORE_READY_PREFIX = "port "          # train/store_host.py's first line
 # how long a generation may take to form after it is named (the replacement's start, its import of
 # torch, every rank's join) before the step is stopped for the relaunch (not the hang timeout)
 FORM_TIMEOUT_S = 60.0
+# how often a replacement step whose launch Slurm failed (a step launched while it removes the dead
+# node from the job: "Task launch ... failed") is launched again before the relaunch takes over
+LAUNCH_RETRIES = 2
 
 
 class InPlace:
@@ -46,9 +49,13 @@ class InPlace:
         self.store_port: Optional[int] = None
         self.store_error = ""
         self.replacements: List[step.Step] = []
+        self.standbys: Dict[str, step.Step] = {}     # spare -> its warm standby, not yet given a go
+        # a replacement step's index -> what launched it and how often (to launch it again)
+        self.launches: Dict[int, Tuple[List[str], Dict[str, str], Optional[Callable[[str], None]], int]] = {}
         self._failed_nodes: List[str] = []         # nodes srun named a task failed on, not yet looked at
         self.broken_seen = 0                         # nodes' reports of this generation's broken group, looked at
         self.named_at = 0.0                          # when the newest generation was named (monotonic)
+        self.warm: List[str] = []                    # the spares whose standby took the newest recovery
         self._lock = threading.Lock()
 
     def feed(self, then: Optional[Callable[[str], None]]) -> Callable[[str], None]:
@@ -94,6 +101,36 @@ class InPlace:
         self.store_port = int(line[len(STORE_READY_PREFIX):])
         return self.store_port
 
+    def start_standbys(self, spares: Sequence[str], on_line: Optional[Callable[[str], None]]) -> None:
+        """A warm standby on each spare (train/standby.py): the replacement's start paid now."""
+        for spare in spares:
+            argv = inplace_plan.standby_argv(self.argv, spare)
+            if argv is None:
+                return
+            try:
+                self.standbys[spare] = step.launch(argv, dict(self.env, **{INPLACE_ENV: "1"}), on_line)
+            except OSError as exc:
+                print(f"slurmtools: cannot start a warm standby on {spare}: {exc}", file=sys.stderr, flush=True)
+
+    def _start_replacement(self, replacement: inplace_plan.Replacement, found: InPlacePlan,
+                           on_line: Optional[Callable[[str], None]]) -> bool:
+        """The spare's standby given its go (True), or a replacement step started there (False)."""
+        standby = self.standbys.pop(replacement.spare, None)
+        if standby is not None and standby.child.poll() is None:
+            generation.write_go(self.control_dir, replacement.spare, found.generation, replacement.first_rank,
+                                found.world)
+            self.replacements.append(standby)
+            return True
+        if standby is not None:
+            standby.finish(0)
+        env: Dict[str, str] = dict(self.env, **{INPLACE_ENV: "1", GENERATION_ENV: str(found.generation),
+                                                RANK_BASE_ENV: str(replacement.first_rank),
+                                                WORLD_SIZE_ENV: str(found.world)})
+        argv = inplace_plan.replacement_argv(self.argv, replacement.spare)
+        self.replacements.append(step.launch(argv, env, on_line))
+        self.launches[len(self.replacements) - 1] = (argv, env, on_line, 1)
+        return False
+
     def recover(self, lost: Sequence[str], spares: Sequence[str],
                 on_line: Optional[Callable[[str], None]] = None) -> Union[InPlacePlan, str]:
         """Write the next generation and start the lost nodes' ranks on spares; why not, or the plan."""
@@ -105,13 +142,11 @@ class InPlace:
         if isinstance(found, str):
             return found
         generation.write(self.control_dir, generation.Generation(found.generation, found.world, self.store_host, port))
+        self.warm = []
         for replacement in found.replacements:
-            env: Dict[str, str] = dict(self.env, **{INPLACE_ENV: "1", GENERATION_ENV: str(found.generation),
-                                                    RANK_BASE_ENV: str(replacement.first_rank),
-                                                    WORLD_SIZE_ENV: str(found.world)})
             try:
-                self.replacements.append(step.launch(inplace_plan.replacement_argv(self.argv, replacement.spare),
-                                                     env, on_line))
+                if self._start_replacement(replacement, found, on_line):
+                    self.warm.append(replacement.spare)
             except OSError as exc:
                 return f"cannot start the replacement on {replacement.spare}: {exc}"
         self.placement, self.generation, self.broken_seen = list(found.placement), found.generation, 0
@@ -124,8 +159,24 @@ class InPlace:
                 and not generation.formed(self.control_dir, self.generation))
 
     def failed_replacement(self) -> Optional[int]:
-        """The exit code of a replacement step that ended badly, or None."""
-        return next((code for code in (s.child.poll() for s in self.replacements) if code not in (None, 0)), None)
+        """The exit code of a replacement step that ended badly, or None. One whose launch Slurm
+        failed is launched again, up to LAUNCH_RETRIES times, first."""
+        for index, replacement in enumerate(self.replacements):
+            code = replacement.child.poll()
+            if code in (None, 0):
+                continue
+            argv, env, on_line, tries = self.launches.get(index, ([], {}, None, LAUNCH_RETRIES + 1))
+            if tries > LAUNCH_RETRIES or not signs.LAUNCH_FAILED.search(replacement.evidence()):
+                return code
+            replacement.finish(0)
+            print(f"slurmtools: the replacement step's launch failed ({tries} of {LAUNCH_RETRIES + 1}): launched "
+                  "again", file=sys.stderr, flush=True)
+            try:
+                self.replacements[index] = step.launch(argv, env, on_line)
+            except OSError:
+                return code
+            self.launches[index] = (argv, env, on_line, tries + 1)
+        return None
 
     def running(self) -> bool:
         return any(s.child.poll() is None for s in self.replacements)
@@ -134,6 +185,10 @@ class InPlace:
         """The replacement steps stopped (when still running: after training completed, given
         stop_timeout_s to end on their own) and drained; the store closed."""
         deadline = time.monotonic() + (stop_timeout_s if (self.control_dir / COMPLETE_FILE).exists() else 0.0)
+        for standby in self.standbys.values():       # never given a go: nothing of theirs to wait for
+            step.kill_now(standby.child)
+            standby.finish(0)
+        self.standbys = {}
         for replacement in self.replacements:
             try:
                 replacement.child.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -181,7 +236,7 @@ def on_death(in_place: InPlace, dead: nodecheck.Death, detail: str, attempt_id: 
         return False
     now = time.time()
     lost = [replacement.lost for replacement in found.replacements]
-    emit("in_place", attempt_id, generation=found.generation, lost=lost, spares=found.spares_used,
+    emit("in_place", attempt_id, generation=found.generation, lost=lost, spares=found.spares_used, warm=in_place.warm,
          ranks=[[r.first_rank, r.ranks] for r in found.replacements], detail=detail)
     for node in lost:
         # its ranks' last beats would stand for the replacements' (the same ranks): gone with it

@@ -22,7 +22,7 @@ from slurmtools.common import job_secret
 from slurmtools.common.control_dir import (COMPLETE_FILE, FLIGHT_RECORDER_REQUEST_FILE, GENERATION_FILE,
                                            GENERATION_FORMED_PREFIX, GROUP_BROKEN_PREFIX,
                                            HEARTBEAT_DIR, REPORTS_PROGRESS_FILE, JOB_NODES_FILE,
-                                           REQUEST_FILE, SDC_FILE, STOPPED_FILE, TERM_FILE)
+                                           REQUEST_FILE, SDC_FILE, STANDBY_GO_PREFIX, STOPPED_FILE, TERM_FILE)
 from slurmtools.common.fsutil import read_small_regular, write_json_atomic
 from slurmtools.errors import SlurmCommandError, UsageError
 from slurmtools.slurm import commands as slurm
@@ -205,7 +205,7 @@ def prepare_control_dir(control_dir: Path) -> None:
         _remove(control_dir / name)
     # an earlier step's word that its group broke would read as this step's (in-place recovery)
     for entry in os.scandir(control_dir):
-        if entry.name.startswith((GROUP_BROKEN_PREFIX, GENERATION_FORMED_PREFIX)):
+        if entry.name.startswith((GROUP_BROKEN_PREFIX, GENERATION_FORMED_PREFIX, STANDBY_GO_PREFIX)):
             _remove(control_dir / entry.name)
     _remove(control_dir / GPU_EVENTS_DIR)
     heartbeats = control_dir / HEARTBEAT_DIR

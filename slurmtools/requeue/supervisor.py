@@ -311,6 +311,8 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
     step_cmd = step_argv(argv, nodes, overlap=bool(this_run.lost))
     fed: Optional[Callable[[str], None]] = inferred.log.feed if inferred.log is not None else None
     on_line = recovery.feed(fed) if recovery is not None else fed
+    if recovery is not None:
+        recovery.start_standbys(this_run.topology.spares(this_run.lost), on_line)
     try:
         launched = step.launch(inplace_plan.surviving(step_cmd) if recovery else step_cmd, child_env, on_line)
     except OSError as exc:

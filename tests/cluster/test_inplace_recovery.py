@@ -1,7 +1,8 @@
 """Recovery without relaunch on the real mini-cluster (docs/recovery.md, "In place"; marker matrix:
 lane 2's 5-node cluster). The srun launcher, 2 nodes x 1 rank and a hot spare, in-memory snapshots
-every step. The second node is killed: its rank starts again on the spare, alone, and pulls its
-state from the replica its peer keeps, while rank 0 keeps its process (the same pid trains on); the
+every step. The second node is killed: its rank starts again on the spare (the warm standby
+started there with the step, torch imported, given its go) and pulls its state from the replica
+its peer keeps, while rank 0 keeps its process (the same pid trains on); the
 job completes in its first step, without a relaunch or a requeue, with the uninterrupted run's
 exact hash, and the ledger counts the node failure."""
 from __future__ import annotations
@@ -50,6 +51,7 @@ def test_a_killed_node_is_recovered_in_place_and_the_survivor_keeps_its_process(
         assert [(r["generation"], r["lost"], len(r["spares"])) for r in recovered] == [(1, [victim], 1)], story
         spare = recovered[0]["spares"][0]
         assert spare not in nodes
+        assert recovered[0]["warm"] == [spare], story                # its warm standby took the rank
         # one step of Slurm's, never relaunched: one start, one decision (completed)
         assert [s["attempt_id"] for s in training.supervisor_events(evts, "start")] == [f"{job}.0"], story
         assert [(d["cause"], d["action"]) for d in training.supervisor_events(evts, "decision")] == [

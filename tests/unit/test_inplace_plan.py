@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slurmtools.requeue.inplace_plan import InPlacePlan, Replacement, plan, ranks_per_node, replacement_argv, surviving
+from slurmtools.requeue.inplace_plan import (InPlacePlan, Replacement, plan, ranks_per_node, replacement_argv,
+                                             standby_argv, surviving)
 
 
 def test_a_spare_takes_the_lost_nodes_block_and_every_survivor_keeps_its_ranks():
@@ -43,6 +44,16 @@ def test_the_steps_srun_survives_a_lost_node_and_a_replacement_runs_on_the_spare
     assert replacement_argv(SRUN, "node4") == [
         "srun", "--no-kill", "--kill-on-bad-exit=0", "--nodelist=node4", "--nodes=1", "--cpus-per-task=1",
         "--cpu-bind=cores", "--ntasks-per-node=2", *SRUN[6:]]       # the program's own --nodes untouched
+
+
+def test_a_warm_standby_runs_the_replacements_command_through_the_standby_module():
+    assert standby_argv(SRUN, "node4") == [
+        "srun", "--no-kill", "--kill-on-bad-exit=0", "--nodelist=node4", "--nodes=1", "--cpus-per-task=1",
+        "--cpu-bind=cores", "--ntasks-per-node=2", "bash", "-c", 'exec "$@"', "slurmtools-task", "python3",
+        "-m", "slurmtools.train.standby", "train.py", "--nodes=9"]
+    program = ["srun", "--ntasks-per-node=1", "bash", "-c", "x", "slurmtools-task", "./run.sh", "train.py"]
+    assert standby_argv(program, "node4") is None            # not a Python script: nothing to warm
+    assert standby_argv(["srun", "--ntasks-per-node=1", "python3", "train.py"], "node4") is None
 
 
 def test_ranks_not_placed_by_srun_are_not_ours_to_replace():

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import subprocess
 import sys
 import time
+from typing import Optional
 
 import pytest
 
@@ -143,3 +145,63 @@ def test_a_generation_that_does_not_form_in_time_ends_the_step_for_the_relaunch(
         ("in_place_failed", "7.0", "generation 1 did not form within 60 s")]
     generation.report_formed(tmp_path, 1)
     assert not in_place.not_formed() and not inplace_step.ended(in_place, None, 0)   # type: ignore[arg-type]
+
+
+def test_a_spares_warm_standby_is_given_its_go_instead_of_a_new_step(tmp_path):
+    """The standby (started with the step, torch imported) takes the lost block: the go written
+    (generation, first rank, world), no replacement step started; a standby never given a go is
+    stopped with the step."""
+    from slurmtools.requeue import step
+    in_place = inplace_step.InPlace(tmp_path, ["srun", "--ntasks-per-node=2", "python3", "t.py"], {},
+                                    ["n1", "n2", "n3"], "n1", "n1")
+    in_place.start_store()
+    in_place.standbys = {spare: step.launch(["sleep", "60"], {"PATH": "/usr/bin:/bin"}) for spare in ("n4", "n5")}
+    try:
+        found = in_place.recover(["n2"], ["n4", "n5"])
+        assert not isinstance(found, str), found
+        assert found.spares_used == ["n4"] and in_place.warm == ["n4"]
+        assert generation.parse_go((tmp_path / "standby-n4.json").read_text()) == (1, 2, 6)
+        assert [s.child.args for s in in_place.replacements] == [["sleep", "60"]] and in_place.running()
+        assert list(in_place.standbys) == ["n5"]
+        waiting = in_place.standbys["n5"].child
+    finally:
+        in_place.finish(1)
+    assert waiting.returncode is not None and not in_place.standbys
+
+
+LAUNCH_FAILED_LINE = "srun: error: Task launch for StepId=1.2 failed on node n4: Communication connection failure"
+
+
+def _replacement_outcome(tmp_path, body: str) -> "tuple[Optional[int], int]":
+    """Recover one node onto n4 with a replacement running body; (what failed_replacement said
+    once it ended for good, how often it was launched)."""
+    tmp_path.mkdir()
+    program = [sys.executable, "-c", f"import pathlib, sys\nmarker = pathlib.Path({str(tmp_path / 'm')!r})\n{body}"]
+    in_place = inplace_step.InPlace(tmp_path, program, {"PATH": "/usr/bin:/bin"}, ["n1", "n2"], "n1", "n1")
+    in_place.ranks_per_node = 1
+    # a stand-in for the store host (the generation only names its port): ends when stdin closes
+    in_place.store = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    in_place.store_port = 1
+    try:
+        assert not isinstance(in_place.recover(["n2"], ["n4"]), str)
+        deadline = time.monotonic() + 60
+        said = None
+        while said is None and (in_place.running() or time.monotonic() < deadline):
+            said = in_place.failed_replacement()
+            if said is None and not in_place.running():
+                break
+            time.sleep(0.05)
+        return said, in_place.launches[0][3]
+    finally:
+        in_place.finish(5)
+
+
+def test_a_replacement_whose_launch_slurm_failed_is_launched_again(tmp_path):
+    """A step launched while Slurm removes the dead node from the job fails its launch (seen at 32
+    nodes): launched again, up to LAUNCH_RETRIES times; a failure of its own is the replacement's."""
+    once = (f"if not marker.exists():\n    marker.touch(); print({LAUNCH_FAILED_LINE!r}, file=sys.stderr); "
+            "sys.exit(1)\n")
+    assert _replacement_outcome(tmp_path / "a", once) == (None, 2)
+    always = f"print({LAUNCH_FAILED_LINE!r}, file=sys.stderr); sys.exit(1)\n"
+    assert _replacement_outcome(tmp_path / "b", always) == (1, inplace_step.LAUNCH_RETRIES + 1)
+    assert _replacement_outcome(tmp_path / "c", "sys.exit(3)\n") == (3, 1)
