@@ -158,15 +158,19 @@ def events(spec: JobSpec, job: int) -> List[Dict[str, Any]]:
 
 def _trainers(job: int, program: Path):
     """(process, its environment) of each process running program for this job on any node of this
-    suite's cluster (scripts/test.sh runs other clusters beside it, whose job ids are the same numbers)."""
+    suite's cluster (scripts/test.sh runs other clusters beside it, whose job ids are the same numbers).
+    A spare's warm standby (slurmtools.train.standby) started with a rank its go replaces: none here."""
     import os
 
     import psutil
     conf = os.environ.get("SLURM_CONF")
     for p in psutil.process_iter(["cmdline"]):
         try:
-            env = p.environ() if str(program) in (p.info["cmdline"] or []) else {}
+            cmdline = p.info["cmdline"] or []
+            env = p.environ() if str(program) in cmdline else {}
             if env.get("SLURM_JOB_ID") == str(job) and env.get("SLURM_CONF") == conf:
+                if "slurmtools.train.standby" in cmdline:
+                    env.pop("RANK", None)
                 yield p, env
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
