@@ -13,7 +13,8 @@ with its `ratio` line against one node killed on the requeue path of the same jo
 without relaunch (section inplace, per --inplace-nodes): N nodes x 1 rank and a spare, snapshots
 every step, the middle node killed: fault -> first resumed step in place (the survivors keep their
 processes; split into detect / form and restore / first step) and on the relaunch path of the same
-job, and `ratio inplace/relaunch node-kill <N> nodes <x>`.
+job, and `ratio inplace/relaunch node-kill <N> nodes <x>`; then the goodput simulator at 9,600 GPUs fed
+the largest job's figures (bench/inplace_goodput.py).
 
     .venv/bin/python bench/resume.py [--goodput-min 5] [--only SECTION,...] [--inplace-nodes 4,32]
     (brings its own cluster up and down: 5 nodes, or one more than the most --inplace-nodes;
@@ -37,6 +38,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import inplace_goodput  # noqa: E402  # bench/, beside this file
 from slurmtools.common import ledger  # noqa: E402
 from slurmtools.common.control_dir import control_dir_for  # noqa: E402
 from slurmtools.common.fsutil import json_lines  # noqa: E402
@@ -374,6 +376,10 @@ def run_sections(layout, work: Path, only: List[str], goodput_min: float, inplac
             relaunched = node_kill_with_a_spare(layout, work, nodes, in_place=False)
             print(f"ratio inplace/relaunch node-kill {nodes} nodes {in_place['total'] / relaunched['total']:.2f}",
                   flush=True)
+        # the goodput simulator fed the largest job's figures
+        inplace_goodput.report(relaunch_detect_s=relaunched["detect"],
+                               relaunch_rest_s=relaunched["total"] - relaunched["detect"],
+                               in_place_s=in_place["total"])
 
 if __name__ == "__main__":
     if os.geteuid() != 0:

@@ -25,8 +25,9 @@ from slurmtools.common.fsutil import read_small_regular
 from slurmtools.common.generation import go_file, parse_go
 from slurmtools.errors import UsageError
 
-# how often a standby looks for its go (a stat of one file)
-GO_POLL_S = 0.05
+# how often a standby looks for its go (a stat of one file, on the control dir's file system: 8 spares
+# of 8 ranks make 320 a second)
+GO_POLL_S = 0.2
 
 
 def top_level_imports(script: Path) -> List[str]:
@@ -55,7 +56,7 @@ def warm(script: Path) -> None:
 def wait_for_go(path: Path) -> Tuple[int, int, int]:
     """Block until the go file is there and whole; a file that is no go is an error."""
     while True:
-        raw = read_small_regular(path, 4096)
+        raw = read_small_regular(path, 4096) if path.exists() else None
         if raw is not None:
             try:
                 return parse_go(raw.decode())

@@ -9,6 +9,7 @@ import pytest
 
 from slurmtools.common.ledger import Cause
 from slurmtools.requeue import plan
+from slurmtools.requeue.policy import Action
 from slurmtools.requeue.simulate import (DAY_S, FailureKind, Scenario, default_mix, format_summary, simulate,
                                          simulate_run)
 from slurmtools.spec import RequeueSpec
@@ -60,6 +61,19 @@ def test_a_node_failure_restarts_on_a_spare_and_requeues_without_one():
     assert no_spare.restarts_mean == 0 and no_spare.requeues_mean > 40
     # each requeue brings a fresh allocation with its spares: most failures stay in the allocation
     assert spares.restarts_mean > 2 * spares.requeues_mean and spares.ettr_mean > no_spare.ettr_mean
+
+
+def test_a_node_failure_recovered_in_place_costs_its_own_time_instead_of_detection_and_relaunch():
+    kwargs = dict(nodes=1000, failures_per_1000_node_days=5.0, work_days=10.0, kinds=NODES_ONLY, spare_nodes=2,
+                  limits=RequeueSpec(max_restarts=1000, no_progress_restarts=100))
+    relaunched = simulate_run(_scenario(**kwargs), random.Random(3))
+    in_place = simulate_run(_scenario(in_place_s=4.0, **kwargs), random.Random(3))
+    restarts = relaunched.actions[Action.RESTART]
+    assert restarts > 10 and in_place.actions[Action.RESTART] == restarts     # the same failures, the same verdicts
+    # each restart: 10 s of detection + 60 s of relaunch, or 4 s in all
+    assert relaunched.wall_s - in_place.wall_s == pytest.approx(restarts * (10.0 + 60.0 - 4.0))
+    with pytest.raises(ValueError, match="costs and the snapshot interval must be >= 0"):
+        _scenario(in_place_s=-1.0)
 
 
 def test_a_straggler_without_a_spare_slows_the_run_until_its_next_requeue():
