@@ -63,15 +63,27 @@ def reference_hash(tmp_path_factory) -> str:
 
 
 class _Said:
-    """A running process's stderr, read as it comes by a thread of its own."""
+    """A running process's output, read as it comes by threads of its own (stdout and stderr: a
+    communicate() beside them would take some of the lines)."""
 
     def __init__(self, proc: subprocess.Popen) -> None:
-        self.lines: list = []
-        self.thread = threading.Thread(target=lambda: self.lines.extend(proc.stderr), daemon=True)
-        self.thread.start()
+        self.proc, self.lines, self.out = proc, [], []
+        self.threads = [threading.Thread(target=lambda: self.lines.extend(proc.stderr), daemon=True),
+                        threading.Thread(target=lambda: self.out.extend(proc.stdout), daemon=True)]
+        for thread in self.threads:
+            thread.start()
 
     def text(self) -> str:
         return "".join(list(self.lines))
+
+    def end(self, timeout_s: float) -> str:
+        """Its stdout, once it ended and both streams are read to their end."""
+        self.proc.wait(timeout=timeout_s)
+        for thread in self.threads:
+            thread.join(timeout=30)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            stream.close()
+        return "".join(self.out)
 
 
 def _wait_until_said(said: dict, text: str, timeout_s: float) -> bool:
@@ -98,10 +110,9 @@ def test_a_lost_rank_is_replaced_in_place_and_the_survivors_keep_their_processes
     assert all(proc.poll() is None for proc in procs.values())       # waiting, not gone
     generation.write(tmp_path / "control", generation.Generation(1, WORLD, "127.0.0.1", store.port))
     replacement = _start(tmp_path, LOST, port, **{INPLACE_ENV: "1", GENERATION_ENV: "1"})
-    outs = {rank: proc.communicate(timeout=240)[0] for rank, proc in procs.items()}
+    outs = {rank: said[rank].end(240) for rank in procs}
     replacement_out, replacement_err = replacement.communicate(timeout=240)
     for rank, proc in procs.items():
-        said[rank].thread.join(timeout=10)
         assert proc.returncode == 0, said[rank].text()[-3000:]
     assert replacement.returncode == 0, replacement_err[-3000:]
     out, err = outs[0], said[0].text()

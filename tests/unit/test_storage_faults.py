@@ -183,7 +183,7 @@ def test_the_example_trainer_stopped_by_a_failed_save_ends_in_one_line_per_rank_
     procs = [subprocess.Popen(argv, env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)), stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for rank in range(2)]
     results = [proc.communicate(timeout=240) for proc in procs]
-    assert [proc.returncode for proc in procs] == [1, 1]
+    assert [proc.returncode for proc in procs] == [1, 1], [err[-2000:] for _, err in results]
     for rank, (_, err) in enumerate(results):
         assert "Traceback" not in err, err[-3000:]
         assert err.strip().splitlines()[-1] == (f"train.py: error: rank {rank}: a periodic checkpoint was not saved "
