@@ -60,10 +60,11 @@ class Group:
         self.broken_for = 0                  # the newest generation the group was broken for
         self.watcher: Optional[threading.Thread] = None
 
-    def create(self, backend: str, init: Callable[[], None], store_ports: Iterable[int]) -> None:
-        """init() forms the group; a gloo group's connections noted."""
+    def create(self, backend: str, init: Callable[[], None], store_ports: Iterable[int], track: bool = True) -> None:
+        """init() forms the group; a gloo group's connections noted when in-place recovery may
+        have to shut them down (track)."""
         self.backend = backend
-        if backend == "gloo":
+        if backend == "gloo" and track:
             self.connections = group_sockets.opened_by(init, store_ports)
         else:
             init()
@@ -155,7 +156,7 @@ def start(backend: str, timeout_s: float, control_dir: Optional[Path], environ: 
         timeout = datetime.timedelta(seconds=timeout_s)
         master_port = environ.get("MASTER_PORT", "")
         GROUP.create(backend, lambda: dist.init_process_group(backend, timeout=timeout),
-                     [int(master_port)] if master_port.isdigit() else [])
+                     [int(master_port)] if master_port.isdigit() else [], track=enabled(environ))
     else:
         generation = read(control_dir) if control_dir is not None else None
         if generation is None or generation.number != number:
