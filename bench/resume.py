@@ -10,11 +10,12 @@ against the failure-free run of the same length; and the warning signal's path. 
 that come together, on a 3-node x 1-process job: two nodes killed at once (requeue excluding both;
 two spares in the allocation) and the batch host killed (Slurm requeues the batch script), each
 with its `ratio` line against one node killed on the requeue path of the same job. Then recovery
-without relaunch (section inplace, per --inplace-nodes): N nodes x 1 rank and a spare, snapshots
-every step, the middle node killed: fault -> first resumed step in place (the survivors keep their
-processes; split into detect / form and restore / first step) and on the relaunch path of the same
-job, and `ratio inplace/relaunch node-kill <N> nodes <x>`; then the goodput simulator at 9,600 GPUs fed
-the largest job's figures (bench/inplace_goodput.py).
+without relaunch (section inplace, per --inplace-nodes; bench/inplace_resume.py): N nodes x 1 rank
+and a spare, snapshots every step, the middle node killed, then the middle node's rank killed:
+fault -> first resumed step in place (the survivors keep their processes; split into detect / form
+and restore / first step) and on the relaunch path of the same job, and
+`ratio inplace/relaunch <node-kill|rank-crash> <N> nodes <x>`; then the goodput simulator at 9,600
+GPUs fed the largest job's figures (bench/inplace_goodput.py).
 
     .venv/bin/python bench/resume.py [--goodput-min 5] [--only SECTION,...] [--inplace-nodes 4,32]
     (brings its own cluster up and down: 5 nodes, or one more than the most --inplace-nodes;
@@ -27,124 +28,22 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
-import psutil
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-import inplace_goodput  # noqa: E402  # bench/, beside this file
-from slurmtools.common import ledger  # noqa: E402
-from slurmtools.common.control_dir import control_dir_for  # noqa: E402
-from slurmtools.common.fsutil import json_lines  # noqa: E402
-from slurmtools.job import submit as jobs
-from slurmtools.minicluster import cluster as mc  # noqa: E402
-from slurmtools.minicluster import faults as mc_faults  # noqa: E402
+import inplace_resume  # bench/, beside this file
+from resume_jobs import (REPO, breakdown, current_nodes, events, finished, resume_drained, show, signal_rank, spec,
+                         step_reached, submit, victim_of, wait)
+from slurmtools.common import ledger
+from slurmtools.common.control_dir import control_dir_for
+from slurmtools.minicluster import cluster as mc
+from slurmtools.minicluster import faults as mc_faults
 from slurmtools.requeue import goodput
-from slurmtools.slurm import commands as slurm  # noqa: E402
-from slurmtools.spec import spec_from_dict  # noqa: E402
-
-TRAIN = REPO / "examples" / "tiny_fsdp" / "train.py"
-STEPS = 40
-
-
-def wait(pred, timeout_s: float, what: str, interval_s: float = 0.1):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        v = pred()
-        if v:
-            return v
-        time.sleep(interval_s)
-    raise SystemExit(f"timed out waiting for {what}")
-
+from slurmtools.slurm import commands as slurm
 
 SECTIONS = ("floor", "faults", "warning", "goodput", "correlated", "inplace")
-# in-memory snapshots every step: a replacement restores from its peer's replica, not from disk
-SNAPSHOTS_EVERY_STEP = {"snapshot_every_steps": 1, "snapshot_memory_gb": 1, "snapshot_max_overhead_pct": 0}
-
-
-def spec(work: Path, name: str, extra: List[str] = (), steps: int = STEPS, nodes: int = 2, processes_per_node: int = 2,
-         top: Optional[Dict[str, Any]] = None, **requeue: Any):
-    return spec_from_dict({
-        **(top or {}),
-        "name": name, "nodes": nodes, "processes_per_node": processes_per_node, "python": sys.executable,
-        "time_limit_min": 30,
-        "command": [str(TRAIN), "--steps", str(steps), "--checkpoint-every", "5", "--step-sleep-s", "0.25", *extra],
-        "output_dir": str(work / name / "logs"), "checkpoint_dir": str(work / name / "ckpt"),
-        "requeue": dict({"hang_timeout_s": 120, "backoff_s": 0, "warning_lead_s": 60, "checkpoint_grace_s": 30,
-                         "max_restarts": 5, "max_consecutive_failures": 5, "no_progress_restarts": 5}, **requeue)})
-
-
-def submit(s) -> int:
-    return jobs.submit_spec(s, slurmtools_cmd=[sys.executable, "-m", "slurmtools"])
-
-
-def events(s, job: int) -> List[Dict[str, Any]]:
-    p = Path(s.output_dir) / f"{s.name}-{job}.out"
-    return json_lines(p.read_text()) if p.exists() else []
-
-
-def finished(job: int) -> bool:
-    return slurm.job_state(job).finished
-
-
-def step_reached(s, job: int, step: int) -> bool:
-    return any(e.get("step", 0) >= step and "loss" in e for e in events(s, job))
-
-
-def breakdown(evts: List[Dict[str, Any]], fault_t: float, decided_t: float = 0.0) -> Dict[str, float]:
-    """Phases from the supervisor's and trainer's timestamped JSON lines; decided_t: when Slurm
-    requeued a job whose supervisor died with its batch host (no decision line of its own)."""
-    decision = ({"t": decided_t} if decided_t else
-                next(e for e in evts if e.get("slurmtools") == "decision" and e["t"] >= fault_t - 1))
-    start = next(e for e in evts if e.get("slurmtools") == "start" and e["t"] > decision["t"])
-    resumed = next(e for e in evts if e.get("event") == "resumed" and e["t"] > start["t"])
-    first = next(e for e in evts if "loss" in e and e["t"] > resumed["t"])
-    load_s = resumed["load_s"]
-    return {"detect": decision["t"] - fault_t, "wait": start["t"] - decision["t"],
-            "launch": resumed["t"] - load_s - start["t"], "checkpoint load": load_s,
-            "first step": first["t"] - resumed["t"], "total": first["t"] - fault_t,
-            "steps lost": float(max(e["step"] for e in evts if "loss" in e and e["t"] < decision["t"])
-                                - resumed["step"])}
-
-
-def show(label: str, b: Dict[str, float]) -> None:
-    parts = ", ".join(f"{k} {v:.1f} s" for k, v in b.items() if k not in ("total", "steps lost"))
-    print(f"{label}: fault -> first resumed step {b['total']:.1f} s ({parts}); steps lost {int(b['steps lost'])}",
-          flush=True)
-
-
-def signal_rank(job: int, rank: str, sig: int = signal.SIGKILL) -> bool:
-    """Send sig to one rank's training process (SIGKILL: a crash; SIGSTOP, all its threads: a hang)."""
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            cmd = p.info["cmdline"] or []
-            if not any(str(TRAIN) == c for c in cmd):
-                continue
-            env = p.environ()
-            if env.get("SLURM_JOB_ID") == str(job) and env.get("RANK") == rank:
-                p.send_signal(sig)
-                return True
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return False
-
-
-def resume_drained() -> None:
-    for n in slurm.nodes():
-        if n.drained:
-            slurm.resume_node(n.name)
-
-
-def victim_of(s, job: int) -> str:
-    from ClusterShell.NodeSet import NodeSet
-    start = next(e for e in events(s, job) if e.get("slurmtools") == "start")
-    return list(NodeSet(start["nodes"]))[1]
 
 
 def one_fault(layout, work: Path, fault: str, path: str) -> Dict[str, float]:
@@ -246,51 +145,6 @@ def goodput_run(layout, work: Path, name: str, steps: int, faults: bool) -> floa
     return wall
 
 
-def node_kill_with_a_spare(layout, work: Path, nodes: int, in_place: bool) -> Dict[str, float]:
-    """N nodes x 1 rank (srun launcher) and a spare, snapshots every step; the middle node (never the
-    batch host) killed at step 12; the breakdown of the path taken."""
-    path = "inplace" if in_place else "relaunch"
-    s = spec(work, f"node-kill-{nodes}-{path}", ["--step-sleep-s", "0.5"], nodes=nodes, processes_per_node=1,
-             top={"launcher": "srun", "distributed": SNAPSHOTS_EVERY_STEP}, spare_nodes=1, in_place=in_place)
-    job = submit(s)
-    wait(lambda: step_reached(s, job, 12), 300 + 10 * nodes, f"step 12 of {nodes} nodes")
-    victim = current_nodes(s, job)[nodes // 2]
-    fault_t = time.time()
-    mc_faults.kill_node(layout, victim)
-    wait(lambda: finished(job), 600, f"node kill, {nodes} nodes, {path}")
-    evts = events(s, job)
-    mc_faults.restart_node(layout, victim)
-    resume_drained()
-    wait(lambda: all(n.state == "idle" and not n.flags for n in slurm.nodes()), 120, "nodes idle")
-    b = inplace_breakdown(evts, fault_t) if in_place else breakdown(evts, fault_t)
-    show(f"node kill with a spare, {nodes} nodes x 1 rank, {path}", b)
-    return b
-
-
-def inplace_breakdown(evts: List[Dict[str, Any]], fault_t: float) -> Dict[str, float]:
-    """Phases of a recovery in place: the kill to the supervisor's in_place line (detect), to
-    rank 0's resumed line (the generation formed, the replacement started, its state restored),
-    to its first step after it. None of it without an in_place line: the recovery failed over."""
-    recovered = [e for e in evts if e.get("slurmtools") == "in_place" and e["t"] >= fault_t]
-    failed = [e for e in evts if e.get("slurmtools") == "in_place_failed" and e["t"] >= fault_t]
-    if failed:
-        raise SystemExit(f"bench/resume.py: the recovery in place failed over to the relaunch: {failed[0]['reason']}")
-    if not recovered:
-        said = [e for e in evts if e.get("slurmtools") in ("in_place_refused", "in_place_failed", "decision")]
-        raise SystemExit(f"bench/resume.py: no recovery in place after the kill: {said}")
-    resumed = next(e for e in evts if e.get("event") == "resumed" and e["t"] > recovered[0]["t"])
-    first = next(e for e in evts if "loss" in e and e["t"] > resumed["t"])
-    return {"detect": recovered[0]["t"] - fault_t, "form and restore": resumed["t"] - recovered[0]["t"],
-            "first step": first["t"] - resumed["t"], "total": first["t"] - fault_t,
-            "steps lost": float(max(e["step"] for e in evts if "loss" in e and e["t"] < fault_t) - resumed["step"])}
-
-
-def current_nodes(s, job: int) -> List[str]:
-    from ClusterShell.NodeSet import NodeSet
-    starts = [e for e in events(s, job) if e.get("slurmtools") == "start"]
-    return list(NodeSet(starts[-1]["nodes"]))
-
-
 def main() -> None:
     import argparse
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -371,15 +225,8 @@ def run_sections(layout, work: Path, only: List[str], goodput_min: float, inplac
                   f"{b['total'] / single['total']:.2f}", flush=True)
 
     if "inplace" in only:
-        for nodes in inplace_nodes:
-            in_place = node_kill_with_a_spare(layout, work, nodes, in_place=True)
-            relaunched = node_kill_with_a_spare(layout, work, nodes, in_place=False)
-            print(f"ratio inplace/relaunch node-kill {nodes} nodes {in_place['total'] / relaunched['total']:.2f}",
-                  flush=True)
-        # the goodput simulator fed the largest job's figures
-        inplace_goodput.report(relaunch_detect_s=relaunched["detect"],
-                               relaunch_rest_s=relaunched["total"] - relaunched["detect"],
-                               in_place_s=in_place["total"])
+        inplace_resume.section(layout, work, inplace_nodes)
+
 
 if __name__ == "__main__":
     if os.geteuid() != 0:

@@ -72,11 +72,12 @@ class RequeueSpec:
                            "failure is drained and replaced by a spare without a requeue.", 0, min=0, max=1000)
     min_nodes: int = doc("When no spare is left, go on with fewer nodes down to this many (the checkpoint is "
                          "resharded on load); 0: never fewer than `nodes`.", 0, min=0, max=100000)
-    in_place: bool = doc("Experimental: recover a lost node in place: the other ranks keep their processes and "
-                         "state, the lost node's ranks start again on a spare and restore from node memory "
-                         "(docs/recovery.md, \"In place\", says what it does not do yet). Needs the srun launcher, spare_nodes and a trainer that runs under "
-                         "slurmtools.train.inplace (the reference trainer does); what cannot be recovered in place "
-                         "relaunches the step.", False)
+    in_place: bool = doc("Experimental: recover a lost node or a crashed rank in place: the other ranks keep "
+                         "their processes and state, the lost node's ranks start again on a spare (spare_nodes), "
+                         "a crashed rank on its own node, and restore from node memory (docs/recovery.md, "
+                         "\"In place\", says what it does not do yet). Needs the srun launcher and a trainer that "
+                         "runs under slurmtools.train.inplace (the reference trainer does); what cannot be "
+                         "recovered in place relaunches the step.", False)
     node_timeout_s: int = doc("Every rank of one node silent this long (or none of its ranks beating this long "
                               "after the launch), and its slurmd unreachable, counts as that node's death; 0: "
                               "4x the median step time, at least 10 s. With spares or min_nodes the job goes on "
@@ -320,10 +321,9 @@ def cross_checks(spec: JobSpec) -> None:
             raise err(f"{listed & NodeSet(spec.exclude)} is both in nodelist and exclude", ("exclude",))
     if spec.requeue.min_nodes > spec.nodes:
         raise err(f"must be at most nodes ({spec.nodes}), got {spec.requeue.min_nodes}", ("requeue", "min_nodes"))
-    if spec.requeue.in_place and (spec.launcher != "srun" or not spec.requeue.spare_nodes):
+    if spec.requeue.in_place and spec.launcher != "srun":
         raise err("needs launcher: srun (one task per rank, placed by us; torchrun's agents restart their own "
-                  "workers) and requeue.spare_nodes" if spec.launcher != "srun" else
-                  "needs requeue.spare_nodes: a lost node's ranks start again on a spare", ("requeue", "in_place"))
+                  "workers)", ("requeue", "in_place"))
     if spec.nodes + spec.requeue.spare_nodes > 100000:
         raise err("nodes + spare_nodes is over 100000", ("requeue", "spare_nodes"))
     if spec.requeue.checkpoint_grace_s >= spec.requeue.warning_lead_s:

@@ -76,6 +76,7 @@ GENERATION_ENV = "SLURMTOOLS_GENERATION"  # in-place recovery: this process's ge
 INPLACE_ENV = "SLURMTOOLS_INPLACE"  # in-place recovery on (not empty or 0): a broken group waits for the next
 RANK_BASE_ENV = "SLURMTOOLS_RANK_BASE"  # srun launcher: a replacement step's first rank (its tasks count from it)
 WORLD_SIZE_ENV = "SLURMTOOLS_WORLD_SIZE"  # srun launcher: a replacement step's world (more than its own tasks)
+LOCAL_RANK_BASE_ENV = "SLURMTOOLS_LOCAL_RANK_BASE"  # srun launcher: a restarted rank's local rank (its GPU) on its node
 # where a rank keeps what lives in its node's memory (heartbeats gathered per node, snapshots):
 # /dev/shm unless set (the mini-cluster's TaskProlog gives each fake node a directory of its own)
 NODE_LOCAL_DIR_ENV = "SLURMTOOLS_NODE_LOCAL_DIR"

@@ -144,9 +144,10 @@ class SnapshotRestore:
 
 @dataclass(frozen=True)
 class InPlaceRecovery:
-    """A node failure the step survived (docs/recovery.md, "In place"): the lost nodes' ranks were
-    started again on spares, into the next generation, while every other rank kept its process.
-    Counted against the restart budget as any node failure is."""
+    """A failure the step survived (docs/recovery.md, "In place"): a lost node's ranks started
+    again on spares, or ranks that crashed on a live node started again there (cause crash, spares
+    then the same nodes), into the next generation, while every other rank kept its process.
+    Counted against the restart budget as any such failure is."""
     KIND: ClassVar[str] = "in_place"
     attempt_id: str
     time_s: float
@@ -155,6 +156,7 @@ class InPlaceRecovery:
     spares: str
     detail: str = ""
     checkpoint_step: Optional[int] = None    # the newest complete checkpoint then: the budget's progress marker
+    cause: str = Cause.NODE_FAILURE.value    # node_failure or crash
 
 
 Event = Union[AttemptStart, AttemptEnd, NodeSlowdown, PreflightCheck, CheckpointRefused, SnapshotRestore,
@@ -217,7 +219,7 @@ def parse(record: Dict[str, Any]) -> Optional[Event]:
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             return None
     event: Event = cls(**values)
-    if isinstance(event, AttemptEnd) and event.cause not in _CAUSES:
+    if isinstance(event, (AttemptEnd, InPlaceRecovery)) and event.cause not in _CAUSES:
         return None
     return event
 
@@ -310,7 +312,9 @@ def history(events: List[Event]) -> List[AttemptRecord]:
     ended = [AttemptRecord(Cause(a.cause), a.counted, progress_step(a.checkpoint_step, restored.get(a.attempt_id)),
                            a.node, a.end_s)
              for a in attempts(events) if a.cause is not None]
-    survived = [AttemptRecord(Cause.NODE_FAILURE, True, event.checkpoint_step, event.lost.split(",")[0], event.time_s)
+    survived = [AttemptRecord(Cause(event.cause), True, event.checkpoint_step,
+                              event.lost.split(",")[0] if event.cause == Cause.NODE_FAILURE.value else None,
+                              event.time_s)
                 for event in events if isinstance(event, InPlaceRecovery)]
     if not survived:
         return ended

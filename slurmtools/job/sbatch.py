@@ -11,10 +11,10 @@ import shlex
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from slurmtools import __version__
-from slurmtools.common.control_dir import (CHECKPOINT_DIR_ENV, COLLECTIVE_TIMEOUT_ENV, SDC_CHECK_EVERY_ENV,
-                                           RANK_BASE_ENV, SNAPSHOT_EVERY_ENV, SNAPSHOT_MAX_OVERHEAD_ENV,
-                                           SNAPSHOT_MEMORY_GB_ENV, TASK_WRAPPER_NAME, WORLD_SIZE_ENV,
-                                           control_root)
+from slurmtools.common.control_dir import (CHECKPOINT_DIR_ENV, COLLECTIVE_TIMEOUT_ENV, LOCAL_RANK_BASE_ENV,
+                                           RANK_BASE_ENV, SDC_CHECK_EVERY_ENV, SNAPSHOT_EVERY_ENV,
+                                           SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV, TASK_WRAPPER_NAME,
+                                           WORLD_SIZE_ENV, control_root)
 from slurmtools.common.metric_names import METRICS_DIR_ENV
 from slurmtools.common.rendezvous import AGENT_WRAPPER, SHELL_PORT_EXPR
 from slurmtools.errors import SpecError
@@ -151,7 +151,9 @@ def launch_argv(spec: JobSpec) -> List[str]:
     srun.append(f"--ntasks-per-node={spec.procs_per_node}")
     # one task per process: ranks come from Slurm's own variables
     # (a replacement step of in-place recovery, on a spare alone, is told its first rank and the world)
-    wrapper = (f'export RANK=$(( ${{{RANK_BASE_ENV}:-0}} + SLURM_PROCID )) LOCAL_RANK=$SLURM_LOCALID '
+    # (a rank restarted on its own node also its local rank: the GPU it drove)
+    wrapper = (f'export RANK=$(( ${{{RANK_BASE_ENV}:-0}} + SLURM_PROCID )) '
+               f'LOCAL_RANK=$(( ${{{LOCAL_RANK_BASE_ENV}:-0}} + SLURM_LOCALID )) '
                f'WORLD_SIZE=${{{WORLD_SIZE_ENV}:-$SLURM_NTASKS}}; exec "$@"')
     program = [py] + cmd if spec.command[0].endswith(".py") else cmd
     return srun + ["bash", "-c", q(wrapper), TASK_WRAPPER_NAME, *program]

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Collection, List, Optional, Sequence, Tuple, Union
+from typing import Collection, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from slurmtools.common.control_dir import TASK_WRAPPER_NAME
+from slurmtools.common.ledger import AttemptRecord
+from slurmtools.requeue import output_signs as signs
+from slurmtools.requeue import policy
 from slurmtools.requeue.topology import step_argv
+from slurmtools.spec import RequeueSpec
 
 # what keeps a step's srun and its other tasks going when a node's tasks are lost: the supervisor
 # replaces them (Slurm's defaults end the whole step)
@@ -24,11 +28,21 @@ SURVIVE_LOSS = ("--no-kill", "--kill-on-bad-exit=0")
 
 @dataclass(frozen=True)
 class Replacement:
-    """The ranks first_rank .. first_rank + ranks - 1 of a lost node, started again on spare."""
+    """The ranks first_rank .. first_rank + ranks - 1 of a lost node, started again on spare (a
+    rank restarted on its own node: spare is that node, and first_local its local rank there)."""
     lost: str
     spare: str
     first_rank: int
     ranks: int
+    first_local: int = 0
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    """srun's word that tasks of a step ended badly on a node: their local ranks there, and how."""
+    node: str
+    local_ranks: Tuple[int, ...]
+    how: str                                 # "Exited with exit code 9", "Killed", ...
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,65 @@ def plan(placement: Sequence[str], lost: Collection[str], spares: Sequence[str],
     return InPlacePlan(generation, len(placement) * ranks_per_node, tuple(replacements), tuple(after))
 
 
+def restart(placement: Sequence[str], failures: Sequence[TaskFailure], ranks_per_node: int, generation: int
+            ) -> Union[InPlacePlan, str]:
+    """The next generation with ranks that failed on live nodes started again where they ran (the
+    same placement: a node's run of adjacent local ranks one step), or why not."""
+    if ranks_per_node < 1:
+        return f"{ranks_per_node} ranks per node: the launcher places no ranks of ours"
+    locals_of: Dict[str, Set[int]] = {}
+    for failure in failures:
+        if failure.node not in placement:
+            return f"{failure.node} holds no ranks of this step"
+        bad = [local for local in failure.local_ranks if not 0 <= local < ranks_per_node]
+        if bad:
+            return f"task {bad[0]} on {failure.node} is no local rank of {ranks_per_node} per node"
+        locals_of.setdefault(failure.node, set()).update(failure.local_ranks)
+    replacements = []
+    for node in sorted(locals_of, key=list(placement).index):
+        base = list(placement).index(node) * ranks_per_node
+        for first, count in _runs(sorted(locals_of[node])):
+            replacements.append(Replacement(node, node, base + first, count, first))
+    if not replacements:
+        return "no rank of this step failed"
+    return InPlacePlan(generation, len(placement) * ranks_per_node, tuple(replacements), tuple(placement))
+
+
+def crash_verdict(failures: Sequence[TaskFailure], tail: str, gpu_fault_nodes: Collection[str],
+                  history: Sequence[AttemptRecord], limits: RequeueSpec, checkpoint_step: Optional[int],
+                  now_s: float) -> Union[policy.Diagnosis, str]:
+    """Ranks that failed on live nodes are restarted in place when the policy would restart a crash
+    in this allocation (counted against the budget, no node blamed): the diagnosis to record; else
+    why not, and the relaunch judges the step with all its evidence (a GPU's fatal fault blames its
+    node, a user's error or running out of memory stops the job)."""
+    faulty = sorted({failure.node for failure in failures} & set(gpu_fault_nodes))
+    if faulty:
+        return f"a GPU of {faulty[0]} reported a fatal fault: the node failed, not the rank"
+    user = signs.USER.search(tail)
+    if user:
+        return f"user error ({user.group(1)})"
+    if signs.OOM.search(tail):
+        return "out of memory"
+    detail = "; ".join(f"local rank{'s' if len(f.local_ranks) > 1 else ''} "
+                       f"{','.join(map(str, f.local_ranks))} on {f.node}: {f.how}" for f in failures)
+    diag = policy.Diagnosis(policy.Cause.CRASH, detail=detail)
+    verdict = policy.decide(diag, history, limits, checkpoint_step, policy.Capacity(in_allocation=True), now_s)
+    if verdict.action is not policy.Action.RESTART:
+        return verdict.reason
+    return diag
+
+
+def _runs(numbers: Sequence[int]) -> List[Tuple[int, int]]:
+    """Sorted numbers as (first, count) runs of adjacent ones."""
+    runs: List[Tuple[int, int]] = []
+    for number in numbers:
+        if runs and runs[-1][0] + runs[-1][1] == number:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((number, 1))
+    return runs
+
+
 def _srun_options(argv: Sequence[str]) -> List[str]:
     """srun's own options: the arguments after `srun` up to its program."""
     if not argv or os.path.basename(argv[0]) != "srun":
@@ -102,6 +175,15 @@ def surviving(argv: Sequence[str]) -> List[str]:
 def replacement_argv(argv: Sequence[str], spare: str) -> List[str]:
     """The step's command on the spare alone: the same program and ranks per node."""
     return surviving(step_argv(argv, [spare]))
+
+
+def restart_argv(argv: Sequence[str], node: str, tasks: int) -> List[str]:
+    """The step's command for `tasks` of its ranks on their own node, beside the step that still
+    runs there (--overlap: its CPUs, memory and GPUs are that step's in Slurm's books)."""
+    command = step_argv(argv, [node], overlap=True)
+    at = len(_srun_options(command)) + 1
+    return surviving([arg if index >= at or not arg.startswith("--ntasks-per-node=") else f"--ntasks-per-node={tasks}"
+                      for index, arg in enumerate(command)])
 
 
 def standby_argv(argv: Sequence[str], spare: str) -> Optional[List[str]]:

@@ -1,7 +1,8 @@
 """In-place recovery, the supervisor's side (docs/recovery.md): while a step runs, the store its
 ranks re-form on is served from the batch host, and when a node is lost its ranks are started
-again on a spare, into the next generation, while every other rank keeps its process. Effects
-only: what to do comes from inplace_plan (pure); the ranks' side is train/inplace.py.
+again on a spare (a crashed rank on its own node), into the next generation, while every other
+rank keeps its process. Effects only: what to do comes from inplace_plan (pure), what a loss
+becomes from inplace_loss; the ranks' side is train/inplace.py.
 """
 from __future__ import annotations
 
@@ -11,18 +12,19 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
-from slurmtools.checkpoint.manager import CheckpointManager
-from slurmtools.common import generation, ledger
-from slurmtools.common.control_dir import (COMPLETE_FILE, GENERATION_ENV, HEARTBEAT_DIR, INPLACE_ENV, RANK_BASE_ENV,
-                                           WORLD_SIZE_ENV)
-from slurmtools.requeue import actions, inplace_plan, nodecheck, policy, step
+from ClusterShell.RangeSet import RangeSet
+
+from slurmtools.common import generation
+from slurmtools.common.control_dir import (COMPLETE_FILE, GENERATION_ENV, INPLACE_ENV,
+                                           LOCAL_RANK_BASE_ENV, RANK_BASE_ENV, WORLD_SIZE_ENV)
+from slurmtools.requeue import inplace_plan, step
 from slurmtools.requeue import output_signs as signs
 from slurmtools.requeue.actions import Run, emit
 from slurmtools.requeue.inplace_plan import InPlacePlan
+from slurmtools.requeue.topology import OVERLAP_DROPPED_ENV
 from slurmtools.spec import RequeueSpec
-from slurmtools.train.node_beat import node_file_name
 
 # how long the store host may take to start (it imports torch: seconds on a loaded node)
 STORE_START_S = 120.0
@@ -52,28 +54,50 @@ class InPlace:
         self.standbys: Dict[str, step.Step] = {}     # spare -> its warm standby, not yet given a go
         # a replacement step's index -> what launched it and how often (to launch it again)
         self.launches: Dict[int, Tuple[List[str], Dict[str, str], Optional[Callable[[str], None]], int]] = {}
-        self._failed_nodes: List[str] = []         # nodes srun named a task failed on, not yet looked at
+        self._failures: List[inplace_plan.TaskFailure] = []    # srun's failed tasks, not yet looked at
+        self.output_hook: Optional[Callable[[str], None]] = None   # what the steps' lines go on to
+        self.retired: Set[int] = set()                # replacement steps whose ranks' failure was heard
+        self.report_heard_at: Optional[float] = None  # a broken group heard of, no failed task yet (monotonic)
         self.broken_seen = 0                         # nodes' reports of this generation's broken group, looked at
         self.named_at = 0.0                          # when the newest generation was named (monotonic)
         self.warm: List[str] = []                    # the spares whose standby took the newest recovery
         self._lock = threading.Lock()
 
-    def feed(self, then: Optional[Callable[[str], None]]) -> Callable[[str], None]:
-        """An output-line hook that notes each node srun names a failed task on (then: the next hook)."""
+    def feed(self, then: Optional[Callable[[str], None]], first_local: Optional[int] = None
+             ) -> Callable[[str], None]:
+        """An output-line hook that notes each task srun says failed, as its node and local rank
+        (then: the next hook). A step of whole nodes numbers its tasks node by node (local rank:
+        the task modulo the ranks per node); a step of ranks restarted on their node from first_local."""
+        if self.output_hook is None:
+            self.output_hook = then
+
         def on_line(line: str) -> None:
             found = signs.FAILED_TASK.match(line)
             if found:
+                tasks = [int(task) for task in RangeSet(found.group(2))]
+                local_ranks = tuple(sorted({task % max(1, self.ranks_per_node) if first_local is None
+                                            else first_local + task for task in tasks}))
                 with self._lock:
-                    self._failed_nodes.append(found.group(1))
+                    self._failures.append(inplace_plan.TaskFailure(found.group(1), local_ranks,
+                                                                   found.group(3).strip()))
             if then is not None:
                 then(line)
         return on_line
 
-    def failed_nodes(self) -> List[str]:
-        """The nodes srun named a failed task on since the last call, each once."""
+    def failures(self) -> List[inplace_plan.TaskFailure]:
+        """The failed tasks srun named since the last call."""
         with self._lock:
-            found, self._failed_nodes = self._failed_nodes, []
-        return sorted(set(found))
+            found, self._failures = self._failures, []
+        return found
+
+    def put_back(self, failures: Sequence[inplace_plan.TaskFailure]) -> None:
+        """Failures looked at too early (a node found dead with them): heard again next time."""
+        with self._lock:
+            self._failures[:0] = failures
+
+    def evidence(self) -> str:
+        """The replacement steps' own first error lines and tails."""
+        return "\n".join(replacement.evidence() for replacement in self.replacements)
 
     def start_store(self) -> None:
         """Start serving the generations' store now, beside the step's start: its import of torch is
@@ -153,6 +177,33 @@ class InPlace:
         self.named_at = time.monotonic()
         return found
 
+    def restart(self, failures: Sequence[inplace_plan.TaskFailure]) -> Union[InPlacePlan, str]:
+        """Write the next generation and start the failed ranks again on their own nodes, each
+        node's run of adjacent local ranks one step beside the step still running there."""
+        port = self._port()
+        if port is None or self.store is None or self.store.poll() is not None:
+            return self.store_error or "the store host is gone"
+        found = inplace_plan.restart(self.placement, failures, self.ranks_per_node, self.generation + 1)
+        if isinstance(found, str):
+            return found
+        generation.write(self.control_dir, generation.Generation(found.generation, found.world, self.store_host, port))
+        env = {name: value for name, value in self.env.items() if name not in OVERLAP_DROPPED_ENV}
+        for replacement in found.replacements:
+            ranks_env = dict(env, **{INPLACE_ENV: "1", GENERATION_ENV: str(found.generation),
+                                     RANK_BASE_ENV: str(replacement.first_rank),
+                                     LOCAL_RANK_BASE_ENV: str(replacement.first_local),
+                                     WORLD_SIZE_ENV: str(found.world)})
+            argv = inplace_plan.restart_argv(self.argv, replacement.spare, replacement.ranks)
+            on_line = self.feed(self.output_hook, replacement.first_local)
+            try:
+                self.replacements.append(step.launch(argv, ranks_env, on_line))
+            except OSError as exc:
+                return f"cannot restart ranks on {replacement.spare}: {exc}"
+            self.launches[len(self.replacements) - 1] = (argv, ranks_env, on_line, 1)
+        self.generation, self.broken_seen, self.warm = found.generation, 0, []
+        self.named_at = time.monotonic()
+        return found
+
     def not_formed(self, form_timeout_s: float = FORM_TIMEOUT_S) -> bool:
         """The newest generation was named over form_timeout_s ago and rank 0 has not said it formed."""
         return (self.generation > 0 and time.monotonic() - self.named_at > form_timeout_s
@@ -163,10 +214,16 @@ class InPlace:
         failed is launched again, up to LAUNCH_RETRIES times, first."""
         for index, replacement in enumerate(self.replacements):
             code = replacement.child.poll()
-            if code in (None, 0):
+            if code in (None, 0) or index in self.retired:
                 continue
+            for pump in replacement.pumps:         # every line of it heard (srun's failed task among them)
+                pump.join(timeout=5)
+            said = replacement.evidence()
             argv, env, on_line, tries = self.launches.get(index, ([], {}, None, LAUNCH_RETRIES + 1))
-            if tries > LAUNCH_RETRIES or not signs.LAUNCH_FAILED.search(replacement.evidence()):
+            if tries > LAUNCH_RETRIES or not signs.LAUNCH_FAILED.search(said):
+                if signs.FAILED_TASK.search(said):   # its ranks' failure: heard as a crash (task_failed)
+                    self.retired.add(index)
+                    continue
                 return code
             replacement.finish(0)
             print(f"slurmtools: the replacement step's launch failed ({tries} of {LAUNCH_RETRIES + 1}): launched "
@@ -222,53 +279,6 @@ def prepare(requeue: RequeueSpec, control_dir: Path, job_id: Optional[int], argv
     in_place = InPlace(control_dir, argv, env, nodes, host, env.get("MASTER_ADDR") or host, attempt_id=attempt_id)
     in_place.start_store()
     return in_place
-
-
-def on_death(in_place: InPlace, dead: nodecheck.Death, detail: str, attempt_id: str, job_id: int, this_run: Run,
-             node_watch: nodecheck.NodeWatch, manager: Optional[CheckpointManager],
-             on_line: Optional[Callable[[str], None]]) -> bool:
-    """Nodes found dead while the step runs: their ranks started again on spares, the step going
-    on (True); or why not said, for the relaunch (False)."""
-    spares = [node for node in this_run.topology.allocation if node not in this_run.lost]
-    found = in_place.recover(dead.nodes, spares, on_line)
-    if isinstance(found, str):
-        emit("in_place_refused", attempt_id, nodes=list(dead.nodes), reason=found)
-        return False
-    now = time.time()
-    lost = [replacement.lost for replacement in found.replacements]
-    emit("in_place", attempt_id, generation=found.generation, lost=lost, spares=found.spares_used, warm=in_place.warm,
-         ranks=[[r.first_rank, r.ranks] for r in found.replacements], detail=detail)
-    for node in lost:
-        # its ranks' last beats would stand for the replacements' (the same ranks): gone with it
-        (in_place.control_dir / HEARTBEAT_DIR / node_file_name(node)).unlink(missing_ok=True)
-        actions.drain_node(job_id, attempt_id, node, policy.Diagnosis(policy.Cause.NODE_FAILURE, node, detail,
-                                                                      fatal_for_node=True),
-                           direct=this_run.direct_drain)
-    this_run.lost.extend(lost)
-    node_watch.swap(lost, found.spares_used, now)
-    newest = manager.latest(checksums=False) if manager is not None else None
-    ledger.append(in_place.control_dir, ledger.InPlaceRecovery(
-        attempt_id, now, found.generation, ",".join(lost), ",".join(found.spares_used), detail,
-        newest.step if newest else None))
-    return True
-
-
-def task_failed(in_place: InPlace, node_watch: nodecheck.NodeWatch) -> "Optional[nodecheck.Death | str]":
-    """A loss heard of at once: srun's line for a failed task (its node's slurmd asked), or a node's
-    word that its ranks' group broke (every node of the step asked), each slurmd twice, 2 s apart. A
-    node that does not answer is dead (the in-place path, no node timeout waited for); a loss while
-    every slurmd answers is a rank's, not a node's: said (the step cannot go on without it)."""
-    failed = [node for node in in_place.failed_nodes() if node in in_place.placement]
-    reports = generation.broken_reports(in_place.control_dir, in_place.generation)
-    if reports > in_place.broken_seen:
-        in_place.broken_seen = reports
-        failed = sorted(set(failed) | set(node_watch.candidates))
-    if not failed:
-        return None
-    dead = node_watch.unreachable(failed)
-    if dead:
-        return nodecheck.Death(tuple(dead), 0.0, 0.0)
-    return f"a rank was lost on a live node (every slurmd of {','.join(failed)} answers)"
 
 
 def ended(in_place: InPlace, main: "subprocess.Popen[bytes]", grace_s: float) -> bool:

@@ -29,7 +29,7 @@ INFRA = re.compile(
 RANK_EXCEPTION = re.compile(r"^\[rank\d+\]: [A-Za-z_][\w.]*(?:Error|Exception)\b.*$", re.MULTILINE)
 NODE_FAIL = re.compile(r"Node failure on (\S+)")
 # srun's line for each task that ended badly, in order: the first names the first failing node
-FAILED_TASK = re.compile(r"^srun: error: ([A-Za-z0-9][\w.-]*): tasks? [\d,-]+: (.*)$", re.MULTILINE)
+FAILED_TASK = re.compile(r"^srun: error: ([A-Za-z0-9][\w.-]*): tasks? ([\d,-]+): (.*)$", re.MULTILINE)
 # what Slurm's removal of a dead node from the job does to a step launched meanwhile
 LAUNCH_FAILED = re.compile(r"srun: error: Task launch for \S+ failed|Communication connection failure")
 HOST_IN_LINE = re.compile(r"\b(?:host|node)[=: ]+([A-Za-z][\w.-]*)")

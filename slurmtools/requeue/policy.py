@@ -231,7 +231,7 @@ def slurm_removal_aftermath(ev: Evidence) -> bool:
         return named.group(1).rstrip(":,") in ev.handled_nodes
     first = signs.FAILED_TASK.search(ev.log_tail)
     return bool(signs.LAUNCH_FAILED.search(ev.log_tail)) or (
-        first is not None and first.group(2).strip() in ("Killed", "Terminated"))
+        first is not None and first.group(3).strip() in ("Killed", "Terminated"))
 
 
 def decide(diag: Diagnosis, history: Sequence[AttemptRecord], limits: RequeueSpec,

@@ -26,8 +26,8 @@ from slurmtools.common import rendezvous
 from slurmtools.common import ledger
 from slurmtools.requeue import job_metrics
 from slurmtools.requeue import preflight_launch as preflight
-from slurmtools.requeue import (actions, exclusions, inplace_plan, inplace_step, judge, nodecheck, observe, policy,
-                                progress, slurm_view, step, straggler, watchdog)
+from slurmtools.requeue import (actions, exclusions, inplace_loss, inplace_plan, inplace_step, judge, nodecheck,
+                                observe, policy, progress, slurm_view, step, straggler, watchdog)
 from slurmtools.requeue.actions import Run, emit
 from slurmtools.requeue.deadline import WarningClock
 # re-exported: `slurmtools run` and the tests build a supervisor.SupervisorConfig
@@ -36,11 +36,10 @@ from slurmtools.common.control_dir import (ATTEMPT_ID_ENV, ATTEMPT_NUMBER_ENV, C
                                            flight_recorder_prefix)
 from slurmtools.common.signals import SignalFlags, signal_number
 from slurmtools.requeue.judge import Attempt as Attempt, SupervisorConfig as SupervisorConfig, Watch as Watch
-from slurmtools.requeue.topology import shrunk_below_training, step_argv, topology_of
+from slurmtools.requeue.topology import OVERLAP_DROPPED_ENV, shrunk_below_training, step_argv, topology_of
 
 STARTUP_ALLOWANCE_S = 120.0
 STEP_OVERRIDDEN_ENV = ("SLURM_NTASKS", "SLURM_NPROCS")
-OVERLAP_DROPPED_ENV = ("SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_GPU")
 
 
 def _warn_when_due(clock: WarningClock, attempt: Attempt, flags: SignalFlags, warn_sig: int) -> None:
@@ -277,8 +276,6 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
         for name in STEP_OVERRIDDEN_ENV:
             child_env.pop(name, None)
     if this_run.lost:
-        # with --overlap: the job's memory per CPU/node, read by srun as the step's own request,
-        # would not fit beside the dead step's; without it the step shares the job's memory
         for name in OVERLAP_DROPPED_ENV:
             child_env.pop(name, None)
         if attempt.job_id is not None:
@@ -333,8 +330,14 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
                 and bool(this_run.topology.spares(this_run.lost)) and this_run.topology.can_lose(node, this_run.lost))
     def survived(dead: nodecheck.Death, detail: str) -> bool:
         return (recovery is not None and node_watch is not None and attempt.job_id is not None
-                and not flags.seen(signal.SIGTERM) and inplace_step.on_death(
+                and not flags.seen(signal.SIGTERM) and inplace_loss.on_death(
                     recovery, dead, detail, attempt.attempt_id, attempt.job_id, this_run, node_watch, manager, on_line))
+    def heard() -> "Optional[nodecheck.Death | str]":
+        """A loss srun or a node told of at once (in place: a crashed rank restarted where it ran)."""
+        if recovery is None or node_watch is None or flags.seen(signal.SIGTERM):
+            return None
+        return inplace_loss.task_failed(recovery, node_watch, lambda crashed: inplace_loss.on_crash(
+            recovery, crashed, requeue, manager, launched.evidence()))
     watch: Optional[Watch] = None
     try:
         try:
@@ -342,8 +345,7 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
                            lambda: _warn_when_due(clock, attempt, flags, warn_sig), inferred, lambda: clock.end_s,
                            survived, lambda: recovery is not None and inplace_step.ended(recovery, launched.child,
                                                                                           config.stop_timeout_s),
-                           lambda: (inplace_step.task_failed(recovery, node_watch)
-                                        if recovery is not None and node_watch is not None else None))
+                           heard)
         finally:
             if watch is None or not watch.stopped_on_term:
                 launched.finish(config.stop_timeout_s)      # the whole tail read

@@ -65,6 +65,11 @@ def shrunk_below_training(topology: Topology, job_nodes: int) -> bool:
     return job_nodes > len(topology.allocation) and topology.pick(()) is None
 
 
+# with --overlap: the job's memory per CPU/node/GPU, read by srun as the step's own request, would
+# not fit beside the step that holds it; without it the step shares the job's memory
+OVERLAP_DROPPED_ENV = ("SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_GPU")
+
+
 def step_argv(argv: Sequence[str], nodes: Sequence[str], *, overlap: bool = False) -> List[str]:
     """The launch command for a step on exactly these nodes. For an `srun` launch (what the
     generated script writes): srun's `--nodes=` is set and `--nodelist=` added, and a

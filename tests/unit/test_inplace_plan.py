@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from slurmtools.requeue.inplace_plan import (InPlacePlan, Replacement, plan, ranks_per_node, replacement_argv,
-                                             standby_argv, surviving)
+from slurmtools.common.ledger import AttemptRecord, Cause
+from slurmtools.requeue.inplace_plan import (InPlacePlan, Replacement, TaskFailure, crash_verdict, plan,
+                                             ranks_per_node, replacement_argv, restart, restart_argv, standby_argv,
+                                             surviving)
+from slurmtools.requeue.policy import Diagnosis
+from slurmtools.spec import RequeueSpec
 
 
 def test_a_spare_takes_the_lost_nodes_block_and_every_survivor_keeps_its_ranks():
@@ -62,3 +66,50 @@ def test_ranks_not_placed_by_srun_are_not_ours_to_replace():
     assert ranks_per_node(torchrun) == 0
     assert ranks_per_node(["python3", "train.py"]) == 0 and surviving(["python3", "train.py"]) == ["python3", "train.py"]
     assert ranks_per_node(["srun", "--nodes=2", "train.py"]) == 0
+
+
+def test_ranks_that_crashed_on_a_live_node_start_again_there_with_their_numbers():
+    """A node's run of adjacent local ranks is one step; every rank keeps its number and its
+    local rank (its GPU); the placement does not change."""
+    found = restart(["n1", "n2", "n3"], [TaskFailure("n2", (1,), "Exited with exit code 9")], 4, 2)
+    assert found == InPlacePlan(2, 12, (Replacement("n2", "n2", 5, 1, 1),), ("n1", "n2", "n3"))
+    found = restart(["n1", "n2", "n3"], [TaskFailure("n3", (0, 1, 3), "Killed"), TaskFailure("n1", (2,), "Killed"),
+                                         TaskFailure("n3", (1,), "Killed")], 4, 1)
+    assert isinstance(found, InPlacePlan)
+    assert found.replacements == (Replacement("n1", "n1", 2, 1, 2), Replacement("n3", "n3", 8, 2, 0),
+                                  Replacement("n3", "n3", 11, 1, 3))
+
+
+@pytest.mark.parametrize("failures, ranks, why", [
+    ([TaskFailure("n9", (0,), "Killed")], 2, "n9 holds no ranks of this step"),
+    ([TaskFailure("n2", (2,), "Killed")], 2, "task 2 on n2 is no local rank of 2 per node"),
+    ([], 2, "no rank of this step failed"),
+    ([TaskFailure("n2", (0,), "Killed")], 0, "0 ranks per node: the launcher places no ranks of ours"),
+])
+def test_a_restart_that_cannot_be_done_says_why(failures, ranks, why):
+    assert restart(["n1", "n2"], failures, ranks, 1) == why
+
+
+def test_a_restarted_rank_runs_beside_the_step_on_its_own_node():
+    assert restart_argv(SRUN, "node2", 1) == [
+        "srun", "--no-kill", "--kill-on-bad-exit=0", "--nodelist=node2", "--overlap", "--nodes=1",
+        "--cpus-per-task=1", "--cpu-bind=cores", "--ntasks-per-node=1", *SRUN[6:]]
+
+
+CRASH = [TaskFailure("n2", (1,), "Exited with exit code 9")]
+
+
+def _verdict(tail: str = "", faulty=(), history=(), limits: RequeueSpec = RequeueSpec(), step=None):
+    return crash_verdict(CRASH, tail, faulty, list(history), limits, step, 1000.0)
+
+
+def test_a_crash_is_restarted_in_place_within_the_budget_and_otherwise_said_why():
+    assert _verdict() == Diagnosis(Cause.CRASH, detail="local rank 1 on n2: Exited with exit code 9")
+    assert _verdict(faulty=["n2"]) == "a GPU of n2 reported a fatal fault: the node failed, not the rank"
+    assert _verdict("Traceback\nNameError: name 'x' is not defined\n") == "user error (NameError)"
+    assert _verdict("torch.OutOfMemoryError: CUDA out of memory\n") == "out of memory"
+    spent = [AttemptRecord(Cause.CRASH, True, 10 * n, None, 900.0 + n) for n in range(3)]
+    assert _verdict(history=spent, limits=RequeueSpec(max_restarts=3), step=40) == (
+        "restart budget spent (3 failures within 6 h): last crash (local rank 1 on n2: Exited with exit code 9)")
+    assert _verdict(limits=RequeueSpec(in_allocation=False)) == (
+        "crash (local rank 1 on n2: Exited with exit code 9)")        # the policy would requeue: the relaunch's

@@ -83,38 +83,6 @@ def test_a_node_failure_survived_in_place_counts_against_the_budget_at_its_time(
                          "spares": "b"}) is None
 
 
-def test_a_loss_is_heard_of_at_once_and_told_apart_a_dead_node_from_a_lost_rank(tmp_path):
-    """A node's word that its group broke has every slurmd of the step asked at once (no node
-    timeout); srun's line for a failed task has its node's asked. Real sockets stand for slurmds."""
-    import socket
-
-    from slurmtools.requeue import nodecheck
-    alive = socket.socket()
-    alive.bind(("127.0.0.1", 0))
-    alive.listen()
-    closed = socket.socket()
-    closed.bind(("127.0.0.1", 0))
-    dead_port = closed.getsockname()[1]
-    closed.close()
-    watch = nodecheck.NodeWatch(10, ["n1", "n2", "n3"], "n1", 0.0)
-    watch.endpoints = {"n2": ("127.0.0.1", dead_port), "n3": alive.getsockname()}
-    watch.reprobe_after_s = 0.1
-    in_place = inplace_step.InPlace(tmp_path, ["true"], {}, ["n1", "n2", "n3"], "n1", "n1")
-    try:
-        assert inplace_step.task_failed(in_place, watch) is None
-        generation.report_broken(tmp_path, 0, "n3", "Connection closed by peer")
-        death = inplace_step.task_failed(in_place, watch)
-        assert isinstance(death, nodecheck.Death) and death.nodes == ("n2",)
-        assert inplace_step.task_failed(in_place, watch) is None          # that report was heard
-        in_place.feed(None)("srun: error: n3: task 2: Exited with exit code 1\n")
-        assert inplace_step.task_failed(in_place, watch) == (
-            "a rank was lost on a live node (every slurmd of n3 answers)")
-        assert generation.broken_reports(tmp_path, 1) == 0                   # another generation's
-    finally:
-        alive.close()
-        watch.close()
-
-
 def test_a_new_step_starts_without_an_earlier_steps_generation_or_broken_group_reports(tmp_path):
     """A relaunch after a recovery in place: the earlier step's word that its group broke would read
     as the new step's at once (every slurmd answers: a rank lost, the step stopped, again and again)."""

@@ -91,8 +91,6 @@ def test_unknown_key_without_close_match_lists_keys(tmp_path):
     ("name: x\ncommand: [t.py]\nrequeue: 5\n", ":3: requeue: must be a mapping, got int"),
     ("name: x\ncommand: [t.py]\nrequeue: {in_place: true, spare_nodes: 1}\n",
      ":3: requeue.in_place: needs launcher: srun (one task per rank, placed by us; torchrun's agents restart"),
-    ("name: x\ncommand: [t.py]\nlauncher: srun\nrequeue: {in_place: true}\n",
-     ":4: requeue.in_place: needs requeue.spare_nodes: a lost node's ranks start again on a spare"),
 ])
 def test_bad_values_name_line_and_key(tmp_path, text, expected):
     assert expected in error_of(tmp_path, text)

@@ -1,0 +1,78 @@
+"""bench/resume.py's section inplace: recovery without relaunch against the relaunch, on the
+mini-cluster. Per node count, N nodes x 1 rank (the srun launcher) and a spare, snapshots every
+step, at step 12: the middle node killed (its rank starts again on the spare), then the middle
+node's rank killed (a crash: it starts again on its own node); each fault once with
+`requeue.in_place` and once without, fault -> first resumed step split into its phases, and a line
+`ratio inplace/relaunch <fault> <N> nodes <x>`. Then the goodput simulator at 9,600 GPUs fed the
+largest job's node-kill figures (bench/inplace_goodput.py)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import inplace_goodput  # bench/, beside this file
+from resume_jobs import (SNAPSHOTS_EVERY_STEP, breakdown, current_nodes, events, finished, resume_drained, show,
+                         signal_rank, spec, step_reached, submit, wait)
+from slurmtools.minicluster import faults as mc_faults
+from slurmtools.slurm import commands as slurm
+
+FAULTS = ("node-kill", "rank-crash")
+
+
+def one_run(layout: Any, work: Path, fault: str, nodes: int, in_place: bool) -> Dict[str, float]:
+    """The job, the fault at step 12, its end; the breakdown of the path taken."""
+    path = "inplace" if in_place else "relaunch"
+    s = spec(work, f"{fault}-{nodes}-{path}", ["--step-sleep-s", "0.5"], nodes=nodes, processes_per_node=1,
+             top={"launcher": "srun", "distributed": SNAPSHOTS_EVERY_STEP}, spare_nodes=1, in_place=in_place)
+    job = submit(s)
+    wait(lambda: step_reached(s, job, 12), 300 + 10 * nodes, f"step 12 of {nodes} nodes")
+    victim = current_nodes(s, job)[nodes // 2]
+    fault_t = time.time()
+    if fault == "node-kill":
+        mc_faults.kill_node(layout, victim)
+    else:                                     # the middle node's rank, as the kernel kills a process
+        wait(lambda: signal_rank(job, str(nodes // 2)), 10, "the rank to kill")
+    wait(lambda: finished(job), 600, f"{fault}, {nodes} nodes, {path}")
+    evts = events(s, job)
+    if fault == "node-kill":
+        mc_faults.restart_node(layout, victim)
+    resume_drained()
+    wait(lambda: all(n.state == "idle" and not n.flags for n in slurm.nodes()), 120, "nodes idle")
+    b = inplace_breakdown(evts, fault_t) if in_place else breakdown(evts, fault_t)
+    show(f"{fault.replace('-', ' ')}, {nodes} nodes x 1 rank and a spare, {path}", b)
+    return b
+
+
+def inplace_breakdown(evts: List[Dict[str, Any]], fault_t: float) -> Dict[str, float]:
+    """Phases of a recovery in place: the fault to the supervisor's in_place line (detect), to
+    rank 0's resumed line (the generation formed, the rank started, its state restored), to its
+    first step after it. None of it without an in_place line: the recovery failed over."""
+    recovered = [e for e in evts if e.get("slurmtools") == "in_place" and e["t"] >= fault_t]
+    failed = [e for e in evts if e.get("slurmtools") == "in_place_failed" and e["t"] >= fault_t]
+    if failed:
+        raise SystemExit(f"bench/resume.py: the recovery in place failed over to the relaunch: {failed[0]['reason']}")
+    if not recovered:
+        said = [e for e in evts if e.get("slurmtools") in ("in_place_refused", "in_place_failed", "rank_lost",
+                                                           "decision")]
+        raise SystemExit(f"bench/resume.py: no recovery in place after the fault: {said}")
+    resumed = next(e for e in evts if e.get("event") == "resumed" and e["t"] > recovered[0]["t"])
+    first = next(e for e in evts if "loss" in e and e["t"] > resumed["t"])
+    return {"detect": recovered[0]["t"] - fault_t, "form and restore": resumed["t"] - recovered[0]["t"],
+            "first step": first["t"] - resumed["t"], "total": first["t"] - fault_t,
+            "steps lost": float(max(e["step"] for e in evts if "loss" in e and e["t"] < fault_t) - resumed["step"])}
+
+
+def section(layout: Any, work: Path, node_counts: List[int]) -> None:
+    node_kill: Dict[bool, Dict[str, float]] = {}
+    for nodes in node_counts:
+        for fault in FAULTS:
+            found = {in_place: one_run(layout, work, fault, nodes, in_place) for in_place in (True, False)}
+            print(f"ratio inplace/relaunch {fault} {nodes} nodes {found[True]['total'] / found[False]['total']:.2f}",
+                  flush=True)
+            if fault == "node-kill":
+                node_kill = found
+    # the goodput simulator fed the largest job's figures
+    inplace_goodput.report(relaunch_detect_s=node_kill[False]["detect"],
+                           relaunch_rest_s=node_kill[False]["total"] - node_kill[False]["detect"],
+                           in_place_s=node_kill[True]["total"])

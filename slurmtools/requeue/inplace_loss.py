@@ -1,0 +1,118 @@
+"""In-place recovery, what a loss heard of while the step runs becomes (docs/recovery.md, "In
+place"): a dead node's ranks started again on spares (on_death), ranks that crashed on a live node
+started again there (on_crash), or a loss that cannot be recovered in place, said for the relaunch.
+Each recovery is checked against the restart budget and recorded in the ledger; the mechanics are
+inplace_step's, the decisions inplace_plan's.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, List, Optional, Sequence
+
+from slurmtools.checkpoint.manager import CheckpointManager
+from slurmtools.common import generation, ledger
+from slurmtools.common.control_dir import HEARTBEAT_DIR
+from slurmtools.requeue import actions, inplace_plan, nodecheck, policy
+from slurmtools.requeue.actions import Run, emit
+from slurmtools.requeue.inplace_step import InPlace
+from slurmtools.spec import RequeueSpec
+from slurmtools.train import gpu_events
+from slurmtools.train.node_beat import node_file_name
+
+# how long a node's word that its ranks' group broke waits for srun's word of the failed task
+# behind it, when every slurmd answers (a crashed rank: srun says so within a poll or two); past
+# it the loss is a rank's that srun never named, and the relaunch takes over
+FAILED_TASK_WAIT_S = 5.0
+
+
+def on_death(in_place: InPlace, dead: nodecheck.Death, detail: str, attempt_id: str, job_id: int, this_run: Run,
+             node_watch: nodecheck.NodeWatch, manager: Optional[CheckpointManager],
+             on_line: Optional[Callable[[str], None]]) -> bool:
+    """Nodes found dead while the step runs: their ranks started again on spares, the step going
+    on (True); or why not said, for the relaunch (False)."""
+    spares = [node for node in this_run.topology.allocation if node not in this_run.lost]
+    found = in_place.recover(dead.nodes, spares, on_line)
+    if isinstance(found, str):
+        emit("in_place_refused", attempt_id, nodes=list(dead.nodes), reason=found)
+        return False
+    now = time.time()
+    lost = [replacement.lost for replacement in found.replacements]
+    emit("in_place", attempt_id, generation=found.generation, lost=lost, spares=found.spares_used, warm=in_place.warm,
+         ranks=[[r.first_rank, r.ranks] for r in found.replacements], cause=policy.Cause.NODE_FAILURE.value,
+         detail=detail)
+    for node in lost:
+        # its ranks' last beats would stand for the replacements' (the same ranks): gone with it
+        (in_place.control_dir / HEARTBEAT_DIR / node_file_name(node)).unlink(missing_ok=True)
+        actions.drain_node(job_id, attempt_id, node, policy.Diagnosis(policy.Cause.NODE_FAILURE, node, detail,
+                                                                      fatal_for_node=True),
+                           direct=this_run.direct_drain)
+    this_run.lost.extend(lost)
+    node_watch.swap(lost, found.spares_used, now)
+    newest = manager.latest(checksums=False) if manager is not None else None
+    ledger.append(in_place.control_dir, ledger.InPlaceRecovery(
+        attempt_id, now, found.generation, ",".join(lost), ",".join(found.spares_used), detail,
+        newest.step if newest else None))
+    return True
+
+
+def on_crash(in_place: InPlace, failures: Sequence[inplace_plan.TaskFailure], limits: RequeueSpec,
+             manager: Optional[CheckpointManager], tail: str) -> Optional[str]:
+    """Ranks that failed on live nodes: started again where they ran, into the next generation,
+    while every other rank keeps its process (None), when the budget allows a crash's restart;
+    else why not, said, for the relaunch."""
+    control, attempt_id = in_place.control_dir, in_place.attempt_id
+    events = ledger.read(control)
+    newest = manager.latest(checksums=False) if manager is not None else None
+    progress = ledger.attempt_progress_step(control, attempt_id, newest.step if newest else None)
+    faulty = [node for node, _ in gpu_events.node_faults(gpu_events.read_events(control, attempt_id))]
+    now = time.time()
+    verdict = inplace_plan.crash_verdict(failures, tail + "\n" + in_place.evidence(), faulty,
+                                         ledger.history(events), limits, progress, now)
+    found = in_place.restart(failures) if isinstance(verdict, policy.Diagnosis) else verdict
+    nodes = sorted({failure.node for failure in failures})
+    if isinstance(found, str):
+        emit("in_place_refused", attempt_id, nodes=nodes, reason=found)
+        return found
+    assert isinstance(verdict, policy.Diagnosis)
+    emit("in_place", attempt_id, generation=found.generation, lost=nodes, spares=nodes, warm=[],
+         ranks=[[r.first_rank, r.ranks] for r in found.replacements], cause=policy.Cause.CRASH.value,
+         detail=verdict.detail)
+    ledger.append(control, ledger.InPlaceRecovery(attempt_id, now, found.generation, ",".join(nodes),
+                                                  ",".join(nodes), verdict.detail, progress,
+                                                  cause=policy.Cause.CRASH.value))
+    return None
+
+
+def task_failed(in_place: InPlace, node_watch: nodecheck.NodeWatch,
+                on_crashed: Callable[[List[inplace_plan.TaskFailure]], Optional[str]]
+                ) -> "Optional[nodecheck.Death | str]":
+    """A loss heard of at once: srun's line for a failed task (its node's slurmd asked), or a node's
+    word that its ranks' group broke (every node of the step asked), each slurmd twice, 2 s apart. A
+    node that does not answer is dead (the in-place path, no node timeout waited for); tasks that
+    failed on a live node are a crash, given to on_crashed (None: restarted in place); a broken
+    group behind which srun names no failed task within FAILED_TASK_WAIT_S is a rank lost for the
+    relaunch. What cannot be recovered in place is said (the step cannot go on without it)."""
+    failures = [failure for failure in in_place.failures() if failure.node in in_place.placement]
+    suspects = {failure.node for failure in failures}
+    reports = generation.broken_reports(in_place.control_dir, in_place.generation)
+    if reports > in_place.broken_seen:
+        in_place.broken_seen = reports
+        suspects |= set(node_watch.candidates)
+        if in_place.report_heard_at is None:
+            in_place.report_heard_at = time.monotonic()
+    dead = node_watch.unreachable(sorted(suspects)) if suspects else []
+    if dead:
+        in_place.report_heard_at = None
+        in_place.put_back([failure for failure in failures if failure.node not in dead])   # heard next
+        return nodecheck.Death(tuple(dead), 0.0, 0.0)
+    if failures:
+        in_place.report_heard_at = None
+        why_not = on_crashed(failures)
+        if why_not is None:
+            return None
+        return f"a rank was lost on a live node (every slurmd of {','.join(sorted(suspects))} answers): {why_not}"
+    if in_place.report_heard_at is not None and time.monotonic() - in_place.report_heard_at > FAILED_TASK_WAIT_S:
+        in_place.report_heard_at = None
+        return (f"a rank's group broke, every slurmd answers and srun named no failed task within "
+                f"{FAILED_TASK_WAIT_S:g} s")
+    return None

@@ -1,0 +1,143 @@
+"""What a loss heard of while the step runs becomes (slurmtools/requeue/inplace_loss.py), with real
+processes and sockets and no Slurm: a node whose slurmd does not answer is dead; tasks srun says
+failed on a live node are a crash, restarted where they ran (their numbers, their local ranks, the
+next generation) within the restart budget and recorded; what cannot be is said for the relaunch.
+The srun side is tested on the mini-cluster (tests/cluster/test_inplace_recovery.py)."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from slurmtools.common import generation, ledger
+from slurmtools.requeue import inplace_loss, inplace_step, nodecheck
+from slurmtools.requeue.inplace_plan import TaskFailure
+from slurmtools.spec import RequeueSpec
+
+
+@pytest.fixture
+def slurmds():
+    """n2's slurmd does not answer, n3's does (real sockets stand for them)."""
+    alive = socket.socket()
+    alive.bind(("127.0.0.1", 0))
+    alive.listen()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead_port = closed.getsockname()[1]
+    closed.close()
+    watch = nodecheck.NodeWatch(10, ["n1", "n2", "n3"], "n1", 0.0)
+    watch.endpoints = {"n2": ("127.0.0.1", dead_port), "n3": alive.getsockname()}
+    watch.reprobe_after_s = 0.1
+    yield watch
+    alive.close()
+    watch.close()
+
+
+def _in_place(tmp_path, program=("true",), env=None) -> inplace_step.InPlace:
+    in_place = inplace_step.InPlace(tmp_path, list(program), env or {"PATH": "/usr/bin:/bin"}, ["n1", "n2", "n3"],
+                                    "n1", "n1", attempt_id="7.0")
+    in_place.ranks_per_node = 2
+    # a stand-in for the store host (the generation only names its port): ends when stdin closes
+    in_place.store = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    in_place.store_port = 1
+    return in_place
+
+
+def test_a_loss_is_heard_of_at_once_and_told_apart_a_dead_node_from_a_crashed_rank(tmp_path, slurmds):
+    """A node's word that its group broke has every slurmd of the step asked at once (no node
+    timeout); srun's line for a failed task has its node's asked: dead, or a crash for on_crashed."""
+    in_place = _in_place(tmp_path)
+    crashed: list = []
+    try:
+        assert inplace_loss.task_failed(in_place, slurmds, crashed.append) is None
+        generation.report_broken(tmp_path, 0, "n3", "Connection closed by peer")
+        death = inplace_loss.task_failed(in_place, slurmds, crashed.append)
+        assert isinstance(death, nodecheck.Death) and death.nodes == ("n2",)
+        assert inplace_loss.task_failed(in_place, slurmds, crashed.append) is None          # that report was heard
+        in_place.feed(None)("srun: error: n3: tasks 4-5: Exited with exit code 1\n")
+        assert inplace_loss.task_failed(in_place, slurmds, lambda found: crashed.append(found) or None) is None
+        assert crashed == [[TaskFailure("n3", (0, 1), "Exited with exit code 1")]]
+        in_place.feed(None)("srun: error: n3: task 5: Killed\n")
+        assert inplace_loss.task_failed(in_place, slurmds, lambda found: "restart budget spent") == (
+            "a rank was lost on a live node (every slurmd of n3 answers): restart budget spent")
+        # a crash on a node found dead with another: heard next time, after the dead node's recovery
+        in_place.feed(None)("srun: error: n2: task 2: Killed\n")
+        in_place.feed(None)("srun: error: n3: task 4: Exited with exit code 9\n")
+        death = inplace_loss.task_failed(in_place, slurmds, crashed.append)
+        assert isinstance(death, nodecheck.Death) and death.nodes == ("n2",)
+        assert in_place.failures() == [TaskFailure("n3", (0,), "Exited with exit code 9")]
+    finally:
+        in_place.finish(1)
+
+
+def test_a_broken_group_without_a_failed_task_waits_for_srun_then_is_the_relaunch(tmp_path, slurmds, monkeypatch):
+    """Every slurmd answers: srun's line for the crashed rank is awaited (it comes within a poll);
+    none within FAILED_TASK_WAIT_S is a rank lost that cannot be restarted in place."""
+    monkeypatch.setattr(inplace_loss, "FAILED_TASK_WAIT_S", 0.3)
+    slurmds.endpoints["n2"] = slurmds.endpoints["n3"]
+    in_place = _in_place(tmp_path)
+    try:
+        generation.report_broken(tmp_path, 0, "n3", "Connection closed by peer")
+        assert inplace_loss.task_failed(in_place, slurmds, lambda found: None) is None
+        time.sleep(0.4)
+        assert inplace_loss.task_failed(in_place, slurmds, lambda found: None) == (
+            "a rank's group broke, every slurmd answers and srun named no failed task within 0.3 s")
+    finally:
+        in_place.finish(1)
+
+
+PRINT_ENV = [sys.executable, "-c", "import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
+             "if k.startswith(('SLURMTOOLS_', 'SLURM_MEM'))}))"]
+
+
+def test_a_crash_within_the_budget_restarts_its_ranks_where_they_ran_and_is_recorded(tmp_path, capsys):
+    """The restart step gets the ranks' numbers, their local ranks and the next generation, and
+    none of the job's memory request (it runs beside the step that holds it); the ledger counts a
+    crash (no node blamed); a second crash past the budget is refused, said for the relaunch."""
+    lines: list = []
+    in_place = _in_place(tmp_path, PRINT_ENV, {"PATH": "/usr/bin:/bin", "SLURM_MEM_PER_CPU": "500"})
+    in_place.feed(lines.append)
+    crash = [TaskFailure("n2", (1,), "Exited with exit code 9")]
+    try:
+        assert inplace_loss.on_crash(in_place, crash, RequeueSpec(max_restarts=1), None, "") is None
+        assert generation.read(tmp_path) == generation.Generation(1, 6, "n1", 1)
+        deadline = time.monotonic() + 30
+        while in_place.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert in_place.failed_replacement() is None
+        in_place.replacements[0].finish(5)
+        assert [json.loads(line) for line in lines] == [{
+            "SLURMTOOLS_GENERATION": "1", "SLURMTOOLS_INPLACE": "1", "SLURMTOOLS_LOCAL_RANK_BASE": "1",
+            "SLURMTOOLS_RANK_BASE": "3", "SLURMTOOLS_WORLD_SIZE": "6"}]
+        recorded = [e for e in ledger.read(tmp_path) if isinstance(e, ledger.InPlaceRecovery)]
+        assert [(e.generation, e.lost, e.spares, e.cause, e.detail) for e in recorded] == [
+            (1, "n2", "n2", "crash", "local rank 1 on n2: Exited with exit code 9")]
+        assert [(r.cause.value, r.counted, r.node) for r in ledger.history(ledger.read(tmp_path))] == [
+            ("crash", True, None)]
+        assert inplace_loss.on_crash(in_place, crash, RequeueSpec(max_restarts=1), None, "") == (
+            "restart budget spent (1 failures within 6 h): last crash (local rank 1 on n2: Exited with exit code 9)")
+    finally:
+        in_place.finish(1)
+    said = [e for e in map(json.loads, capsys.readouterr().out.splitlines()) if "slurmtools" in e]
+    assert [(e["slurmtools"], e.get("cause"), e.get("ranks"), e.get("reason", "")[:21]) for e in said] == [
+        ("in_place", "crash", [[3, 1]], ""), ("in_place_refused", None, None, "restart budget spent ")]
+
+
+def test_a_replacement_whose_rank_crashed_is_left_to_the_crash_path(tmp_path):
+    """A restarted or replacement step that ends badly because its rank failed (srun said so) is
+    heard as a crash, not as a failed replacement (which would end the step for the relaunch)."""
+    program = [sys.executable, "-c", "import sys; print('srun: error: n2: task 0: Exited with exit code 9', "
+               "file=sys.stderr); sys.exit(9)"]
+    in_place = _in_place(tmp_path, program)
+    in_place.feed(None)
+    try:
+        assert not isinstance(in_place.restart([TaskFailure("n2", (1,), "Killed")]), str)
+        in_place.replacements[0].child.wait(30)
+        assert in_place.failed_replacement() is None and in_place.retired == {0}
+        assert in_place.failures() == [TaskFailure("n2", (1,), "Exited with exit code 9")]     # its local rank
+    finally:
+        in_place.finish(1)
