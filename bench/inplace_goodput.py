@@ -2,14 +2,17 @@
 """What recovery in place is worth at scale: the goodput simulator (slurmtools.requeue.simulate, the
 real policy) for 9,600 GPUs (1,200 nodes of 8, 6.5 failures per 1,000 node-days, 8 hot spares,
 30-day runs, in-memory snapshots every 10 steps of 1 s, checkpoints at the Daly interval), every
-node failure relaunched against every node failure a spare takes in place. Fed bench/resume.py's
-figures (its inplace section calls report() with what it measured; alone, the figures given):
-the relaunch's detection and its fault-to-first-step rest, the in-place fault-to-first-step. Only
-node failures differ (Llama 3's mix: 30.5% of interruptions); GPU faults, crashes and hangs are
-relaunched in both rows. The relaunch is also given at LARGE_JOB_RELAUNCH_S, the cost assumed
-for thousands of ranks (the mini-cluster's 4 to 32 ranks import torch from a local disk).
+node failure and crash relaunched against every node failure a spare takes in place and every
+crash restarted in place on its node. Fed bench/resume.py's figures (its inplace section calls
+report() with what it measured; alone, the figures given): the relaunch's detection and its
+fault-to-first-step rest, the in-place fault-to-first-step of a node kill and of a rank crash.
+Node failures (Llama 3's mix: 30.5% of interruptions) and crashes (13%) differ; GPU faults,
+hangs and the rest are relaunched in both rows. The relaunch is also given at
+LARGE_JOB_RELAUNCH_S, the cost assumed for thousands of ranks (the mini-cluster's 4 to 32 ranks
+import torch from a local disk).
 
-    .venv/bin/python bench/inplace_goodput.py [--relaunch-detect-s 11.9] [--relaunch-rest-s 10.6] [--in-place-s 4.6]
+    .venv/bin/python bench/inplace_goodput.py [--relaunch-detect-s 12.2] [--relaunch-rest-s 11.7]
+        [--in-place-s 4.0] [--crash-in-place-s 4.5]
 """
 from __future__ import annotations
 
@@ -32,7 +35,8 @@ SNAPSHOT_EVERY_S, SNAPSHOT_STALL_S, REPLICATION_S, PEER_RESTORE_S = 10.0, 0.05, 
 LARGE_JOB_RELAUNCH_S = 120.0
 
 
-def report(*, relaunch_detect_s: float, relaunch_rest_s: float, in_place_s: float) -> None:
+def report(*, relaunch_detect_s: float, relaunch_rest_s: float, in_place_s: float,
+           crash_in_place_s: float) -> None:
     node_mtbf_h = 1000.0 * 24.0 / FAILURES_PER_1000_NODE_DAYS
     daly_s = plan.plan(checkpoint_cost_s=CHECKPOINT_STALL_S, nodes=NODES, node_mtbf_h=node_mtbf_h).daly_interval_s
     base = dict(nodes=NODES, failures_per_1000_node_days=FAILURES_PER_1000_NODE_DAYS, work_days=WORK_DAYS,
@@ -45,22 +49,25 @@ def report(*, relaunch_detect_s: float, relaunch_rest_s: float, in_place_s: floa
     for rest_s, where in ((relaunch_rest_s, "as measured"), (LARGE_JOB_RELAUNCH_S, "assumed for a large job")):
         scenario = dict(base, restart_s=rest_s + PEER_RESTORE_S)
         relaunched = simulate(Scenario(**scenario), TRIALS, seed=1)
-        in_place = simulate(Scenario(in_place_s=in_place_s, **scenario), TRIALS, seed=1)
+        in_place = simulate(Scenario(in_place_s=in_place_s, crash_in_place_s=crash_in_place_s, **scenario), TRIALS,
+                            seed=1)
         print(f"  a relaunch {where} ({relaunch_detect_s:.1f} s detection + {rest_s + PEER_RESTORE_S:.1f} s), in "
-              f"place {in_place_s:.1f} s: ETTR {relaunched.ettr_mean:.2%} relaunched -> {in_place.ettr_mean:.2%} "
+              f"place {in_place_s:.1f} s (a crash {crash_in_place_s:.1f} s): ETTR {relaunched.ettr_mean:.2%} relaunched -> {in_place.ettr_mean:.2%} "
               f"in place (without a person {relaunched.finished_without_person:.0%} / "
               f"{in_place.finished_without_person:.0%}; {relaunched.failures_mean:.0f} failures a run)", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--relaunch-detect-s", type=float, default=11.9)
-    parser.add_argument("--relaunch-rest-s", type=float, default=10.6)
-    parser.add_argument("--in-place-s", type=float, default=4.6)
+    parser.add_argument("--relaunch-detect-s", type=float, default=12.2)
+    parser.add_argument("--relaunch-rest-s", type=float, default=11.7)
+    parser.add_argument("--in-place-s", type=float, default=4.0)
+    parser.add_argument("--crash-in-place-s", type=float, default=4.5)
     args = parser.parse_args()
-    if min(args.relaunch_detect_s, args.relaunch_rest_s, args.in_place_s) <= 0:
+    if min(args.relaunch_detect_s, args.relaunch_rest_s, args.in_place_s, args.crash_in_place_s) <= 0:
         parser.error("every figure must be positive")
-    report(relaunch_detect_s=args.relaunch_detect_s, relaunch_rest_s=args.relaunch_rest_s, in_place_s=args.in_place_s)
+    report(relaunch_detect_s=args.relaunch_detect_s, relaunch_rest_s=args.relaunch_rest_s, in_place_s=args.in_place_s,
+           crash_in_place_s=args.crash_in_place_s)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ step, at step 12: the middle node killed (its rank starts again on the spare), t
 node's rank killed (a crash: it starts again on its own node); each fault once with
 `requeue.in_place` and once without, fault -> first resumed step split into its phases, and a line
 `ratio inplace/relaunch <fault> <N> nodes <x>`. Then the goodput simulator at 9,600 GPUs fed the
-largest job's node-kill figures (bench/inplace_goodput.py)."""
+largest job's figures (bench/inplace_goodput.py)."""
 from __future__ import annotations
 
 import time
@@ -64,15 +64,14 @@ def inplace_breakdown(evts: List[Dict[str, Any]], fault_t: float) -> Dict[str, f
 
 
 def section(layout: Any, work: Path, node_counts: List[int]) -> None:
-    node_kill: Dict[bool, Dict[str, float]] = {}
+    found: Dict[str, Dict[bool, Dict[str, float]]] = {}
     for nodes in node_counts:
         for fault in FAULTS:
-            found = {in_place: one_run(layout, work, fault, nodes, in_place) for in_place in (True, False)}
-            print(f"ratio inplace/relaunch {fault} {nodes} nodes {found[True]['total'] / found[False]['total']:.2f}",
-                  flush=True)
-            if fault == "node-kill":
-                node_kill = found
+            found[fault] = {in_place: one_run(layout, work, fault, nodes, in_place) for in_place in (True, False)}
+            ratio = found[fault][True]["total"] / found[fault][False]["total"]
+            print(f"ratio inplace/relaunch {fault} {nodes} nodes {ratio:.2f}", flush=True)
     # the goodput simulator fed the largest job's figures
-    inplace_goodput.report(relaunch_detect_s=node_kill[False]["detect"],
-                           relaunch_rest_s=node_kill[False]["total"] - node_kill[False]["detect"],
-                           in_place_s=node_kill[True]["total"])
+    relaunched = found["node-kill"][False]
+    inplace_goodput.report(relaunch_detect_s=relaunched["detect"],
+                           relaunch_rest_s=relaunched["total"] - relaunched["detect"], in_place_s=found["node-kill"][True]["total"],
+                           crash_in_place_s=found["rank-crash"][True]["total"])

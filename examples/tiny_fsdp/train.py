@@ -7,7 +7,8 @@ through slurmtools' CheckpointManager (async by default: --no-async-checkpoint f
 resume from the latest complete one on start.
 Fault hooks for tests: --fail-at-step (and --fail-again-at-step on the attempt after), --hang-at-step RANK:STEP, --slow-checkpoint-at, --slow-requested-checkpoint, --step-sleep-s, --local-work-s,
 --slow-node HOST:SECONDS (a straggler), --skip-collective-at RANK:STEP, --sdc-fault RANK:STEP (test only:
-that rank's silent-data-corruption canary computes a wrong result from STEP on).
+that rank's silent-data-corruption canary computes a wrong result from STEP on), --kill-rank-at RANK:STEP
+and --kill-replacement (test only: a rank's process lost, a rank started in place lost before it joins).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from slurmtools.errors import SlurmToolsError
+from slurmtools.reference.tiny_faults import replacement_lost
 from slurmtools.runtime import TrainingControl
 from slurmtools.train import inplace
 from slurmtools.tiny_fsdp import TrainConfig, shutdown, train
@@ -75,6 +77,7 @@ def main(argv=None) -> int:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     timeout_s = int(os.environ.get("SLURMTOOLS_COLLECTIVE_TIMEOUT_S", "1800"))
     control_dir = os.environ.get("SLURMTOOLS_CONTROL_DIR")
+    replacement_lost(cfg, os.environ)          # a test's second failure during an in-place recovery
     try:
         # torchrun's group; a replacement rank joins the generation it was started into
         inplace.start(backend, timeout_s, Path(control_dir) if control_dir else None)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from slurmtools.common.control_dir import GENERATION_ENV, attempt_number
+from slurmtools.common.control_dir import GENERATION_ENV, RANK_BASE_ENV, attempt_number
 from slurmtools.preflight import canary as preflight_canary
 
 
@@ -64,6 +64,15 @@ class Faults:
 
     def corrupts(self, rank: int, step: int) -> bool:
         return self.sdc is not None and rank == self.sdc[0] and step >= self.sdc[1]
+
+
+def replacement_lost(cfg: Any, environ: Mapping[str, str]) -> None:
+    """cfg.kill_replacement on the faulting attempt: a process started into a generation of an
+    in-place recovery (told its first rank) ends at once, before it joins the group."""
+    if cfg.kill_replacement and environ.get(RANK_BASE_ENV) and cfg.faults_on_attempt in (-1, attempt_number(environ)):
+        print(f"rank {environ.get('RANK', '?')}: injected loss of a replacement before it joins", file=sys.stderr,
+              flush=True)
+        os._exit(9)
 
 
 def _pair(text: str) -> Optional["tuple[int, int]"]:

@@ -54,6 +54,9 @@ class TrainConfig:
     # TEST ONLY, off unless set: "RANK:STEP": that rank's process ends at once before STEP (a lost
     # rank, for in-place recovery: train/inplace.py)
     kill_rank_at: str = ""
+    # TEST ONLY, off unless set: a rank started into a generation of an in-place recovery (a
+    # replacement, a restarted rank) ends at once, before it joins: a second failure during it
+    kill_replacement: bool = False
     # periodic saves in the background (a final or requested save blocks); same commit rule
     async_checkpoint: bool = True
     # a periodic (async) save that fails, e.g. on a full file system: "continue" training (the

@@ -1,6 +1,7 @@
 """In-place recovery, what a loss heard of while the step runs becomes (docs/recovery.md, "In
 place"): a dead node's ranks started again on spares (on_death), ranks that crashed on a live node
-started again there (on_crash), or a loss that cannot be recovered in place, said for the relaunch.
+started again there (on_crash), or a loss that cannot be recovered in place, said for the relaunch
+(a second failure while a recovery's generation forms among them).
 Each recovery is checked against the restart budget and recorded in the ledger; the mechanics are
 inplace_step's, the decisions inplace_plan's.
 """
@@ -31,7 +32,7 @@ def on_death(in_place: InPlace, dead: nodecheck.Death, detail: str, attempt_id: 
     """Nodes found dead while the step runs: their ranks started again on spares, the step going
     on (True); or why not said, for the relaunch (False)."""
     spares = [node for node in this_run.topology.allocation if node not in this_run.lost]
-    found = in_place.recover(dead.nodes, spares, on_line)
+    found = in_place.forming() or in_place.recover(dead.nodes, spares, on_line)
     if isinstance(found, str):
         emit("in_place_refused", attempt_id, nodes=list(dead.nodes), reason=found)
         return False
@@ -66,8 +67,8 @@ def on_crash(in_place: InPlace, failures: Sequence[inplace_plan.TaskFailure], li
     progress = ledger.attempt_progress_step(control, attempt_id, newest.step if newest else None)
     faulty = [node for node, _ in gpu_events.node_faults(gpu_events.read_events(control, attempt_id))]
     now = time.time()
-    verdict = inplace_plan.crash_verdict(failures, tail + "\n" + in_place.evidence(), faulty,
-                                         ledger.history(events), limits, progress, now)
+    verdict = in_place.forming() or inplace_plan.crash_verdict(failures, tail + "\n" + in_place.evidence(), faulty,
+                                                                ledger.history(events), limits, progress, now)
     found = in_place.restart(failures) if isinstance(verdict, policy.Diagnosis) else verdict
     nodes = sorted({failure.node for failure in failures})
     if isinstance(found, str):

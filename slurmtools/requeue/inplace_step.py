@@ -204,6 +204,13 @@ class InPlace:
         self.named_at = time.monotonic()
         return found
 
+    def forming(self) -> Optional[str]:
+        """Why a failure now cannot be recovered in place: the newest generation has not formed yet
+        (its ranks are joining it; one lost among them never joins, and a join is not broken off)."""
+        if self.generation > 0 and not generation.formed(self.control_dir, self.generation):
+            return f"a second failure while generation {self.generation} forms"
+        return None
+
     def not_formed(self, form_timeout_s: float = FORM_TIMEOUT_S) -> bool:
         """The newest generation was named over form_timeout_s ago and rank 0 has not said it formed."""
         return (self.generation > 0 and time.monotonic() - self.named_at > form_timeout_s

@@ -63,6 +63,7 @@ class Watch:
     # its checkpoint: judged and recorded at once, before srun ends, which Slurm's KillWait
     # SIGKILL may not wait for (10 s in the mini-cluster, 30 s by default)
     stopped_on_term: bool = False
+    rank_lost: str = ""              # in place: a rank's failure on a live node that was not restarted, and why
 
 
 
@@ -112,6 +113,7 @@ def evidence(config: SupervisorConfig, attempt: Attempt, watch: Watch, flags: Si
         gpu_fault_node=gpu_faults[0][0] if gpu_faults else None,
         gpu_fault_detail=gpu_events.fault_detail(gpu_faults),
         gpu_fault_also=tuple(node for node, _ in gpu_faults[1:]),
+        rank_lost=watch.rank_lost,
     )
     return evidence, beats
 

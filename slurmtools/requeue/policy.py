@@ -72,6 +72,7 @@ class Evidence:
     gpu_fault_node: Optional[str] = None     # its GPU reported a hardware-class XID while the step ran (NVML)
     gpu_fault_detail: str = ""
     gpu_fault_also: Tuple[str, ...] = ()     # more nodes whose GPUs did
+    rank_lost: str = ""                      # in place: srun named a rank's failure on a live node, not restarted
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,11 @@ def classify(evidence: Evidence) -> Diagnosis:
                          fatal_for_node=ev.hang_node is not None)
     if signs.OOM.search(ev.log_tail):
         return Diagnosis(Cause.OOM, detail="out of memory")
+    if ev.rank_lost:
+        # its peers' broken-group errors in the tail are the rank's fallout, not a collective's timeout
+        user = signs.USER.search(ev.log_tail)
+        return (Diagnosis(Cause.USER_ERROR, detail=user.group(1)) if user
+                else Diagnosis(Cause.CRASH, detail=ev.rank_lost))
     if signs.COLLECTIVE.search(ev.log_tail):
         if ev.collective_laggard_node:
             return Diagnosis(Cause.COLLECTIVE_TIMEOUT, node=ev.collective_laggard_node,

@@ -131,6 +131,7 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
             failed = task_failed()                  # in place: srun's word of a failed task, at once
             if isinstance(failed, str):             # a rank lost on a live node: the relaunch
                 emit("rank_lost", attempt.attempt_id, detail=failed)
+                watch.rank_lost = failed
                 step.stop(child, config.stop_timeout_s)
                 break
             dead = failed or node_watch.dead(beats, now)

@@ -162,7 +162,10 @@ def start(backend: str, timeout_s: float, control_dir: Optional[Path], environ: 
         if generation is None or generation.number != number:
             raise UsageError(f"started into generation {number}, but the control dir's {GENERATION_FILE} names "
                              f"{'none' if generation is None else generation.number}")
-        join(generation, int(environ.get("RANK", "0")), backend, timeout_s)
+        rank = int(environ.get("RANK", "0"))
+        join(generation, rank, backend, timeout_s)
+        if rank == 0 and control_dir is not None:      # rank 0 restarted in place: every rank joined
+            report_formed(control_dir, number)
     if control_dir is not None and enabled(environ):
         GROUP.watch(control_dir)
 

@@ -66,3 +66,30 @@ def test_a_crashed_rank_restarts_on_its_node_while_every_other_rank_keeps_its_pr
         ("crash", True, None), ("completed", False, None)]
     assert slurm.job_state(job).restarts == 0
     assert not psutil.pid_exists(before["3"][0]) and training.leftover_trainers(job) == []
+
+
+def test_a_second_failure_during_a_recovery_in_place_falls_back_to_the_relaunch(cluster, workdir, reference_run):
+    """Rank 1 (2 nodes x 1 rank) crashes before step 6 and is restarted in place; its restarted
+    process is lost too, before it joins (--kill-replacement): a second failure while generation 1
+    forms is not recovered in place (the survivors are joining a group it will never join). The
+    relaunch takes over at once and the run still ends with the uninterrupted run's exact hash."""
+    spec = training.training_spec(workdir, "secondfailure", launcher="srun",
+                                  extra=["--step-sleep-s", "0.3", "--checkpoint-every", "100",
+                                         "--kill-rank-at", "1:6", "--kill-replacement"],
+                                  requeue={"in_place": True}, distributed=training.SNAPSHOTS_EVERY_STEP)
+    job = training.submit(spec)
+    info = training.wait_finished(job, 300)
+    evts = training.events(spec, job)
+    story = training.supervisor_story(evts) + "\n" + training.describe(spec, job)
+    assert info.state == "COMPLETED", story
+    assert [(r["generation"], r["cause"], r["ranks"]) for r in training.supervisor_events(evts, "in_place")] == [
+        (1, "crash", [[1, 1]])], story
+    assert [r["reason"] for r in training.supervisor_events(evts, "in_place_refused")] == [
+        "a second failure while generation 1 forms"], story
+    assert len(training.supervisor_events(evts, "rank_lost")) == 1, story
+    assert [s["attempt_id"] for s in training.supervisor_events(evts, "start")] == [f"{job}.0", f"{job}.0.1"], story
+    assert [(d["cause"], d["action"]) for d in training.supervisor_events(evts, "decision")] == [
+        ("crash", "restart"), ("completed", "complete")], story
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+    assert slurm.job_state(job).restarts == 0
+    assert training.leftover_trainers(job) == []

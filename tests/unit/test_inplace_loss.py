@@ -97,7 +97,8 @@ PRINT_ENV = [sys.executable, "-c", "import json, os; print(json.dumps({k: v for 
 def test_a_crash_within_the_budget_restarts_its_ranks_where_they_ran_and_is_recorded(tmp_path, capsys):
     """The restart step gets the ranks' numbers, their local ranks and the next generation, and
     none of the job's memory request (it runs beside the step that holds it); the ledger counts a
-    crash (no node blamed); a second crash past the budget is refused, said for the relaunch."""
+    crash (no node blamed); a second crash while its generation forms, or past the budget, is
+    refused, said for the relaunch."""
     lines: list = []
     in_place = _in_place(tmp_path, PRINT_ENV, {"PATH": "/usr/bin:/bin", "SLURM_MEM_PER_CPU": "500"})
     in_place.feed(lines.append)
@@ -119,12 +120,16 @@ def test_a_crash_within_the_budget_restarts_its_ranks_where_they_ran_and_is_reco
         assert [(r.cause.value, r.counted, r.node) for r in ledger.history(ledger.read(tmp_path))] == [
             ("crash", True, None)]
         assert inplace_loss.on_crash(in_place, crash, RequeueSpec(max_restarts=1), None, "") == (
+            "a second failure while generation 1 forms")        # its ranks are joining: one lost never would
+        generation.report_formed(tmp_path, 1)
+        assert inplace_loss.on_crash(in_place, crash, RequeueSpec(max_restarts=1), None, "") == (
             "restart budget spent (1 failures within 6 h): last crash (local rank 1 on n2: Exited with exit code 9)")
     finally:
         in_place.finish(1)
     said = [e for e in map(json.loads, capsys.readouterr().out.splitlines()) if "slurmtools" in e]
     assert [(e["slurmtools"], e.get("cause"), e.get("ranks"), e.get("reason", "")[:21]) for e in said] == [
-        ("in_place", "crash", [[3, 1]], ""), ("in_place_refused", None, None, "restart budget spent ")]
+        ("in_place", "crash", [[3, 1]], ""), ("in_place_refused", None, None, "a second failure whil"),
+        ("in_place_refused", None, None, "restart budget spent ")]
 
 
 def test_a_replacement_whose_rank_crashed_is_left_to_the_crash_path(tmp_path):

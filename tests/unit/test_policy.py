@@ -118,3 +118,18 @@ def test_a_graceful_cancel_stops_uncounted_with_or_without_its_checkpoint(eviden
 
 def test_a_completed_run_stays_completed_when_a_graceful_cancel_came_late():
     assert classify(Evidence(exit_code=0, complete_marker=True, stop_requested=True)).cause is Cause.COMPLETED
+
+
+def test_a_rank_lost_in_place_is_a_crash_whatever_its_peers_broken_groups_say():
+    """In-place mode: srun named a rank's failure on a live node and it was not restarted in place;
+    the survivors' gloo errors in the tail are its fallout, not a collective's timeout. A user's
+    error in the tail still stops the job."""
+    peers = ("slurmtools: rank 0: the process group of generation 0 broke ([/__w/pytorch/pytorch/third_party/gloo/"
+             "gloo/transport/tcp/pair.cc:537] Read error [10.77.0.12]:44729: Connection reset by peer. This is "
+             "typically caused by a remote worker hanging or bugs in the appli); waiting up to 60 s for the next "
+             "generation\n")
+    lost = "a rank was lost on a live node (every slurmd of n2 answers): a second failure while generation 1 forms"
+    assert classify(Evidence(exit_code=137, log_tail=peers)).cause is Cause.COLLECTIVE_TIMEOUT
+    assert classify(Evidence(exit_code=137, log_tail=peers, rank_lost=lost)) == Diagnosis(Cause.CRASH, detail=lost)
+    assert classify(Evidence(exit_code=1, log_tail=peers + "NameError: name 'x'\n", rank_lost=lost)).cause is (
+        Cause.USER_ERROR)

@@ -76,6 +76,23 @@ def test_a_node_failure_recovered_in_place_costs_its_own_time_instead_of_detecti
         _scenario(in_place_s=-1.0)
 
 
+def test_a_crash_restarted_in_place_costs_its_own_time_and_a_node_failure_is_not_one():
+    crashes = (FailureKind("crash", 1.0, Cause.CRASH, 1.0, loses_work=True, names_node=False),)
+    kwargs = dict(nodes=1000, failures_per_1000_node_days=5.0, work_days=10.0, kinds=crashes,
+                  limits=RequeueSpec(max_restarts=1000, no_progress_restarts=100, max_consecutive_failures=100))
+    relaunched = simulate_run(_scenario(**kwargs), random.Random(3))
+    in_place = simulate_run(_scenario(crash_in_place_s=4.5, **kwargs), random.Random(3))
+    restarts = relaunched.actions[Action.RESTART]
+    assert restarts > 10 and in_place.actions[Action.RESTART] == restarts
+    # each restart: 1 s of detection + 60 s of relaunch, or 4.5 s in all
+    assert relaunched.wall_s - in_place.wall_s == pytest.approx(restarts * (1.0 + 60.0 - 4.5))
+    nodes = dict(kwargs, kinds=NODES_ONLY, spare_nodes=2)       # a node failure is not a crash's
+    assert simulate_run(_scenario(crash_in_place_s=4.5, **nodes), random.Random(3)).wall_s == (
+        simulate_run(_scenario(**nodes), random.Random(3)).wall_s)
+    with pytest.raises(ValueError, match="costs and the snapshot interval must be >= 0"):
+        _scenario(crash_in_place_s=-1.0)
+
+
 def test_a_straggler_without_a_spare_slows_the_run_until_its_next_requeue():
     straggler = (FailureKind("straggler", 1.0, Cause.STRAGGLER, 0.0, loses_work=False, names_node=True),)
     kwargs = dict(nodes=1000, failures_per_1000_node_days=1.0, work_days=5.0, kinds=straggler)
