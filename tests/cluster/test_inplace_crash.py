@@ -4,8 +4,14 @@ the srun launcher, 2 nodes x 2 ranks, no spare, in-memory snapshots every step. 
 node's slurmd answers: a crash, within the restart budget, so rank 3 starts again on its own node
 (a step beside the one still running there, its local rank, hence its GPU, kept) and restores its
 state from its node's memory, while ranks 0-2 keep their processes. One step of Slurm's, no
-relaunch, the uninterrupted 2 x 2 run's exact hash, and the ledger counts one crash."""
+relaunch, the uninterrupted 2 x 2 run's exact hash, and the ledger counts one crash. A second
+failure during that recovery falls back to the relaunch; and a machine whose cores are all busy
+makes no loss of what is only slow."""
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import psutil
 import pytest
@@ -93,3 +99,31 @@ def test_a_second_failure_during_a_recovery_in_place_falls_back_to_the_relaunch(
     assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
     assert slurm.job_state(job).restarts == 0
     assert training.leftover_trainers(job) == []
+
+
+LOSS_EVENTS = ("node_dead", "in_place", "in_place_refused", "in_place_failed", "rank_lost", "hang")
+
+
+def test_a_fully_loaded_machine_makes_no_loss_of_what_is_only_slow(cluster, workdir, reference_run):
+    """Two busy loops per core beside everything else the machine runs, a node timeout of 3 s: a
+    rank's beat may come late, but no node is declared dead (its slurmd answers), no rank lost, no
+    recovery started; the run completes in its one step with the uninterrupted run's hash."""
+    spec = training.training_spec(workdir, "loaded", launcher="srun",
+                                  extra=["--step-sleep-s", "0.2", "--checkpoint-every", "100"],
+                                  requeue={"in_place": True, "spare_nodes": 1, "node_timeout_s": 3},
+                                  distributed=training.SNAPSHOTS_EVERY_STEP)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 2))]
+    try:
+        job = training.submit(spec)
+        info = training.wait_finished(job, 400)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    evts = training.events(spec, job)
+    story = training.supervisor_story(evts) + "\n" + training.describe(spec, job)
+    assert info.state == "COMPLETED", story
+    assert [e for e in evts if e.get("slurmtools") in LOSS_EVENTS] == [], story
+    assert [(d["cause"], d["action"]) for d in training.supervisor_events(evts, "decision")] == [
+        ("completed", "complete")], story
+    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
