@@ -91,8 +91,8 @@ def signal_rank(job: int, rank: str, sig: int = signal.SIGKILL) -> bool:
     for p in psutil.process_iter(["cmdline"]):
         try:
             cmd = p.info["cmdline"] or []
-            if not any(str(TRAIN) == c for c in cmd):
-                continue
+            if not any(str(TRAIN) == c for c in cmd) or "slurmtools.train.standby" in cmd:
+                continue              # a warm standby's environment names no rank of its own
             env = p.environ()
             if env.get("SLURM_JOB_ID") == str(job) and env.get("RANK") == rank:
                 p.send_signal(sig)

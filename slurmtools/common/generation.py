@@ -124,19 +124,20 @@ def go_file(control_dir: Path, host: str) -> Path:
     return control_dir / f"{STANDBY_GO_PREFIX}{_UNSAFE.sub('_', host)[:200]}.json"
 
 
-def write_go(control_dir: Path, host: str, number: int, rank_base: int, world: int) -> None:
-    """The go: host's standby becomes the block of ranks from rank_base, in generation number."""
-    write_json_atomic(go_file(control_dir, host), {"generation": number, "rank_base": rank_base, "world": world},
-                      durable=False)
+def write_go(control_dir: Path, host: str, number: int, rank_base: int, world: int, local_base: int = 0) -> None:
+    """The go: host's standby becomes the ranks from rank_base (its tasks' local ranks from
+    local_base: a rank restarted on its own node keeps its local rank), in generation number."""
+    write_json_atomic(go_file(control_dir, host), {"generation": number, "rank_base": rank_base, "world": world,
+                                                   "local_base": local_base}, durable=False)
 
 
-def parse_go(text: str) -> Tuple[int, int, int]:
-    """(generation, first rank, world) from a go file; ValueError naming what is wrong."""
+def parse_go(text: str) -> Tuple[int, int, int, int]:
+    """(generation, first rank, world, first local rank) from a go file; ValueError naming what is wrong."""
     data = json.loads(text)
-    if not isinstance(data, dict) or set(data) != {"generation", "rank_base", "world"}:
-        raise ValueError("expected generation, rank_base and world")
-    values = data["generation"], data["rank_base"], data["world"]
+    if not isinstance(data, dict) or set(data) != {"generation", "rank_base", "world", "local_base"}:
+        raise ValueError("expected generation, rank_base, world and local_base")
+    values = data["generation"], data["rank_base"], data["world"], data["local_base"]
     if not (all(isinstance(v, int) and not isinstance(v, bool) for v in values)
-            and values[0] > 0 and 0 <= values[1] < values[2]):
+            and values[0] > 0 and 0 <= values[1] < values[2] and 0 <= values[3] < values[2]):
         raise ValueError(f"out of range: {data}")
-    return values[0], values[1], values[2]
+    return values[0], values[1], values[2], values[3]

@@ -75,7 +75,7 @@ def on_crash(in_place: InPlace, failures: Sequence[inplace_plan.TaskFailure], li
         emit("in_place_refused", attempt_id, nodes=nodes, reason=found)
         return found
     assert isinstance(verdict, policy.Diagnosis)
-    emit("in_place", attempt_id, generation=found.generation, lost=nodes, spares=nodes, warm=[],
+    emit("in_place", attempt_id, generation=found.generation, lost=nodes, spares=nodes, warm=in_place.warm,
          ranks=[[r.first_rank, r.ranks] for r in found.replacements], cause=policy.Cause.CRASH.value,
          detail=verdict.detail)
     ledger.append(control, ledger.InPlaceRecovery(attempt_id, now, found.generation, ",".join(nodes),

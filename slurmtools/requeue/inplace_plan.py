@@ -180,17 +180,32 @@ def replacement_argv(argv: Sequence[str], spare: str) -> List[str]:
 def restart_argv(argv: Sequence[str], node: str, tasks: int) -> List[str]:
     """The step's command for `tasks` of its ranks on their own node, beside the step that still
     runs there (--overlap: its CPUs, memory and GPUs are that step's in Slurm's books)."""
-    command = step_argv(argv, [node], overlap=True)
+    return _beside(argv, [node], tasks)
+
+
+def _beside(argv: Sequence[str], nodes: Sequence[str], tasks_per_node: int) -> List[str]:
+    """The step's command on nodes with tasks_per_node tasks each, overlapping the running step."""
+    command = step_argv(argv, nodes, overlap=True)
     at = len(_srun_options(command)) + 1
-    return surviving([arg if index >= at or not arg.startswith("--ntasks-per-node=") else f"--ntasks-per-node={tasks}"
-                      for index, arg in enumerate(command)])
+    return surviving([arg if index >= at or not arg.startswith("--ntasks-per-node=")
+                      else f"--ntasks-per-node={tasks_per_node}" for index, arg in enumerate(command)])
 
 
 def standby_argv(argv: Sequence[str], spare: str) -> Optional[List[str]]:
     """The replacement's command on the spare, its program a warm standby of it
     (`python -m slurmtools.train.standby SCRIPT.py ARGS`); None when the rank's program is not a
     Python script run by the srun launcher's task wrapper (nothing to warm)."""
-    command = replacement_argv(argv, spare)
+    return _as_standby(replacement_argv(argv, spare))
+
+
+def node_standby_argv(argv: Sequence[str], nodes: Sequence[str]) -> Optional[List[str]]:
+    """One warm standby on each of the step's nodes, beside the step (one task a node, --overlap):
+    a rank that crashes there is restarted from it. None as standby_argv."""
+    return _as_standby(_beside(argv, nodes, 1))
+
+
+def _as_standby(command: List[str]) -> Optional[List[str]]:
+    """command with its rank's program run through the standby module, or None."""
     if TASK_WRAPPER_NAME not in command:
         return None
     at = command.index(TASK_WRAPPER_NAME)

@@ -60,29 +60,42 @@ class InPlace:
         self.report_heard_at: Optional[float] = None  # a broken group heard of, no failed task yet (monotonic)
         self.broken_seen = 0                         # nodes' reports of this generation's broken group, looked at
         self.named_at = 0.0                          # when the newest generation was named (monotonic)
-        self.warm: List[str] = []                    # the spares whose standby took the newest recovery
+        self.warm: List[str] = []                    # the nodes whose standby took the newest recovery
+        # the step's nodes' own standbys (one step, a task a node): a crashed rank restarts from one
+        self.node_standby: Optional[step.Step] = None
+        self.node_standby_waiting: Set[str] = set()  # nodes whose standby waits for a go
+        self.node_standby_local: Dict[str, int] = {}  # node -> the local rank its standby became
         self._lock = threading.Lock()
 
-    def feed(self, then: Optional[Callable[[str], None]], first_local: Optional[int] = None
-             ) -> Callable[[str], None]:
+    def feed(self, then: Optional[Callable[[str], None]],
+             local_of: Optional[Callable[[str, int], Optional[int]]] = None) -> Callable[[str], None]:
         """An output-line hook that notes each task srun says failed, as its node and local rank
         (then: the next hook). A step of whole nodes numbers its tasks node by node (local rank:
-        the task modulo the ranks per node); a step of ranks restarted on their node from first_local."""
+        the task modulo the ranks per node); another step says its own (local_of: None, no rank)."""
         if self.output_hook is None:
             self.output_hook = then
+        of = local_of or (lambda node, task: task % max(1, self.ranks_per_node))
 
         def on_line(line: str) -> None:
             found = signs.FAILED_TASK.match(line)
             if found:
-                tasks = [int(task) for task in RangeSet(found.group(2))]
-                local_ranks = tuple(sorted({task % max(1, self.ranks_per_node) if first_local is None
-                                            else first_local + task for task in tasks}))
-                with self._lock:
-                    self._failures.append(inplace_plan.TaskFailure(found.group(1), local_ranks,
-                                                                   found.group(3).strip()))
+                node = found.group(1)
+                found_locals = [of(node, int(task)) for task in RangeSet(found.group(2))]
+                local_ranks = tuple(sorted({local for local in found_locals if local is not None}))
+                if local_ranks:
+                    with self._lock:
+                        self._failures.append(inplace_plan.TaskFailure(node, local_ranks, found.group(3).strip()))
             if then is not None:
                 then(line)
         return on_line
+
+    def _standby_local(self, node: str, task: int) -> Optional[int]:
+        """The node standby step's task on node: the rank it became, or None (no rank: its standby
+        ended before a go, and none waits there any more)."""
+        if node in self.node_standby_local:
+            return self.node_standby_local[node]
+        self.node_standby_waiting.discard(node)
+        return None
 
     def failures(self) -> List[inplace_plan.TaskFailure]:
         """The failed tasks srun named since the last call."""
@@ -126,7 +139,17 @@ class InPlace:
         return self.store_port
 
     def start_standbys(self, spares: Sequence[str], on_line: Optional[Callable[[str], None]]) -> None:
-        """A warm standby on each spare (train/standby.py): the replacement's start paid now."""
+        """A warm standby on each spare and on each of the step's nodes (train/standby.py): the
+        replacement's start, the restarted rank's, paid now."""
+        argv = inplace_plan.node_standby_argv(self.argv, self.placement)
+        if argv is not None:
+            env = {name: value for name, value in self.env.items() if name not in OVERLAP_DROPPED_ENV}
+            try:
+                self.node_standby = step.launch(argv, dict(env, **{INPLACE_ENV: "1"}),
+                                                self.feed(self.output_hook, self._standby_local))
+                self.node_standby_waiting = set(self.placement)
+            except OSError as exc:
+                print(f"slurmtools: cannot start the nodes' warm standbys: {exc}", file=sys.stderr, flush=True)
         for spare in spares:
             argv = inplace_plan.standby_argv(self.argv, spare)
             if argv is None:
@@ -174,6 +197,7 @@ class InPlace:
             except OSError as exc:
                 return f"cannot start the replacement on {replacement.spare}: {exc}"
         self.placement, self.generation, self.broken_seen = list(found.placement), found.generation, 0
+        self.node_standby_waiting -= set(lost)           # gone with their nodes
         self.named_at = time.monotonic()
         return found
 
@@ -188,19 +212,31 @@ class InPlace:
             return found
         generation.write(self.control_dir, generation.Generation(found.generation, found.world, self.store_host, port))
         env = {name: value for name, value in self.env.items() if name not in OVERLAP_DROPPED_ENV}
+        self.warm = []
         for replacement in found.replacements:
+            node = replacement.spare
+            if (replacement.ranks == 1 and node in self.node_standby_waiting and self.node_standby is not None
+                    and self.node_standby.child.poll() is None):
+                generation.write_go(self.control_dir, node, found.generation, replacement.first_rank, found.world,
+                                    replacement.first_local)
+                self.node_standby_waiting.discard(node)
+                self.node_standby_local[node] = replacement.first_local
+                if self.node_standby not in self.replacements:      # its ranks' failures, its end, watched
+                    self.replacements.append(self.node_standby)
+                self.warm.append(node)
+                continue
             ranks_env = dict(env, **{INPLACE_ENV: "1", GENERATION_ENV: str(found.generation),
                                      RANK_BASE_ENV: str(replacement.first_rank),
                                      LOCAL_RANK_BASE_ENV: str(replacement.first_local),
                                      WORLD_SIZE_ENV: str(found.world)})
             argv = inplace_plan.restart_argv(self.argv, replacement.spare, replacement.ranks)
-            on_line = self.feed(self.output_hook, replacement.first_local)
+            on_line = self.feed(self.output_hook, _counting_from(replacement.first_local))
             try:
                 self.replacements.append(step.launch(argv, ranks_env, on_line))
             except OSError as exc:
                 return f"cannot restart ranks on {replacement.spare}: {exc}"
             self.launches[len(self.replacements) - 1] = (argv, ranks_env, on_line, 1)
-        self.generation, self.broken_seen, self.warm = found.generation, 0, []
+        self.generation, self.broken_seen = found.generation, 0
         self.named_at = time.monotonic()
         return found
 
@@ -249,10 +285,12 @@ class InPlace:
         """The replacement steps stopped (when still running: after training completed, given
         stop_timeout_s to end on their own) and drained; the store closed."""
         deadline = time.monotonic() + (stop_timeout_s if (self.control_dir / COMPLETE_FILE).exists() else 0.0)
-        for standby in self.standbys.values():       # never given a go: nothing of theirs to wait for
+        waiting = [*self.standbys.values(), *([self.node_standby] if self.node_standby is not None
+                                               and self.node_standby not in self.replacements else [])]
+        for standby in waiting:                     # never given a go: nothing of theirs to wait for
             step.kill_now(standby.child)
             standby.finish(0)
-        self.standbys = {}
+        self.standbys, self.node_standby = {}, None
         for replacement in self.replacements:
             try:
                 replacement.child.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -273,6 +311,11 @@ class InPlace:
             self.store.kill()
             self.store.wait()
         self.store = None
+
+
+def _counting_from(first_local: int) -> Callable[[str, int], Optional[int]]:
+    """A restart step's tasks: its node's local ranks from first_local."""
+    return lambda _node, task: first_local + task
 
 
 def prepare(requeue: RequeueSpec, control_dir: Path, job_id: Optional[int], argv: Sequence[str],

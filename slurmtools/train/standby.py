@@ -1,10 +1,11 @@
-"""A warm standby on a spare node (docs/recovery.md, "In place"): started with the step, as the
-step's own command would be, it imports torch and the trainer script's own imports, then waits for
-the supervisor's go (the control dir's standby-<host>.json: the generation, the first rank of the
-block it takes, the world). On the go it becomes that block's rank: the environment the wrapper
-would have given a replacement, then the script run as __main__ in this process. A replacement so
-skips its start (srun, the interpreter, the imports): seconds on a loaded node, minutes from a
-shared file system at thousands of ranks.
+"""A warm standby on a spare node, and one on each training node (docs/recovery.md, "In place"):
+started with the step, as the step's own command would be, it imports torch and the trainer
+script's own imports, then waits for the supervisor's go (the control dir's standby-<host>.json:
+the generation, the first rank of the block it takes, the world, the first local rank: a rank
+restarted on its node keeps its own), or for training's end (then it exits 0). On the go it
+becomes that block's rank: the environment the wrapper would have given a replacement, then the
+script run as __main__ in this process. A replacement so skips its start (srun, the interpreter,
+the imports): seconds on a loaded node, minutes from a shared file system at thousands of ranks.
 
     python -m slurmtools.train.standby SCRIPT [ARGS...]     (as a task of the standby step)
 """
@@ -20,7 +21,8 @@ import time
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from slurmtools.common.control_dir import CONTROL_DIR_ENV, GENERATION_ENV, RANK_BASE_ENV, WORLD_SIZE_ENV
+from slurmtools.common.control_dir import (COMPLETE_FILE, CONTROL_DIR_ENV, GENERATION_ENV, LOCAL_RANK_BASE_ENV,
+                                           RANK_BASE_ENV, WORLD_SIZE_ENV)
 from slurmtools.common.fsutil import read_small_regular
 from slurmtools.common.generation import go_file, parse_go
 from slurmtools.errors import UsageError
@@ -53,9 +55,12 @@ def warm(script: Path) -> None:
             continue
 
 
-def wait_for_go(path: Path) -> Tuple[int, int, int]:
-    """Block until the go file is there and whole; a file that is no go is an error."""
+def wait_for_go(path: Path, done: Path) -> Optional[Tuple[int, int, int, int]]:
+    """Block until the go file is there and whole (a file that is no go is an error), or until
+    training completed (done: the complete marker; None, nothing to take)."""
     while True:
+        if done.exists():
+            return None
         raw = read_small_regular(path, 4096) if path.exists() else None
         if raw is not None:
             try:
@@ -65,12 +70,13 @@ def wait_for_go(path: Path) -> Tuple[int, int, int]:
         time.sleep(GO_POLL_S)
 
 
-def become(go: Tuple[int, int, int], environ: "os._Environ[str]") -> None:
-    """The environment a replacement rank of that block gets (the srun wrapper's, told its base)."""
-    number, rank_base, world = go
-    local_rank = int(environ.get("SLURM_LOCALID", "0"))
+def become(go: Tuple[int, int, int, int], environ: "os._Environ[str]") -> None:
+    """The environment a replacement rank of that block gets (the srun wrapper's, told its bases)."""
+    number, rank_base, world, local_base = go
+    task = int(environ.get("SLURM_LOCALID", "0"))
     environ.update({GENERATION_ENV: str(number), RANK_BASE_ENV: str(rank_base), WORLD_SIZE_ENV: str(world),
-                    "RANK": str(rank_base + local_rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world)})
+                    LOCAL_RANK_BASE_ENV: str(local_base), "RANK": str(rank_base + task),
+                    "LOCAL_RANK": str(local_base + task), "WORLD_SIZE": str(world)})
 
 
 def main(argv: Optional[Sequence[str]] = None, environ: Mapping[str, str] = os.environ) -> int:
@@ -86,10 +92,13 @@ def main(argv: Optional[Sequence[str]] = None, environ: Mapping[str, str] = os.e
     script = Path(args[0]).resolve()
     try:
         warm(script)
-        go = wait_for_go(go_file(Path(control), environ.get("SLURMD_NODENAME") or socket.gethostname()))
+        go = wait_for_go(go_file(Path(control), environ.get("SLURMD_NODENAME") or socket.gethostname()),
+                         Path(control) / COMPLETE_FILE)
     except (OSError, SyntaxError, UsageError) as exc:
         print(f"slurmtools.train.standby: error: {exc}", file=sys.stderr)
         return 2
+    if go is None:                     # training completed without needing this standby
+        return 0
     become(go, os.environ)
     sys.argv = [str(script), *args[1:]]
     runpy.run_path(str(script), run_name="__main__")

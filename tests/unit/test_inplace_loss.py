@@ -146,3 +146,26 @@ def test_a_replacement_whose_rank_crashed_is_left_to_the_crash_path(tmp_path):
         assert in_place.failures() == [TaskFailure("n2", (1,), "Exited with exit code 9")]     # its local rank
     finally:
         in_place.finish(1)
+
+
+def test_a_crashed_rank_is_restarted_from_its_nodes_warm_standby(tmp_path):
+    """The node's standby (started with the step) is given its go: the rank, the world, its local
+    rank; no step is launched. Its own failure later is heard with that local rank; a standby that
+    ended before any go leaves its node without one (the next crash there gets a step)."""
+    in_place = _in_place(tmp_path)
+    in_place.feed(None)
+    in_place.node_standby = inplace_step.step.launch(["sleep", "60"], {"PATH": "/usr/bin:/bin"})
+    in_place.node_standby_waiting = {"n1", "n2", "n3"}
+    hook = in_place.feed(None, in_place._standby_local)
+    try:
+        found = in_place.restart([TaskFailure("n2", (1,), "Killed")])
+        assert not isinstance(found, str) and in_place.warm == ["n2"]
+        assert generation.parse_go((tmp_path / "standby-n2.json").read_text()) == (1, 3, 6, 1)
+        assert in_place.replacements == [in_place.node_standby] and in_place.launches == {}
+        hook("srun: error: n2: task 1: Exited with exit code 9\n")     # the standby step's task on n2
+        hook("srun: error: n3: task 2: Exited with exit code 1\n")     # n3's standby, never given a go
+        assert in_place.failures() == [TaskFailure("n2", (1,), "Exited with exit code 9")]
+        assert in_place.node_standby_waiting == {"n1"}
+    finally:
+        in_place.finish(1)
+    assert in_place.node_standby is None

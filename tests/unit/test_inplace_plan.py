@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from slurmtools.common.ledger import AttemptRecord, Cause
-from slurmtools.requeue.inplace_plan import (InPlacePlan, Replacement, TaskFailure, crash_verdict, plan,
-                                             ranks_per_node, replacement_argv, restart, restart_argv, standby_argv,
-                                             surviving)
+from slurmtools.requeue.inplace_plan import (InPlacePlan, Replacement, TaskFailure, crash_verdict,
+                                             node_standby_argv, plan, ranks_per_node, replacement_argv, restart,
+                                             restart_argv, standby_argv, surviving)
 from slurmtools.requeue.policy import Diagnosis
 from slurmtools.spec import RequeueSpec
 
@@ -94,6 +94,14 @@ def test_a_restarted_rank_runs_beside_the_step_on_its_own_node():
     assert restart_argv(SRUN, "node2", 1) == [
         "srun", "--no-kill", "--kill-on-bad-exit=0", "--nodelist=node2", "--overlap", "--nodes=1",
         "--cpus-per-task=1", "--cpu-bind=cores", "--ntasks-per-node=1", *SRUN[6:]]
+
+
+def test_each_training_node_has_one_warm_standby_beside_the_step():
+    assert node_standby_argv(SRUN, ["node1", "node2"]) == [
+        "srun", "--no-kill", "--kill-on-bad-exit=0", "--nodelist=node1,node2", "--overlap", "--nodes=2",
+        "--cpus-per-task=1", "--cpu-bind=cores", "--ntasks-per-node=1", "bash", "-c", 'exec "$@"', "slurmtools-task",
+        "python3", "-m", "slurmtools.train.standby", "train.py", "--nodes=9"]
+    assert node_standby_argv(["srun", "--ntasks-per-node=1", "python3", "train.py"], ["node1"]) is None
 
 
 CRASH = [TaskFailure("n2", (1,), "Exited with exit code 9")]

@@ -128,7 +128,7 @@ def test_a_spares_warm_standby_is_given_its_go_instead_of_a_new_step(tmp_path):
         found = in_place.recover(["n2"], ["n4", "n5"])
         assert not isinstance(found, str), found
         assert found.spares_used == ["n4"] and in_place.warm == ["n4"]
-        assert generation.parse_go((tmp_path / "standby-n4.json").read_text()) == (1, 2, 6)
+        assert generation.parse_go((tmp_path / "standby-n4.json").read_text()) == (1, 2, 6, 0)
         assert [s.child.args for s in in_place.replacements] == [["sleep", "60"]] and in_place.running()
         assert list(in_place.standbys) == ["n5"]
         waiting = in_place.standbys["n5"].child

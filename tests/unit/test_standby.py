@@ -59,14 +59,36 @@ def test_a_go_that_is_no_go_and_a_missing_script_are_one_line_errors(tmp_path):
 
 
 @pytest.mark.parametrize("text, problem", [
-    ('{"generation": 1, "rank_base": 2}', "expected generation, rank_base and world"),
-    ('{"generation": 1, "rank_base": 2, "world": 2}', "out of range"),
-    ('{"generation": true, "rank_base": 0, "world": 2}', "out of range"),
+    ('{"generation": 1, "rank_base": 2, "world": 4}', "expected generation, rank_base, world and local_base"),
+    ('{"generation": 1, "rank_base": 2, "world": 2, "local_base": 0}', "out of range"),
+    ('{"generation": true, "rank_base": 0, "world": 2, "local_base": 0}', "out of range"),
+    ('{"generation": 1, "rank_base": 0, "world": 2, "local_base": -1}', "out of range"),
 ])
 def test_a_go_is_read_whole_or_refused(text, problem):
     with pytest.raises(ValueError, match=problem):
         generation.parse_go(text)
-    assert generation.parse_go('{"generation": 1, "rank_base": 2, "world": 4}') == (1, 2, 4)
+    assert generation.parse_go('{"generation": 1, "rank_base": 2, "world": 4, "local_base": 3}') == (1, 2, 4, 3)
+
+
+def test_a_standby_on_a_training_node_becomes_the_crashed_rank_with_its_local_rank(tmp_path):
+    """A rank restarted on its own node from the node's standby keeps its local rank (its GPU)."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    proc = _start(tmp_path, str(script))
+    generation.write_go(tmp_path, "node7", 3, 6, 8, local_base=2)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    said = json.loads(out)
+    assert (said["rank"], said["local"], said["generation"]) == ("7", "3", "3")     # its task is local 1
+
+
+def test_a_standby_never_given_a_go_ends_when_training_completed(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    proc = _start(tmp_path, str(script))
+    (tmp_path / "complete").write_text("{}")
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out) == (0, ""), err
 
 
 def test_the_scripts_own_top_level_imports_are_the_ones_warmed(tmp_path):
