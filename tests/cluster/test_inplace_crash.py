@@ -79,7 +79,7 @@ def test_a_second_failure_during_a_recovery_in_place_falls_back_to_the_relaunch(
     forms is not recovered in place (the survivors are joining a group it will never join). The
     relaunch takes over at once and the run still ends with the uninterrupted run's exact hash."""
     spec = training.training_spec(workdir, "secondfailure", launcher="srun",
-                                  extra=["--step-sleep-s", "0.3", "--checkpoint-every", "100",
+                                  extra=["--step-sleep-s", "0.2", "--checkpoint-every", "100",
                                          "--kill-rank-at", "1:6", "--kill-replacement"],
                                   requeue={"in_place": True}, distributed=training.SNAPSHOTS_EVERY_STEP)
     job = training.submit(spec)
@@ -104,14 +104,14 @@ LOSS_EVENTS = ("node_dead", "in_place", "in_place_refused", "in_place_failed", "
 
 
 def test_a_fully_loaded_machine_makes_no_loss_of_what_is_only_slow(cluster, workdir, reference_run):
-    """Two busy loops per core beside everything else the machine runs, a node timeout of 3 s: a
+    """A busy loop per core beside everything else the machine runs, a node timeout of 3 s: a
     rank's beat may come late, but no node is declared dead (its slurmd answers), no rank lost, no
     recovery started; the run completes in its one step with the uninterrupted run's hash."""
     spec = training.training_spec(workdir, "loaded", launcher="srun",
-                                  extra=["--step-sleep-s", "0.2", "--checkpoint-every", "100"],
+                                  extra=["--step-sleep-s", "0.1", "--checkpoint-every", "100"],
                                   requeue={"in_place": True, "spare_nodes": 1, "node_timeout_s": 3},
                                   distributed=training.SNAPSHOTS_EVERY_STEP)
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 2))]
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
     try:
         job = training.submit(spec)
         info = training.wait_finished(job, 400)
