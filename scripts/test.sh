@@ -9,7 +9,8 @@
 #           machine's own Slurm (cluster `bhost`), then the unit tests (they keep both CPUs busy:
 #           last, in the lane whose cluster tests end first);
 #   lane 2: the fault matrix (marker matrix: two nodes lost at once, a node lost during start-up or
-#           during a recovery, the controller restarted during a requeue, a node partitioned; and a
+#           during a recovery, the controller restarted during a requeue, a node partitioned; recovery
+#           in place: a node kill, a second failure during one, a fully loaded machine; and a
 #           plain torchrun script's crash and lost node; the Lightning adapter's test, while lane 1
 #           runs the Transformers adapter's) on a 5-node cluster of the machine's own Slurm (`mhost`),
 #           then the core cluster tests (marker every_release) on Slurm 26.05 (`t2605`), then the
