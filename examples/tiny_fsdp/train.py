@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from slurmtools.common.leave import leave_without_teardown
 from slurmtools.errors import SlurmToolsError
 from slurmtools.reference.tiny_faults import replacement_lost
 from slurmtools.runtime import TrainingControl
@@ -98,4 +99,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # FSDP2 keeps a gloo group alive past destroy_process_group(); its C++ teardown at
+    # interpreter exit can abort a rank whose peer already left (SIGABRT after the one-line error)
+    leave_without_teardown(main())

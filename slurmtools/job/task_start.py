@@ -19,6 +19,8 @@ if __name__ == "__main__":          # first, before any slow import; never as a 
 import sys  # noqa: E402
 from typing import Any, List  # noqa: E402
 
+from slurmtools.common.leave import leave_without_teardown  # noqa: E402
+
 SUBMITIT_MODULE = "submitit.core._submit"
 
 
@@ -46,21 +48,7 @@ def main() -> None:
 
     submitit.JobEnvironment._handle_signals = handle_signals  # type: ignore[assignment]
     submission.process_job(folder)     # raises (a non-zero exit) when the callable failed
-    leave_after_result()
-
-
-def leave_after_result() -> None:
-    """Flush what the task printed and logged, then end without interpreter finalization."""
-    import logging
-    import os
-
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(0)
+    leave_without_teardown(0)
 
 
 if __name__ == "__main__":

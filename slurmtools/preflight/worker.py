@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from slurmtools.common.fsutil import write_json_atomic
+from slurmtools.common.leave import leave_without_teardown
 from slurmtools.preflight import canary, judge
 
 LINK_BYTES = 4 * 1024 * 1024
@@ -169,9 +170,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report = check(settings, os.environ)
     if int(os.environ["SLURM_PROCID"]) == 0:
         write_json_atomic(Path(args.report), report)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)      # torch's C++ teardown can abort at exit (see task_start.py); the report is written
+    leave_without_teardown(0)      # the report is written; torch's C++ teardown can abort at exit
 
 
 if __name__ == "__main__":

@@ -81,8 +81,8 @@ def test_a_task_leaves_after_its_result_with_output_flushed_and_no_finalization(
             "atexit.register(os.abort)\n"
             "print('result written', end='')\n"
             "logging.getLogger('submitit').info('Exiting after successful completion')\n"
-            "from slurmtools.job.task_start import leave_after_result\n"
-            "leave_after_result()\n")
+            "from slurmtools.common.leave import leave_without_teardown\n"
+            "leave_without_teardown(0)\n")
     with out.open("w") as handle:
         proc = subprocess.run([sys.executable, "-c", code], stdout=handle, stderr=subprocess.STDOUT, timeout=60)
     assert proc.returncode == 0
