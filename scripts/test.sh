@@ -6,8 +6,9 @@
 # the 2 CPUs only 55-65% busy): three lanes keep them 83% busy on average (R54, 2026-12-04, 33:04;
 # docs/minicluster.md), so a fourth lane would mostly slow the other three:
 #   lane 1: the cluster suite's part b (suite-b: every module not in SUITE_A_MODULES) on the
-#           machine's own Slurm (cluster `bhost`), then the unit tests (they keep both CPUs busy:
-#           last, in the lane whose cluster tests end first);
+#           machine's own Slurm (cluster `bhost`), then the unit tests' part a (unit-a: every
+#           module not in UNIT_B_MODULES; they keep both CPUs busy: last, in a lane whose cluster
+#           tests end first);
 #   lane 2: the fault matrix (marker matrix: two nodes lost at once, a node lost during start-up or
 #           during a recovery, the controller restarted during a requeue, a node partitioned; recovery
 #           in place: a node kill, a second failure during one, a fully loaded machine; and a
@@ -15,27 +16,31 @@
 #           runs the Transformers adapter's) on a 5-node cluster of the machine's own Slurm (`mhost`),
 #           then the core cluster tests (marker every_release) on Slurm 26.05 (`t2605`), then the
 #           control plane at 128 nodes (marker scale: a light trainer without torch on a 130-node
-#           cluster, `shost`);
+#           cluster, `shost`), then the unit tests' part b (unit-b: lane 1 ended about 3 minutes
+#           after lane 2 with all of them, R97-R99);
 #   lane 3: the cluster suite's part a (SUITE_A_MODULES: the fault tests, the gates, the training
 #           basics, the getting-started walk) on the machine's own Slurm (`ahost`), then the core cluster tests on Slurm 24.11
 #           (`t2411`).
 # SLURMTOOLS_TEST_LANES overrides them: lanes separated by ';', each a list of words RELEASE:KIND,
 # KIND one of cluster (the whole cluster suite but the matrix), suite-a or suite-b (its two parts:
-# SUITE_A_MODULES and the rest), core, matrix (on a 5-node cluster), scale (on a 130-node cluster) or unit (the unit tests; RELEASE
-# is ignored); RELEASE `host` is the machine's own Slurm. Lane 1's output is printed as it runs, the
+# SUITE_A_MODULES and the rest), core, matrix (on a 5-node cluster), scale (on a 130-node cluster), unit (the unit tests; RELEASE
+# is ignored) or unit-a and unit-b (their two parts: all but UNIT_B_MODULES, and those); RELEASE `host` is the machine's own Slurm. Lane 1's output is printed as it runs, the
 # other lanes' when all are done. Each lane's wall time and the total are printed at the end.
 # Extra arguments run that one pytest on the machine's Slurm only (e.g. -m "not cluster").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-lanes_text=${SLURMTOOLS_TEST_LANES-host:suite-b host:unit; host:matrix 26.05:core host:scale; host:suite-a 24.11:core}
+lanes_text=${SLURMTOOLS_TEST_LANES-host:suite-b host:unit-a; host:matrix 26.05:core host:scale host:unit-b; host:suite-a 24.11:core}
 # the cluster suite's part a (suite-a); every other cluster module (a new one too) is in part b
 SUITE_A_MODULES="test_0_failed_up test_blame test_confinement test_faults test_getting_started test_health_gate test_training"
+# the unit tests' part b (unit-b, about a sixth of their time: ranks of real torch processes); every
+# other unit module (a new one too) is in part a
+UNIT_B_MODULES="test_gpu_check test_reshard test_sdc"
 IFS=';' read -ra lanes <<<"$lanes_text"
 for lane in "${lanes[@]}"; do   # a bad word fails before an hour of tests, not after
   for run in $lane; do
     case "$run" in
-      *:cluster|*:suite-a|*:suite-b|*:core|*:matrix|*:scale|*:unit) ;;
-      *) echo "scripts/test.sh: SLURMTOOLS_TEST_LANES: '$run' is not RELEASE:KIND with KIND cluster, suite-a, suite-b, core, matrix, scale or unit" >&2
+      *:cluster|*:suite-a|*:suite-b|*:core|*:matrix|*:scale|*:unit|*:unit-a|*:unit-b) ;;
+      *) echo "scripts/test.sh: SLURMTOOLS_TEST_LANES: '$run' is not RELEASE:KIND with KIND cluster, suite-a, suite-b, core, matrix, scale, unit, unit-a or unit-b" >&2
          exit 2 ;;
     esac
   done
@@ -82,15 +87,26 @@ for module in $SUITE_A_MODULES; do
   suite_a_args+=("tests/cluster/$module.py")
   suite_b_args+=("--ignore=tests/cluster/$module.py")
 done
+unit_a_args=() unit_b_args=()
+for module in $UNIT_B_MODULES; do
+  [ -f "tests/unit/$module.py" ] || { echo "scripts/test.sh: UNIT_B_MODULES: no tests/unit/$module.py" >&2; exit 2; }
+  unit_a_args+=("--ignore=tests/unit/$module.py")
+  unit_b_args+=("tests/unit/$module.py")
+done
 
 run_one() {   # RELEASE:KIND: one pytest run on a cluster of its own
   local run=$1 release=${1%%:*} kind=${1#*:} what marker prefix=t nodes=3 slurm paths=()
   slurm=$release
   [ "$release" = host ] && slurm=""
   case "$kind" in
-    unit)
-      echo "== the unit tests"
-      .venv/bin/python -m pytest -p no:cacheprovider -m "not cluster"
+    unit|unit-a|unit-b)
+      local part=() heading="the unit tests"
+      case "$kind" in
+        unit-a) part=("${unit_a_args[@]}") heading="the unit tests, part a" ;;
+        unit-b) part=("${unit_b_args[@]}") heading="the unit tests, part b" ;;
+      esac
+      echo "== $heading"
+      .venv/bin/python -m pytest -p no:cacheprovider -m "not cluster" "${part[@]}"
       return ;;
     cluster) what="the whole cluster suite"; marker="cluster and not matrix and not scale" ;;
     suite-a) what="the cluster suite, part a"; marker="cluster and not matrix and not scale"; prefix=a; paths=("${suite_a_args[@]}") ;;
