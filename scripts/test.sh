@@ -81,18 +81,18 @@ fi
 .venv/bin/python -m tests.prepare
 phase_done "cluster packages" 0
 
-suite_a_args=() suite_b_args=()
-for module in $SUITE_A_MODULES; do
-  [ -f "tests/cluster/$module.py" ] || { echo "scripts/test.sh: SUITE_A_MODULES: no tests/cluster/$module.py" >&2; exit 2; }
-  suite_a_args+=("tests/cluster/$module.py")
-  suite_b_args+=("--ignore=tests/cluster/$module.py")
-done
-unit_a_args=() unit_b_args=()
-for module in $UNIT_B_MODULES; do
-  [ -f "tests/unit/$module.py" ] || { echo "scripts/test.sh: UNIT_B_MODULES: no tests/unit/$module.py" >&2; exit 2; }
-  unit_a_args+=("--ignore=tests/unit/$module.py")
-  unit_b_args+=("tests/unit/$module.py")
-done
+split_modules() {   # LIST_NAME DIR ONLY_ARRAY ALL_BUT_ARRAY: pytest arguments for the listed modules, and for all but them
+  local list_name=$1 dir=$2 module
+  local -n only=$3 all_but=$4
+  only=() all_but=()
+  for module in ${!list_name}; do
+    [ -f "$dir/$module.py" ] || { echo "scripts/test.sh: $list_name: no $dir/$module.py" >&2; exit 2; }
+    only+=("$dir/$module.py")
+    all_but+=("--ignore=$dir/$module.py")
+  done
+}
+split_modules SUITE_A_MODULES tests/cluster suite_a_args suite_b_args
+split_modules UNIT_B_MODULES tests/unit unit_b_args unit_a_args
 
 run_one() {   # RELEASE:KIND: one pytest run on a cluster of its own
   local run=$1 release=${1%%:*} kind=${1#*:} what marker prefix=t nodes=3 slurm paths=()
