@@ -1,7 +1,8 @@
 """bench/resume.py's section inplace: recovery without relaunch against the relaunch, on the
 mini-cluster. Per node count, N nodes x 1 rank (the srun launcher) and a spare, snapshots every
 step, at step 12: the middle node killed (its rank starts again on the spare), then the middle
-node's rank killed (a crash: it starts again on its own node); each fault once with
+node's rank killed (a crash: it starts again on its own node), then the middle node's rank hung
+(`hang_timeout_s` 10 on both paths: its node replaced by the spare); each fault once with
 `requeue.in_place` and once without, fault -> first resumed step split into its phases, and a line
 `ratio inplace/relaunch <fault> <N> nodes <x>`. Then the goodput simulator at 9,600 GPUs fed the
 largest job's figures (bench/inplace_goodput.py)."""
@@ -17,22 +18,29 @@ from resume_jobs import (SNAPSHOTS_EVERY_STEP, breakdown, current_nodes, events,
 from slurmtools.minicluster import faults as mc_faults
 from slurmtools.slurm import commands as slurm
 
-FAULTS = ("node-kill", "rank-crash")
+FAULTS = ("node-kill", "rank-crash", "hang")
+HANG_TIMEOUT_S = 10          # the hang's detection, the same on both paths
 
 
 def one_run(layout: Any, work: Path, fault: str, nodes: int, in_place: bool) -> Dict[str, float]:
     """The job, the fault at step 12, its end; the breakdown of the path taken."""
     path = "inplace" if in_place else "relaunch"
-    s = spec(work, f"{fault}-{nodes}-{path}", ["--step-sleep-s", "0.5"], nodes=nodes, processes_per_node=1,
-             top={"launcher": "srun", "distributed": SNAPSHOTS_EVERY_STEP}, spare_nodes=1, in_place=in_place)
+    extra = ["--step-sleep-s", "0.5"]
+    if fault == "hang":                       # the middle node's rank stops before its 13th step
+        extra += ["--hang-at-step", f"{nodes // 2}:12"]
+    s = spec(work, f"{fault}-{nodes}-{path}", extra, nodes=nodes, processes_per_node=1,
+             top={"launcher": "srun", "distributed": SNAPSHOTS_EVERY_STEP}, spare_nodes=1, in_place=in_place,
+             **({"hang_timeout_s": HANG_TIMEOUT_S} if fault == "hang" else {}))
     job = submit(s)
     wait(lambda: step_reached(s, job, 12), 300 + 10 * nodes, f"step 12 of {nodes} nodes")
     victim = current_nodes(s, job)[nodes // 2]
     fault_t = time.time()
     if fault == "node-kill":
         mc_faults.kill_node(layout, victim)
-    else:                                     # the middle node's rank, as the kernel kills a process
+    elif fault == "rank-crash":               # the middle node's rank, as the kernel kills a process
         wait(lambda: signal_rank(job, str(nodes // 2)), 10, "the rank to kill")
+    else:                                     # it hung once step 12 was done: rank 0's line for it
+        fault_t = next(e["t"] for e in events(s, job) if "loss" in e and e["step"] == 12)
     wait(lambda: finished(job), 600, f"{fault}, {nodes} nodes, {path}")
     evts = events(s, job)
     if fault == "node-kill":
@@ -70,8 +78,13 @@ def section(layout: Any, work: Path, node_counts: List[int]) -> None:
             found[fault] = {in_place: one_run(layout, work, fault, nodes, in_place) for in_place in (True, False)}
             ratio = found[fault][True]["total"] / found[fault][False]["total"]
             print(f"ratio inplace/relaunch {fault} {nodes} nodes {ratio:.2f}", flush=True)
+            if fault == "hang":               # both wait the hang timeout: what each does after it
+                after = [found[fault][way]["total"] - HANG_TIMEOUT_S for way in (True, False)]
+                print(f"ratio inplace/relaunch after the hang timeout {nodes} nodes {after[0] / after[1]:.2f}",
+                      flush=True)
     # the goodput simulator fed the largest job's figures
     relaunched = found["node-kill"][False]
     inplace_goodput.report(relaunch_detect_s=relaunched["detect"],
                            relaunch_rest_s=relaunched["total"] - relaunched["detect"], in_place_s=found["node-kill"][True]["total"],
-                           crash_in_place_s=found["rank-crash"][True]["total"])
+                           crash_in_place_s=found["rank-crash"][True]["total"],
+                           hang_in_place_s=found["hang"][True]["total"] - HANG_TIMEOUT_S)

@@ -11,10 +11,11 @@ that come together, on a 3-node x 1-process job: two nodes killed at once (reque
 two spares in the allocation) and the batch host killed (Slurm requeues the batch script), each
 with its `ratio` line against one node killed on the requeue path of the same job. Then recovery
 without relaunch (section inplace, per --inplace-nodes; bench/inplace_resume.py): N nodes x 1 rank
-and a spare, snapshots every step, the middle node killed, then the middle node's rank killed:
-fault -> first resumed step in place (the survivors keep their processes; split into detect / form
-and restore / first step) and on the relaunch path of the same job, and
-`ratio inplace/relaunch <node-kill|rank-crash> <N> nodes <x>`; then the goodput simulator at 9,600
+and a spare, snapshots every step, the middle node killed, then the middle node's rank killed,
+then the middle node's rank hung: fault -> first resumed step in place (the survivors keep their
+processes; split into detect / form and restore / first step) and on the relaunch path of the same
+job, and `ratio inplace/relaunch <node-kill|rank-crash|hang> <N> nodes <x>` (for the hang also the
+ratio after the hang timeout both wait); then the goodput simulator at 9,600
 GPUs fed the largest job's figures (bench/inplace_goodput.py).
 
     .venv/bin/python bench/resume.py [--goodput-min 5] [--only SECTION,...] [--inplace-nodes 4,32]

@@ -156,7 +156,7 @@ class InPlaceRecovery:
     spares: str
     detail: str = ""
     checkpoint_step: Optional[int] = None    # the newest complete checkpoint then: the budget's progress marker
-    cause: str = Cause.NODE_FAILURE.value    # node_failure or crash
+    cause: str = Cause.NODE_FAILURE.value    # node_failure, hang or crash
 
 
 Event = Union[AttemptStart, AttemptEnd, NodeSlowdown, PreflightCheck, CheckpointRefused, SnapshotRestore,
@@ -305,6 +305,10 @@ def attempts(events: List[Event]) -> List[Attempt]:
     return out
 
 
+# the causes of a recovery in place that blame the lost node (a crash blames none)
+_NODE_CAUSES = (Cause.NODE_FAILURE.value, Cause.HANG.value)
+
+
 def history(events: List[Event]) -> List[AttemptRecord]:
     """Failures as the policy sees them (oldest first): each finished attempt with its progress
     marker, and each node failure a step survived in place (at its time, before its attempt's end)."""
@@ -313,7 +317,7 @@ def history(events: List[Event]) -> List[AttemptRecord]:
                            a.node, a.end_s)
              for a in attempts(events) if a.cause is not None]
     survived = [AttemptRecord(Cause(event.cause), True, event.checkpoint_step,
-                              event.lost.split(",")[0] if event.cause == Cause.NODE_FAILURE.value else None,
+                              event.lost.split(",")[0] if event.cause in _NODE_CAUSES else None,
                               event.time_s)
                 for event in events if isinstance(event, InPlaceRecovery)]
     if not survived:

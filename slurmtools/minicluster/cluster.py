@@ -271,11 +271,12 @@ def _remove_stale_job_cgroups(layout: MiniClusterLayout, *, top: bool) -> None:
     """The job cgroups a killed slurmd left (jobcgroups.py says why they break the next cluster) on
     nodes whose slurmd is not running. Beside other mini-clusters (their nodes have the same names)
     only this cluster's own job ids (its slot's range; a new cluster in the same slot starts at the
-    same id again); alone, everything below its nodes' dirs."""
+    same id again; none without a record of its own); alone, everything below its nodes' dirs."""
     if not layout.cgroups:
         return
     alone = not any(entry["name"] != layout.name for entry in registered())
-    ours = None if alone else range(layout.first_job_id, layout.first_job_id + JOB_IDS_PER_SLOT)
+    ours = jobcgroups.own_job_ids(layout.first_job_id, JOB_IDS_PER_SLOT, beside_others=not alone,
+                                  recorded=layout.record_file.exists())
     for node in layout.node_names:
         if not daemons.pid_alive(daemons.read_pidfile(layout.slurmd_pidfile(node))):
             jobcgroups.remove_job_cgroups(node, top=top and alone, job_ids=ours)

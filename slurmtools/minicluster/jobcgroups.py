@@ -34,6 +34,19 @@ def _job_id(directory: Path, base: Path) -> Optional[int]:
     return int(parts[1][4:])
 
 
+def own_job_ids(first_job_id: int, count: int, *, beside_others: bool, recorded: bool) -> Optional[range]:
+    """The job ids whose stale cgroups a cluster may remove: all of them (None) when no other
+    mini-cluster runs here; beside others its slot's own range, and none at all when it has no
+    record (never up here, or purged: its layout is then the default one, whose slot 0 may be
+    another cluster's, and an empty cgroup of theirs may be a step's about to be entered: removing
+    one failed a job's launch, "Slurmd could not execve job", R100)."""
+    if not beside_others:
+        return None
+    if not recorded:
+        return range(0)
+    return range(first_job_id, first_job_id + count)
+
+
 def remove_job_cgroups(node: str, root: Path = CGROUP_ROOT, controllers: Sequence[str] = SLURM_CONTROLLERS,
                        *, top: bool = False, job_ids: Optional[range] = None) -> List[Path]:
     """rmdir every empty cgroup below slurm_<node> (deepest first), and slurm_<node> itself when

@@ -1,19 +1,22 @@
 """In-place recovery, what a loss heard of while the step runs becomes (docs/recovery.md, "In
-place"): a dead node's ranks started again on spares (on_death), ranks that crashed on a live node
-started again there (on_crash), or a loss that cannot be recovered in place, said for the relaunch
-(a second failure while a recovery's generation forms among them).
+place"): a dead node's ranks started again on spares (on_death), a hung node's ranks ended and
+started again on spares (on_hang), ranks that crashed on a live node started again there
+(on_crash), or a loss that cannot be recovered in place, said for the relaunch (a second failure
+while a recovery's generation forms among them).
 Each recovery is checked against the restart budget and recorded in the ledger; the mechanics are
 inplace_step's, the decisions inplace_plan's.
 """
 from __future__ import annotations
 
+import sys
 import time
+from dataclasses import replace
 from typing import Callable, List, Optional, Sequence
 
 from slurmtools.checkpoint.manager import CheckpointManager
 from slurmtools.common import generation, ledger
 from slurmtools.common.control_dir import HEARTBEAT_DIR
-from slurmtools.requeue import actions, inplace_plan, nodecheck, policy
+from slurmtools.requeue import actions, inplace_plan, nodecheck, policy, watchdog
 from slurmtools.requeue.actions import Run, emit
 from slurmtools.requeue.inplace_step import InPlace
 from slurmtools.spec import RequeueSpec
@@ -36,24 +39,70 @@ def on_death(in_place: InPlace, dead: nodecheck.Death, detail: str, attempt_id: 
     if isinstance(found, str):
         emit("in_place_refused", attempt_id, nodes=list(dead.nodes), reason=found)
         return False
+    diagnosis = policy.Diagnosis(policy.Cause.NODE_FAILURE, None, detail, fatal_for_node=True)
+    _took_spares(in_place, found, diagnosis, job_id, this_run, node_watch, manager)
+    return True
+
+
+def on_hang(in_place: InPlace, stall: watchdog.Stall, limits: RequeueSpec, job_id: int, this_run: Run,
+            node_watch: nodecheck.NodeWatch, manager: Optional[CheckpointManager],
+            on_line: Optional[Callable[[str], None]]) -> bool:
+    """The step hung behind one rank: its node's ranks ended there, the node drained and its ranks
+    started again on a spare, every other rank keeping its process (True); or why not said, for
+    the relaunch (False). A stall while a generation forms, or within a hang timeout of a hang
+    recovered in place (the ranks' beats are that old until their first step in it), is that
+    recovery's: waited out (True; the formation net stops a generation that never forms)."""
+    attempt_id, now = in_place.attempt_id, time.monotonic()
+    if in_place.forming() is not None:
+        in_place.quiet_until = max(in_place.quiet_until, now + limits.hang_timeout_s / 2)
+        return True
+    if now < in_place.quiet_until:
+        return True
+    control = in_place.control_dir
+    newest = manager.latest(checksums=False) if manager is not None else None
+    progress = ledger.attempt_progress_step(control, attempt_id, newest.step if newest else None)
+    detail = (f"rank {stall.rank} on {stall.host}: no step for {stall.idle_s:.0f} s (hang timeout "
+              f"{limits.hang_timeout_s:g} s){'; ' + stall.detail if stall.detail else ''}")
+    verdict = inplace_plan.hang_verdict(stall.rank, stall.host, stall.cut_off, detail,
+                                        ledger.history(ledger.read(control)), limits, progress, time.time())
+    if isinstance(verdict, policy.Diagnosis) and inplace_plan.end_ranks_argv(in_place.argv, str(stall.host)) is None:
+        verdict = "the ranks' program is no Python script of the srun launcher's: nothing ends them on their node"
+    spares = [node for node in this_run.topology.allocation if node not in this_run.lost]
+    found = in_place.recover([str(stall.host)], spares, on_line) if isinstance(verdict, policy.Diagnosis) else verdict
+    if isinstance(found, str):
+        emit("in_place_refused", attempt_id, nodes=[stall.host] if stall.host else [], reason=found)
+        return False
+    assert isinstance(verdict, policy.Diagnosis)
+    emit("hang", attempt_id, idle_s=round(stall.idle_s, 1), rank=stall.rank, host=stall.host, step=stall.step,
+         in_place=True)
+    not_ended = in_place.end_ranks(str(stall.host))
+    if not_ended:
+        print(f"slurmtools: {not_ended}", file=sys.stderr, flush=True)
+    _took_spares(in_place, found, verdict, job_id, this_run, node_watch, manager)
+    in_place.quiet_until = time.monotonic() + limits.hang_timeout_s
+    return True
+
+
+def _took_spares(in_place: InPlace, found: inplace_plan.InPlacePlan, diagnosis: policy.Diagnosis, job_id: int,
+                 this_run: Run, node_watch: nodecheck.NodeWatch, manager: Optional[CheckpointManager]) -> None:
+    """After lost nodes' ranks started on spares: said, the nodes drained with the diagnosis's cause
+    and no longer watched, recorded in the ledger."""
     now = time.time()
     lost = [replacement.lost for replacement in found.replacements]
-    emit("in_place", attempt_id, generation=found.generation, lost=lost, spares=found.spares_used, warm=in_place.warm,
-         ranks=[[r.first_rank, r.ranks] for r in found.replacements], cause=policy.Cause.NODE_FAILURE.value,
-         detail=detail)
+    emit("in_place", in_place.attempt_id, generation=found.generation, lost=lost, spares=found.spares_used,
+         warm=in_place.warm, ranks=[[r.first_rank, r.ranks] for r in found.replacements],
+         cause=diagnosis.cause.value, detail=diagnosis.detail)
     for node in lost:
         # its ranks' last beats would stand for the replacements' (the same ranks): gone with it
         (in_place.control_dir / HEARTBEAT_DIR / node_file_name(node)).unlink(missing_ok=True)
-        actions.drain_node(job_id, attempt_id, node, policy.Diagnosis(policy.Cause.NODE_FAILURE, node, detail,
-                                                                      fatal_for_node=True),
+        actions.drain_node(job_id, in_place.attempt_id, node, replace(diagnosis, node=node),
                            direct=this_run.direct_drain)
     this_run.lost.extend(lost)
     node_watch.swap(lost, found.spares_used, now)
     newest = manager.latest(checksums=False) if manager is not None else None
     ledger.append(in_place.control_dir, ledger.InPlaceRecovery(
-        attempt_id, now, found.generation, ",".join(lost), ",".join(found.spares_used), detail,
-        newest.step if newest else None))
-    return True
+        in_place.attempt_id, now, found.generation, ",".join(lost), ",".join(found.spares_used), diagnosis.detail,
+        newest.step if newest else None, cause=diagnosis.cause.value))
 
 
 def on_crash(in_place: InPlace, failures: Sequence[inplace_plan.TaskFailure], limits: RequeueSpec,

@@ -130,6 +130,25 @@ def crash_verdict(failures: Sequence[TaskFailure], tail: str, gpu_fault_nodes: C
     return diag
 
 
+def hang_verdict(rank: Optional[int], host: Optional[str], cut_off: Sequence[str], detail: str,
+                 history: Sequence[AttemptRecord], limits: RequeueSpec, checkpoint_step: Optional[int],
+                 now_s: float) -> Union[policy.Diagnosis, str]:
+    """A step hung behind one rank: its node is to blame (as the relaunch would judge it) and is
+    replaced by a spare in place, its ranks ended, when the policy would restart a hang in this
+    allocation without that node (counted against the budget, the node drained): the diagnosis
+    to record; else why not, and the relaunch judges the step."""
+    if cut_off:
+        return f"{cut_off[0]} does not answer: lost to the job, not hung"
+    if rank is None or host is None:
+        return "no single rank is behind: no node to replace"
+    diag = policy.Diagnosis(policy.Cause.HANG, node=host, detail=detail, fatal_for_node=True)
+    verdict = policy.decide(diag, history, limits, checkpoint_step,
+                            policy.Capacity(in_allocation=True, replaceable=frozenset({host}), slack=1), now_s)
+    if verdict.action is not policy.Action.RESTART:
+        return verdict.reason
+    return diag
+
+
 def _runs(numbers: Sequence[int]) -> List[Tuple[int, int]]:
     """Sorted numbers as (first, count) runs of adjacent ones."""
     runs: List[Tuple[int, int]] = []
@@ -204,12 +223,25 @@ def node_standby_argv(argv: Sequence[str], nodes: Sequence[str]) -> Optional[Lis
     return _as_standby(_beside(argv, nodes, 1))
 
 
+def end_ranks_argv(argv: Sequence[str], node: str) -> Optional[List[str]]:
+    """A one-task step on node, beside the step, that ends the attempt's processes there
+    (`python -m slurmtools.train.end_ranks`: a hung node's ranks); None as standby_argv."""
+    command = _as_module(_beside(argv, [node], 1), "slurmtools.train.end_ranks")
+    return command[:command.index("slurmtools.train.end_ranks") + 1] if command is not None else None
+
+
 def _as_standby(command: List[str]) -> Optional[List[str]]:
     """command with its rank's program run through the standby module, or None."""
+    return _as_module(command, "slurmtools.train.standby")
+
+
+def _as_module(command: List[str], module: str) -> Optional[List[str]]:
+    """command with the rank's Python `SCRIPT.py ARGS` run as `-m module SCRIPT.py ARGS` by the same
+    interpreter through the task wrapper, or None when its program is no Python script."""
     if TASK_WRAPPER_NAME not in command:
         return None
     at = command.index(TASK_WRAPPER_NAME)
     program = command[at + 1:]
     if len(program) < 2 or not os.path.basename(program[0]).startswith("python") or not program[1].endswith(".py"):
         return None
-    return [*command[:at + 2], "-m", "slurmtools.train.standby", *program[1:]]
+    return [*command[:at + 2], "-m", module, *program[1:]]

@@ -65,6 +65,8 @@ class InPlace:
         self.node_standby: Optional[step.Step] = None
         self.node_standby_waiting: Set[str] = set()  # nodes whose standby waits for a go
         self.node_standby_local: Dict[str, int] = {}  # node -> the local rank its standby became
+        self.enders: List[step.Step] = []            # steps ending a hung node's ranks (train/end_ranks.py)
+        self.quiet_until = 0.0                       # a hang recovered: stalls judged again from then (monotonic)
         self._lock = threading.Lock()
 
     def feed(self, then: Optional[Callable[[str], None]],
@@ -240,6 +242,19 @@ class InPlace:
         self.named_at = time.monotonic()
         return found
 
+    def end_ranks(self, node: str) -> Optional[str]:
+        """Start ending the attempt's processes on node (a step of one task beside the training
+        step there); why not, when it cannot be started."""
+        argv = inplace_plan.end_ranks_argv(self.argv, node)
+        if argv is None:
+            return "the ranks' program is no Python script of the srun launcher's: nothing ends them on their node"
+        env = {name: value for name, value in self.env.items() if name not in OVERLAP_DROPPED_ENV}
+        try:
+            self.enders.append(step.launch(argv, env, self.output_hook))
+        except OSError as exc:
+            return f"cannot end the ranks on {node}: {exc}"
+        return None
+
     def forming(self) -> Optional[str]:
         """Why a failure now cannot be recovered in place: the newest generation has not formed yet
         (its ranks are joining it; one lost among them never joins, and a join is not broken off)."""
@@ -291,7 +306,7 @@ class InPlace:
             step.kill_now(standby.child)
             standby.finish(0)
         self.standbys, self.node_standby = {}, None
-        for replacement in self.replacements:
+        for replacement in [*self.enders, *self.replacements]:
             try:
                 replacement.child.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

@@ -103,6 +103,9 @@ class Scenario:
     # a crash (no node named) restarted in place on its node: from the fault to the first step
     # again, its detection included, instead of the kind's detection and restart_s; 0: relaunched
     crash_in_place_s: float = 0.0
+    # a hang whose node a spare takes in place: from its detection (the kind's, the hang timeout)
+    # to the first step again, instead of restart_s; 0: relaunched
+    hang_in_place_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.work_days <= 0 or self.checkpoint_interval_s <= 0:
@@ -115,7 +118,7 @@ class Scenario:
         if self.failures_per_1000_node_days < 0 or self.preemptions_per_day < 0 or not self.kinds:
             raise ValueError("failure rates must be >= 0 and the mix must name at least one kind")
         if min(self.checkpoint_s, self.restart_s, self.requeue_s, self.person_s, self.snapshot_interval_s,
-               self.snapshot_s, self.replication_s, self.in_place_s, self.crash_in_place_s) < 0 \
+               self.snapshot_s, self.replication_s, self.in_place_s, self.crash_in_place_s, self.hang_in_place_s) < 0 \
                 or self.straggler_slowdown < 1:
             raise ValueError("costs and the snapshot interval must be >= 0 and the straggler slowdown >= 1")
 
@@ -260,6 +263,8 @@ class _Run:
                 self.result.wall_s += self.s.in_place_s - kind.detect_s
             elif self.s.crash_in_place_s > 0 and kind.cause is Cause.CRASH and not verdict.exclude_node:
                 self.result.wall_s += self.s.crash_in_place_s - kind.detect_s
+            elif self.s.hang_in_place_s > 0 and kind.cause is Cause.HANG and verdict.exclude_node:
+                self.result.wall_s += self.s.hang_in_place_s
             else:
                 self.result.wall_s += self.s.restart_s
             self.spares -= 1 if verdict.exclude_node else 0

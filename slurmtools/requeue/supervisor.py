@@ -84,11 +84,13 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
            end_s: Callable[[], Optional[float]] = lambda: None,
            survived: Callable[[nodecheck.Death, str], bool] = lambda death, detail: False,
            ended_in_place: Callable[[], bool] = lambda: False,
-           task_failed: "Callable[[], Optional[nodecheck.Death | str]]" = lambda: None) -> Watch:
+           task_failed: "Callable[[], Optional[nodecheck.Death | str]]" = lambda: None,
+           hung: Callable[[watchdog.Stall], bool] = lambda stall: False) -> Watch:
     """Until the step ends: warning (Slurm's, or ours when due) -> checkpoint request (and the
     grace timer), heartbeats -> hang, silent node + unreachable slurmd -> node death, a
     persistently slow node -> a checkpoint request to swap it out. With in-place recovery a dead
-    node's ranks start again on a spare (survived) and the step goes on until ended_in_place."""
+    or hung node's ranks start again on a spare (survived, hung) and the step goes on until
+    ended_in_place."""
     control = config.control_dir
     requeue = config.requeue
     child = launched.child
@@ -159,7 +161,7 @@ def _watch(config: SupervisorConfig, attempt: Attempt, launched: step.Step, flag
                 stall = watchdog.not_started(beats, node_watch.step_nodes, start_t, now, requeue.startup_timeout_s,
                                              node_watch.joined_s)
             stall = dumps.settle(stall, beats, now)
-            if stall is not None:
+            if stall is not None and not hung(stall):
                 emit("hang", attempt.attempt_id, idle_s=round(stall.idle_s, 1), rank=stall.rank, host=stall.host,
                      step=stall.step)
                 step.stop(child, config.stop_timeout_s)
@@ -333,6 +335,10 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
         return (recovery is not None and node_watch is not None and attempt.job_id is not None
                 and not flags.seen(signal.SIGTERM) and inplace_loss.on_death(
                     recovery, dead, detail, attempt.attempt_id, attempt.job_id, this_run, node_watch, manager, on_line))
+    def hung(stall: watchdog.Stall) -> bool:
+        return (recovery is not None and node_watch is not None and attempt.job_id is not None
+                and not flags.seen(signal.SIGTERM) and inplace_loss.on_hang(
+                    recovery, stall, requeue, attempt.job_id, this_run, node_watch, manager, on_line))
     def heard() -> "Optional[nodecheck.Death | str]":
         """A loss srun or a node told of at once (in place: a crashed rank restarted where it ran)."""
         if recovery is None or node_watch is None or flags.seen(signal.SIGTERM):
@@ -346,7 +352,7 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
                            lambda: _warn_when_due(clock, attempt, flags, warn_sig), inferred, lambda: clock.end_s,
                            survived, lambda: recovery is not None and inplace_step.ended(recovery, launched.child,
                                                                                           config.stop_timeout_s),
-                           heard)
+                           heard, hung)
         finally:
             if watch is None or not watch.stopped_on_term:
                 launched.finish(config.stop_timeout_s)      # the whole tail read

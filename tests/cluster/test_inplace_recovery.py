@@ -7,7 +7,7 @@ job completes in its first step, without a relaunch or a requeue, with the unint
 exact hash, and the ledger counts the node failure. A second failure during a recovery in place (a
 crashed rank's restarted process lost before it joins) falls back to the relaunch; and a machine
 whose cores are all busy makes no loss of what is only slow. (A rank crash recovered in place:
-tests/cluster/test_inplace_crash.py.)"""
+tests/cluster/test_inplace_crash.py; a hang: tests/cluster/test_inplace_hang.py.)"""
 from __future__ import annotations
 
 import os
@@ -35,6 +35,19 @@ def _rank_pid(job: int, rank: int) -> int:
     return found[0]
 
 
+def _survived_in_place(spec, job: int, survivor: int):
+    """The job's recovery in place, rank 0's process the same before and after it, and the job
+    COMPLETED: its events, and its story for the assertions that follow."""
+    wait_for(lambda: training.supervisor_events(training.events(spec, job), "in_place"), 120,
+             f"job {job}'s in-place recovery", interval_s=0.2)
+    assert psutil.pid_exists(survivor) and _rank_pid(job, 0) == survivor       # not relaunched
+    info = training.wait_finished(job, 240)
+    evts = training.events(spec, job)
+    story = training.supervisor_story(evts) + "\n" + training.describe(spec, job)
+    assert info.state == "COMPLETED", story
+    return evts, story
+
+
 def test_a_killed_node_is_recovered_in_place_and_the_survivor_keeps_its_process(cluster, workdir, reference_run):
     spec = training.training_spec(workdir, "inplace", launcher="srun",
                                   extra=["--step-sleep-s", "0.5", "--checkpoint-every", "100"],
@@ -47,13 +60,7 @@ def test_a_killed_node_is_recovered_in_place_and_the_survivor_keeps_its_process(
     victim = nodes[1]
     faults.kill_node(cluster, victim)
     try:
-        wait_for(lambda: training.supervisor_events(training.events(spec, job), "in_place"), 120,
-                 f"job {job}'s in-place recovery", interval_s=0.2)
-        assert psutil.pid_exists(survivor) and _rank_pid(job, 0) == survivor       # not relaunched
-        info = training.wait_finished(job, 240)
-        evts = training.events(spec, job)
-        story = training.supervisor_story(evts) + "\n" + training.describe(spec, job)
-        assert info.state == "COMPLETED", story
+        evts, story = _survived_in_place(spec, job, survivor)
         recovered = training.supervisor_events(evts, "in_place")
         assert [(r["generation"], r["lost"], len(r["spares"])) for r in recovered] == [(1, [victim], 1)], story
         spare = recovered[0]["spares"][0]

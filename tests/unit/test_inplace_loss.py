@@ -14,7 +14,7 @@ import time
 import pytest
 
 from slurmtools.common import generation, ledger
-from slurmtools.requeue import inplace_loss, inplace_step, nodecheck
+from slurmtools.requeue import actions, inplace_loss, inplace_step, nodecheck, topology, watchdog
 from slurmtools.requeue.inplace_plan import TaskFailure
 from slurmtools.spec import RequeueSpec
 
@@ -169,3 +169,40 @@ def test_a_crashed_rank_is_restarted_from_its_nodes_warm_standby(tmp_path):
     finally:
         in_place.finish(1)
     assert in_place.node_standby is None
+
+
+def test_a_hung_nodes_ranks_are_ended_and_started_on_a_spare_and_the_hang_is_recorded(tmp_path, slurmds, monkeypatch,
+                                                                                       capsys):
+    """A stall behind rank 3 (on n2, 2 ranks a node): n2's ranks go to the spare n4 in the next
+    generation, a step on n2 ends the attempt's processes there, and the ledger counts a hang on
+    n2. A stall while that generation forms, or within a hang timeout of the recovery, is the
+    recovery's own (waited out: no second one); a stall behind no single rank is the relaunch's."""
+    ended: list = []
+    monkeypatch.setattr(inplace_loss.inplace_plan, "end_ranks_argv",
+                        lambda argv, node: ended.append(node) or [sys.executable, "-c", "pass"])
+    in_place = _in_place(tmp_path)
+    run = actions.Run(topology.topology_of(["n1", "n2", "n3", "n4"], RequeueSpec(spare_nodes=1)))
+    limits = RequeueSpec(spare_nodes=1, hang_timeout_s=10)
+    stall = watchdog.Stall(12.0, 3, "n2", 6)
+    try:
+        assert inplace_loss.on_hang(in_place, watchdog.Stall(12.0, None, None, 6), limits, 7, run, slurmds, None,
+                                    None) is False
+        assert inplace_loss.on_hang(in_place, stall, limits, 7, run, slurmds, None, None) is True
+        assert generation.read(tmp_path) == generation.Generation(1, 6, "n1", 1)
+        assert in_place.placement == ["n1", "n4", "n3"] and run.lost == ["n2"] and ended == ["n2", "n2"]
+        assert inplace_loss.on_hang(in_place, stall, limits, 7, run, slurmds, None, None) is True   # forming
+        generation.report_formed(tmp_path, 1)
+        assert inplace_loss.on_hang(in_place, stall, limits, 7, run, slurmds, None, None) is True   # quiet
+        assert in_place.generation == 1 and len(in_place.enders) == 1
+        recorded = [e for e in ledger.read(tmp_path) if isinstance(e, ledger.InPlaceRecovery)]
+        assert [(e.generation, e.lost, e.spares, e.cause) for e in recorded] == [(1, "n2", "n4", "hang")]
+        assert recorded[0].detail == "rank 3 on n2: no step for 12 s (hang timeout 10 s)"
+        assert [(r.cause.value, r.counted, r.node) for r in ledger.history(ledger.read(tmp_path))] == [
+            ("hang", True, "n2")]
+    finally:
+        in_place.finish(1)
+    said = [e for e in map(json.loads, capsys.readouterr().out.splitlines()) if "slurmtools" in e]
+    assert [(e["slurmtools"], e.get("cause"), e.get("lost"), e.get("reason")) for e in said
+            if e["slurmtools"] in ("in_place", "in_place_refused", "hang")] == [
+        ("in_place_refused", None, None, "no single rank is behind: no node to replace"),
+        ("hang", None, None, None), ("in_place", "hang", ["n2"], None)]

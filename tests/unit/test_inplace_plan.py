@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from slurmtools.common.ledger import AttemptRecord, Cause
-from slurmtools.requeue.inplace_plan import (InPlacePlan, Replacement, TaskFailure, crash_verdict,
+from slurmtools.requeue.inplace_plan import (InPlacePlan, Replacement, TaskFailure, crash_verdict, end_ranks_argv,
+                                             hang_verdict,
                                              node_standby_argv, plan, ranks_per_node, replacement_argv, restart,
                                              restart_argv, standby_argv, surviving)
 from slurmtools.requeue.policy import Diagnosis
@@ -121,3 +122,25 @@ def test_a_crash_is_restarted_in_place_within_the_budget_and_otherwise_said_why(
         "restart budget spent (3 failures within 6 h): last crash (local rank 1 on n2: Exited with exit code 9)")
     assert _verdict(limits=RequeueSpec(in_allocation=False)) == (
         "crash (local rank 1 on n2: Exited with exit code 9)")        # the policy would requeue: the relaunch's
+
+
+def test_a_hung_nodes_ranks_are_ended_by_one_task_beside_the_step_on_that_node():
+    assert end_ranks_argv(SRUN, "node2") == [
+        "srun", "--no-kill", "--kill-on-bad-exit=0", "--nodelist=node2", "--overlap", "--nodes=1",
+        "--cpus-per-task=1", "--cpu-bind=cores", "--ntasks-per-node=1", "bash", "-c", 'exec "$@"', "slurmtools-task",
+        "python3", "-m", "slurmtools.train.end_ranks"]
+    assert end_ranks_argv(["srun", "--ntasks-per-node=1", "python3", "train.py"], "node2") is None
+
+
+def _hang(rank=3, host="n2", cut_off=(), history=(), limits: RequeueSpec = RequeueSpec(), step=None):
+    return hang_verdict(rank, host, cut_off, "rank 3 on n2: no step for 12 s", list(history), limits, step, 1000.0)
+
+
+def test_a_hang_behind_one_rank_replaces_its_node_in_place_within_the_budget_and_otherwise_says_why():
+    assert _hang() == Diagnosis(Cause.HANG, node="n2", detail="rank 3 on n2: no step for 12 s", fatal_for_node=True)
+    assert _hang(rank=None, host=None) == "no single rank is behind: no node to replace"
+    assert _hang(cut_off=("n3",)) == "n3 does not answer: lost to the job, not hung"
+    hung_twice = [AttemptRecord(Cause.HANG, True, 40, "n2", 900.0 + n) for n in range(2)]
+    assert _hang(history=hung_twice, limits=RequeueSpec(max_consecutive_failures=2), step=40) == (
+        "hang 3 times in a row (rank 3 on n2: no step for 12 s)")
+    assert _hang(limits=RequeueSpec(in_allocation=False)) == "hang (rank 3 on n2: no step for 12 s)"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurmtools.minicluster.jobcgroups import remove_job_cgroups
+from slurmtools.minicluster.jobcgroups import own_job_ids, remove_job_cgroups
 
 
 def _tree(root: Path) -> None:
@@ -56,3 +56,15 @@ def test_beside_other_clusters_only_this_clusters_job_ids_are_removed(tmp_path: 
     assert sorted(str(p.relative_to(tmp_path)) for p in removed) == [
         "memory/slurm_node1/uid_0/job_100004", "memory/slurm_node1/uid_0/job_100004/step_0"]
     assert (tmp_path / "memory" / "slurm_node1" / "uid_0" / "job_3" / "step_batch").is_dir()   # another's
+
+
+def test_a_cluster_without_a_record_removes_no_job_cgroups_beside_others() -> None:
+    """Its layout is the default one (slot 0): slot 0's ids are another running cluster's."""
+    assert own_job_ids(1, 100000, beside_others=False, recorded=False) is None          # alone: all
+    assert own_job_ids(100001, 100000, beside_others=True, recorded=True) == range(100001, 200001)
+    assert own_job_ids(1, 100000, beside_others=True, recorded=False) == range(0)
+
+
+def test_no_job_ids_of_its_own_remove_nothing(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    assert remove_job_cgroups("node1", tmp_path, ("cpuset", "memory"), job_ids=range(0)) == []

@@ -93,6 +93,20 @@ def test_a_crash_restarted_in_place_costs_its_own_time_and_a_node_failure_is_not
         _scenario(crash_in_place_s=-1.0)
 
 
+def test_a_hang_whose_node_a_spare_takes_in_place_costs_its_detection_and_its_own_time():
+    hangs = (FailureKind("hang", 1.0, Cause.HANG, 30.0, loses_work=True, names_node=True),)
+    kwargs = dict(nodes=1000, failures_per_1000_node_days=5.0, work_days=10.0, kinds=hangs, spare_nodes=1000,
+                  limits=RequeueSpec(max_restarts=1000, no_progress_restarts=100, max_consecutive_failures=100))
+    relaunched = simulate_run(_scenario(**kwargs), random.Random(3))
+    in_place = simulate_run(_scenario(hang_in_place_s=3.0, **kwargs), random.Random(3))
+    restarts = relaunched.actions[Action.RESTART]
+    assert restarts > 10 and in_place.actions[Action.RESTART] == restarts
+    # each restart: the 30-s hang timeout either way, then 60 s of relaunch or 3 s in place
+    assert relaunched.wall_s - in_place.wall_s == pytest.approx(restarts * (60.0 - 3.0))
+    with pytest.raises(ValueError, match="costs and the snapshot interval must be >= 0"):
+        _scenario(hang_in_place_s=-1.0)
+
+
 def test_a_straggler_without_a_spare_slows_the_run_until_its_next_requeue():
     straggler = (FailureKind("straggler", 1.0, Cause.STRAGGLER, 0.0, loses_work=False, names_node=True),)
     kwargs = dict(nodes=1000, failures_per_1000_node_days=1.0, work_days=5.0, kinds=straggler)
