@@ -12,8 +12,8 @@ differ; GPU faults and the rest are relaunched in both rows. The relaunch is als
 LARGE_JOB_RELAUNCH_S, the cost assumed for thousands of ranks (the mini-cluster's 4 to 32 ranks
 import torch from a local disk).
 
-    .venv/bin/python bench/inplace_goodput.py [--relaunch-detect-s 12.3] [--relaunch-rest-s 10.6]
-        [--in-place-s 3.9] [--crash-in-place-s 2.8] [--hang-in-place-s 2.0]
+    .venv/bin/python bench/inplace_goodput.py [--relaunch-detect-s 12.4] [--relaunch-rest-s 10.8]
+        [--in-place-s 4.0] [--crash-in-place-s 2.6] [--hang-in-place-s 3.1]
 """
 from __future__ import annotations
 
@@ -61,11 +61,11 @@ def report(*, relaunch_detect_s: float, relaunch_rest_s: float, in_place_s: floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--relaunch-detect-s", type=float, default=12.3)
-    parser.add_argument("--relaunch-rest-s", type=float, default=10.6)
-    parser.add_argument("--in-place-s", type=float, default=3.9)
-    parser.add_argument("--crash-in-place-s", type=float, default=2.8)
-    parser.add_argument("--hang-in-place-s", type=float, default=2.0)
+    parser.add_argument("--relaunch-detect-s", type=float, default=12.4)
+    parser.add_argument("--relaunch-rest-s", type=float, default=10.8)
+    parser.add_argument("--in-place-s", type=float, default=4.0)
+    parser.add_argument("--crash-in-place-s", type=float, default=2.6)
+    parser.add_argument("--hang-in-place-s", type=float, default=3.1)
     args = parser.parse_args()
     if min(args.relaunch_detect_s, args.relaunch_rest_s, args.in_place_s, args.crash_in_place_s,
            args.hang_in_place_s) <= 0:

@@ -39,8 +39,8 @@ def one_run(layout: Any, work: Path, fault: str, nodes: int, in_place: bool) -> 
         mc_faults.kill_node(layout, victim)
     elif fault == "rank-crash":               # the middle node's rank, as the kernel kills a process
         wait(lambda: signal_rank(job, str(nodes // 2)), 10, "the rank to kill")
-    else:                                     # it hung once step 12 was done: rank 0's line for it
-        fault_t = next(e["t"] for e in events(s, job) if "loss" in e and e["step"] == 12)
+    else:                 # it hung once step 12 was done: just after rank 0's line for that step's end
+        fault_t = next(e["t"] for e in events(s, job) if "loss" in e and e["step"] == 12) + 0.001
     wait(lambda: finished(job), 600, f"{fault}, {nodes} nodes, {path}")
     evts = events(s, job)
     if fault == "node-kill":

@@ -19,8 +19,9 @@
 #           cluster, `shost`), then the unit tests' part b (unit-b: lane 1 ended about 3 minutes
 #           after lane 2 with all of them, R97-R99);
 #   lane 3: the cluster suite's part a (SUITE_A_MODULES: the fault tests, the gates, the training
-#           basics, the getting-started walk) on the machine's own Slurm (`ahost`), then the core cluster tests on Slurm 24.11
-#           (`t2411`).
+#           basics, the getting-started walk, a hang recovered in place: lane 3 ended 1.5 to 2.5
+#           minutes before lane 1 in R100) on the machine's own Slurm (`ahost`), then the core
+#           cluster tests on Slurm 24.11 (`t2411`).
 # SLURMTOOLS_TEST_LANES overrides them: lanes separated by ';', each a list of words RELEASE:KIND,
 # KIND one of cluster (the whole cluster suite but the matrix), suite-a or suite-b (its two parts:
 # SUITE_A_MODULES and the rest), core, matrix (on a 5-node cluster), scale (on a 130-node cluster), unit (the unit tests; RELEASE
