@@ -8,7 +8,6 @@ inplace_step's, the decisions inplace_plan's.
 """
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import replace
 from typing import Callable, List, Optional, Sequence
@@ -65,19 +64,17 @@ def on_hang(in_place: InPlace, stall: watchdog.Stall, limits: RequeueSpec, job_i
               f"{limits.hang_timeout_s:g} s){'; ' + stall.detail if stall.detail else ''}")
     verdict = inplace_plan.hang_verdict(stall.rank, stall.host, stall.cut_off, detail,
                                         ledger.history(ledger.read(control)), limits, progress, time.time())
-    if isinstance(verdict, policy.Diagnosis) and inplace_plan.end_ranks_argv(in_place.argv, str(stall.host)) is None:
-        verdict = "the ranks' program is no Python script of the srun launcher's: nothing ends them on their node"
     spares = [node for node in this_run.topology.allocation if node not in this_run.lost]
-    found = in_place.recover([str(stall.host)], spares, on_line) if isinstance(verdict, policy.Diagnosis) else verdict
+    # the hung ranks' end first (a step that takes a second to start): one that cannot be started
+    # leaves the recovery to the relaunch, which stops the whole step anyway
+    found = ((in_place.end_ranks(str(stall.host)) or in_place.recover([str(stall.host)], spares, on_line))
+             if isinstance(verdict, policy.Diagnosis) else verdict)
     if isinstance(found, str):
         emit("in_place_refused", attempt_id, nodes=[stall.host] if stall.host else [], reason=found)
         return False
     assert isinstance(verdict, policy.Diagnosis)
     emit("hang", attempt_id, idle_s=round(stall.idle_s, 1), rank=stall.rank, host=stall.host, step=stall.step,
          in_place=True)
-    not_ended = in_place.end_ranks(str(stall.host))
-    if not_ended:
-        print(f"slurmtools: {not_ended}", file=sys.stderr, flush=True)
     _took_spares(in_place, found, verdict, job_id, this_run, node_watch, manager)
     in_place.quiet_until = time.monotonic() + limits.hang_timeout_s
     return True

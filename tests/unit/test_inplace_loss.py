@@ -189,7 +189,7 @@ def test_a_hung_nodes_ranks_are_ended_and_started_on_a_spare_and_the_hang_is_rec
                                     None) is False
         assert inplace_loss.on_hang(in_place, stall, limits, 7, run, slurmds, None, None) is True
         assert generation.read(tmp_path) == generation.Generation(1, 6, "n1", 1)
-        assert in_place.placement == ["n1", "n4", "n3"] and run.lost == ["n2"] and ended == ["n2", "n2"]
+        assert in_place.placement == ["n1", "n4", "n3"] and run.lost == ["n2"] and ended == ["n2"]
         assert inplace_loss.on_hang(in_place, stall, limits, 7, run, slurmds, None, None) is True   # forming
         generation.report_formed(tmp_path, 1)
         assert inplace_loss.on_hang(in_place, stall, limits, 7, run, slurmds, None, None) is True   # quiet
@@ -206,3 +206,19 @@ def test_a_hung_nodes_ranks_are_ended_and_started_on_a_spare_and_the_hang_is_rec
             if e["slurmtools"] in ("in_place", "in_place_refused", "hang")] == [
         ("in_place_refused", None, None, "no single rank is behind: no node to replace"),
         ("hang", None, None, None), ("in_place", "hang", ["n2"], None)]
+
+
+def test_a_hang_whose_ranks_nothing_can_end_is_the_relaunchs(tmp_path, slurmds, capsys):
+    """The ranks' program is no Python script of the srun launcher's: no step can end them on
+    their node, no generation is named, and the relaunch stops the whole step."""
+    in_place = _in_place(tmp_path)
+    run = actions.Run(topology.topology_of(["n1", "n2", "n3", "n4"], RequeueSpec(spare_nodes=1)))
+    try:
+        assert inplace_loss.on_hang(in_place, watchdog.Stall(12.0, 3, "n2", 6), RequeueSpec(spare_nodes=1), 7, run,
+                                    slurmds, None, None) is False
+        assert in_place.generation == 0 and in_place.enders == [] and run.lost == []
+    finally:
+        in_place.finish(1)
+    said = [e for e in map(json.loads, capsys.readouterr().out.splitlines()) if e.get("slurmtools") == "in_place_refused"]
+    assert [e["reason"] for e in said] == [
+        "the ranks' program is no Python script of the srun launcher's: nothing ends them on their node"]
