@@ -39,7 +39,7 @@ def on_death(in_place: InPlace, dead: nodecheck.Death, detail: str, attempt_id: 
         emit("in_place_refused", attempt_id, nodes=list(dead.nodes), reason=found)
         return False
     diagnosis = policy.Diagnosis(policy.Cause.NODE_FAILURE, None, detail, fatal_for_node=True)
-    _took_spares(in_place, found, diagnosis, job_id, this_run, node_watch, manager)
+    _took_spares(in_place, found, diagnosis, job_id, this_run, node_watch, _newest_step(manager))
     return True
 
 
@@ -57,13 +57,11 @@ def on_hang(in_place: InPlace, stall: watchdog.Stall, limits: RequeueSpec, job_i
         return True
     if now < in_place.quiet_until:
         return True
-    control = in_place.control_dir
-    newest = manager.latest(checksums=False) if manager is not None else None
-    progress = ledger.attempt_progress_step(control, attempt_id, newest.step if newest else None)
+    events, newest_step = ledger.read(in_place.control_dir), _newest_step(manager)
     detail = (f"rank {stall.rank} on {stall.host}: no step for {stall.idle_s:.0f} s (hang timeout "
               f"{limits.hang_timeout_s:g} s){'; ' + stall.detail if stall.detail else ''}")
-    verdict = inplace_plan.hang_verdict(stall.rank, stall.host, stall.cut_off, detail,
-                                        ledger.history(ledger.read(control)), limits, progress, time.time())
+    verdict = inplace_plan.hang_verdict(stall.rank, stall.host, stall.cut_off, detail, ledger.history(events), limits,
+                                        _progress(events, attempt_id, newest_step), time.time())
     spares = [node for node in this_run.topology.allocation if node not in this_run.lost]
     # the hung ranks' end first (a step that takes a second to start): one that cannot be started
     # leaves the recovery to the relaunch, which stops the whole step anyway
@@ -75,13 +73,24 @@ def on_hang(in_place: InPlace, stall: watchdog.Stall, limits: RequeueSpec, job_i
     assert isinstance(verdict, policy.Diagnosis)
     emit("hang", attempt_id, idle_s=round(stall.idle_s, 1), rank=stall.rank, host=stall.host, step=stall.step,
          in_place=True)
-    _took_spares(in_place, found, verdict, job_id, this_run, node_watch, manager)
+    _took_spares(in_place, found, verdict, job_id, this_run, node_watch, newest_step)
     in_place.quiet_until = time.monotonic() + limits.hang_timeout_s
     return True
 
 
+def _newest_step(manager: Optional[CheckpointManager]) -> Optional[int]:
+    """The newest sealed checkpoint's step (its checksums not read: the ledger's record only)."""
+    newest = manager.latest(checksums=False) if manager is not None else None
+    return newest.step if newest is not None else None
+
+
+def _progress(events: List[ledger.Event], attempt_id: str, newest_step: Optional[int]) -> Optional[int]:
+    """The attempt's progress step (ledger.progress_step) from a ledger already read."""
+    return ledger.progress_step(newest_step, ledger.restored_steps(events).get(attempt_id))
+
+
 def _took_spares(in_place: InPlace, found: inplace_plan.InPlacePlan, diagnosis: policy.Diagnosis, job_id: int,
-                 this_run: Run, node_watch: nodecheck.NodeWatch, manager: Optional[CheckpointManager]) -> None:
+                 this_run: Run, node_watch: nodecheck.NodeWatch, newest_step: Optional[int]) -> None:
     """After lost nodes' ranks started on spares: said, the nodes drained with the diagnosis's cause
     and no longer watched, recorded in the ledger."""
     now = time.time()
@@ -90,16 +99,17 @@ def _took_spares(in_place: InPlace, found: inplace_plan.InPlacePlan, diagnosis: 
          warm=in_place.warm, ranks=[[r.first_rank, r.ranks] for r in found.replacements],
          cause=diagnosis.cause.value, detail=diagnosis.detail)
     for node in lost:
-        # its ranks' last beats would stand for the replacements' (the same ranks): gone with it
+        # its ranks' last beats would stand for the replacements' (the same ranks): gone with it. A
+        # hung node's ender removes the file again once its ranks are gone: its local rank 0 may
+        # rewrite it until then (slurmtools.train.end_ranks)
         (in_place.control_dir / HEARTBEAT_DIR / node_file_name(node)).unlink(missing_ok=True)
         actions.drain_node(job_id, in_place.attempt_id, node, replace(diagnosis, node=node),
                            direct=this_run.direct_drain)
     this_run.lost.extend(lost)
     node_watch.swap(lost, found.spares_used, now)
-    newest = manager.latest(checksums=False) if manager is not None else None
     ledger.append(in_place.control_dir, ledger.InPlaceRecovery(
         in_place.attempt_id, now, found.generation, ",".join(lost), ",".join(found.spares_used), diagnosis.detail,
-        newest.step if newest else None, cause=diagnosis.cause.value))
+        newest_step, cause=diagnosis.cause.value))
 
 
 def on_crash(in_place: InPlace, failures: Sequence[inplace_plan.TaskFailure], limits: RequeueSpec,
@@ -109,8 +119,7 @@ def on_crash(in_place: InPlace, failures: Sequence[inplace_plan.TaskFailure], li
     else why not, said, for the relaunch."""
     control, attempt_id = in_place.control_dir, in_place.attempt_id
     events = ledger.read(control)
-    newest = manager.latest(checksums=False) if manager is not None else None
-    progress = ledger.attempt_progress_step(control, attempt_id, newest.step if newest else None)
+    progress = _progress(events, attempt_id, _newest_step(manager))
     faulty = [node for node, _ in gpu_events.node_faults(gpu_events.read_events(control, attempt_id))]
     now = time.time()
     verdict = in_place.forming() or inplace_plan.crash_verdict(failures, tail + "\n" + in_place.evidence(), faulty,

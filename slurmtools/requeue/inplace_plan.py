@@ -18,7 +18,7 @@ from slurmtools.common.control_dir import TASK_WRAPPER_NAME
 from slurmtools.common.ledger import AttemptRecord
 from slurmtools.requeue import output_signs as signs
 from slurmtools.requeue import policy
-from slurmtools.requeue.topology import step_argv
+from slurmtools.requeue.topology import srun_options, step_argv
 from slurmtools.spec import RequeueSpec
 
 # what keeps a step's srun and its other tasks going when a node's tasks are lost: the supervisor
@@ -160,31 +160,19 @@ def _runs(numbers: Sequence[int]) -> List[Tuple[int, int]]:
     return runs
 
 
-def _srun_options(argv: Sequence[str]) -> List[str]:
-    """srun's own options: the arguments after `srun` up to its program."""
-    if not argv or os.path.basename(argv[0]) != "srun":
-        return []
-    options = []
-    for arg in argv[1:]:
-        if not arg.startswith("-"):
-            break
-        options.append(arg)
-    return options
-
-
 def ranks_per_node(argv: Sequence[str]) -> int:
     """The ranks srun places on each node when each of its tasks is a rank (the srun launcher's
     `--ntasks-per-node=N`); 0 when they are not ours to place (torchrun's agents restart their own
     workers; a command that is not srun)."""
     if any(arg == "torch.distributed.run" or arg.endswith("torchrun") for arg in argv):
         return 0
-    counts = [arg.split("=", 1)[1] for arg in _srun_options(argv) if arg.startswith("--ntasks-per-node=")]
+    counts = [arg.split("=", 1)[1] for arg in srun_options(argv) if arg.startswith("--ntasks-per-node=")]
     return int(counts[-1]) if counts and counts[-1].isdigit() else 0
 
 
 def surviving(argv: Sequence[str]) -> List[str]:
     """The step's srun, made to keep its other tasks running when a node's are lost."""
-    options = _srun_options(argv)
+    options = srun_options(argv)
     if not options and (not argv or os.path.basename(argv[0]) != "srun"):
         return list(argv)
     kept = [arg for arg in options if arg not in ("--no-kill", "-k") and not arg.startswith("--kill-on-bad-exit")]
@@ -205,7 +193,7 @@ def restart_argv(argv: Sequence[str], node: str, tasks: int) -> List[str]:
 def _beside(argv: Sequence[str], nodes: Sequence[str], tasks_per_node: int) -> List[str]:
     """The step's command on nodes with tasks_per_node tasks each, overlapping the running step."""
     command = step_argv(argv, nodes, overlap=True)
-    at = len(_srun_options(command)) + 1
+    at = len(srun_options(command)) + 1
     return surviving([arg if index >= at or not arg.startswith("--ntasks-per-node=")
                       else f"--ntasks-per-node={tasks_per_node}" for index, arg in enumerate(command)])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -146,3 +147,21 @@ def decide(config: SupervisorConfig, attempt: Attempt, evidence: policy.Evidence
          node=diag.node, exclude=verdict.exclude_node, drain=verdict.drain_node, also=list(verdict.also_nodes),
          exit_code=exit_code, last_step=last_step, checkpoint_step=checkpoint_step)
     return diag, verdict, checkpoint_step
+
+
+def then_finish(config: SupervisorConfig, attempt: Attempt, launched: step.Step, watch: Watch,
+               flags: SignalFlags, resume: Optional[Checkpoint], inferred: progress.ProgressWatch,
+               events: List[ledger.Event], manager: Optional[CheckpointManager], start_t: float
+               ) -> "tuple[policy.Diagnosis, policy.Verdict, Optional[int], List[ledger.Event]]":
+    """Slurm is ending the run and the ranks have checkpointed and stopped: decide (a cancel or a
+    preemption) and record it now, then let the step end (stopped if it has not within stop_timeout_s)."""
+    gathered, beats = evidence(config, attempt, watch, flags, launched.evidence(), resume, inferred)
+    diag, verdict, checkpoint_step = decide(config, attempt, gathered, beats, events, manager, None, policy.Capacity(),
+                                            inferred)
+    try:
+        launched.child.wait(timeout=config.stop_timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    launched.finish(config.stop_timeout_s)
+    emit("step_end", attempt.attempt_id, exit_code=launched.child.returncode, run_s=round(time.time() - start_t, 3))
+    return diag, verdict, checkpoint_step, events

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -359,8 +358,8 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
             if recovery is not None:
                 recovery.finish(config.stop_timeout_s)
         if watch.stopped_on_term:
-            return _judge_then_finish(config, attempt, launched, watch, flags, resume, inferred, events, manager,
-                                      start_t)
+            return judge.then_finish(config, attempt, launched, watch, flags, resume, inferred, events, manager,
+                                     start_t)
         lost = (observe.lost_with_step(node_watch, watch.exit_code, launched.evidence())
                 if node_watch is not None and not watch.killed_by_us and watch.dead_node is None else None)
         if lost is not None:
@@ -378,20 +377,3 @@ def _one_step(config: SupervisorConfig, attempt: Attempt, this_run: Run, nodes: 
                                                   watch.exit_code, capacity, inferred)
     return diag, verdict, checkpoint_step, events
 
-
-def _judge_then_finish(config: SupervisorConfig, attempt: Attempt, launched: step.Step, watch: Watch,
-                       flags: SignalFlags, resume: Optional[Checkpoint], inferred: progress.ProgressWatch,
-                       events: List[ledger.Event], manager: Optional[CheckpointManager], start_t: float
-                       ) -> "tuple[policy.Diagnosis, policy.Verdict, Optional[int], List[ledger.Event]]":
-    """Slurm is ending the run and the ranks have checkpointed and stopped: decide (a cancel or a
-    preemption) and record it now, then let the step end (stopped if it has not within stop_timeout_s)."""
-    evidence, beats = judge.evidence(config, attempt, watch, flags, launched.evidence(), resume, inferred)
-    diag, verdict, checkpoint_step = judge.decide(config, attempt, evidence, beats, events, manager, None,
-                                                  policy.Capacity(), inferred)
-    try:
-        launched.child.wait(timeout=config.stop_timeout_s)
-    except subprocess.TimeoutExpired:
-        pass
-    launched.finish(config.stop_timeout_s)
-    emit("step_end", attempt.attempt_id, exit_code=launched.child.returncode, run_s=round(time.time() - start_t, 3))
-    return diag, verdict, checkpoint_step, events

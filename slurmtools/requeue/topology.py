@@ -70,6 +70,18 @@ def shrunk_below_training(topology: Topology, job_nodes: int) -> bool:
 OVERLAP_DROPPED_ENV = ("SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_GPU")
 
 
+def srun_options(argv: Sequence[str]) -> List[str]:
+    """srun's own options: the arguments after `srun` up to its program (none for another command)."""
+    if not argv or os.path.basename(argv[0]) != "srun":
+        return []
+    options = []
+    for arg in argv[1:]:
+        if not arg.startswith("-"):
+            break
+        options.append(arg)
+    return options
+
+
 def step_argv(argv: Sequence[str], nodes: Sequence[str], *, overlap: bool = False) -> List[str]:
     """The launch command for a step on exactly these nodes. For an `srun` launch (what the
     generated script writes): srun's `--nodes=` is set and `--nodelist=` added, and a
@@ -79,21 +91,13 @@ def step_argv(argv: Sequence[str], nodes: Sequence[str], *, overlap: bool = Fals
     if not argv or os.path.basename(argv[0]) != "srun" or not nodes:
         return list(argv)
     count = str(len(nodes))
-    out = [argv[0], f"--nodelist={','.join(nodes)}"] + (["--overlap"] if overlap else [])
-    in_srun_options, nodes_set, nnodes_set = True, False, False
-    for arg in argv[1:]:
-        if in_srun_options and not arg.startswith("-"):
-            in_srun_options = False
-        if in_srun_options and arg.startswith("--nodelist="):
-            continue
-        if in_srun_options and arg.startswith("--nodes="):
-            out.append(f"--nodes={count}")
-            nodes_set = True
-        elif not in_srun_options and not nnodes_set and arg.startswith("--nnodes="):
-            out.append(f"--nnodes={count}")
-            nnodes_set = True
-        else:
-            out.append(arg)
-    if not nodes_set:
-        out.insert(3 if overlap else 2, f"--nodes={count}")
-    return out
+    options = srun_options(argv)
+    kept = [f"--nodes={count}" if arg.startswith("--nodes=") else arg
+            for arg in options if not arg.startswith("--nodelist=")]
+    if not any(arg.startswith("--nodes=") for arg in options):
+        kept.insert(0, f"--nodes={count}")
+    program = list(argv[1 + len(options):])
+    nnodes_at = next((index for index, arg in enumerate(program) if arg.startswith("--nnodes=")), None)
+    if nnodes_at is not None:
+        program[nnodes_at] = f"--nnodes={count}"
+    return [argv[0], f"--nodelist={','.join(nodes)}", *(["--overlap"] if overlap else []), *kept, *program]
