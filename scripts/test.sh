@@ -1,44 +1,41 @@
 #!/bin/bash
 # The type check and the whole test suite, set-up included (fresh Debian 12, as root): bootstrap .venv,
-# mypy, then four lanes side by side, each a list of pytest runs one after another, each cluster
-# run on a named cluster of its own. The test jobs take their nodes' CPUs (tests/cluster/training.py:
-# node_cpus). Three cluster lanes keep the 2 CPUs about 81% busy, the rest idle in short spells
-# spread over the run (every lane waiting on Slurm or a timeout at once; R105, 2026-12-06, a
-# profile of the whole command); the unit tests, CPU-bound and with nothing timed against a
-# daemon, fill them from a fourth lane at a lower priority (UNIT_NICE), instead of taking a third
-# of the CPUs from the cluster lanes at the end of two of them (R104: 29:58; CI 30:41):
+# mypy, then three lanes side by side, each a list of pytest runs one after another, each run on a
+# named cluster of its own. The test jobs take their nodes' CPUs (tests/cluster/training.py:
+# node_cpus; with 1 CPU per task every job process of every lane ran on CPU 0, and three lanes kept
+# the 2 CPUs only 55-65% busy): three lanes keep them 83% busy on average (R54, 2026-12-04, 33:04;
+# docs/minicluster.md), so a fourth lane would mostly slow the other three:
 #   lane 1: the cluster suite's part b (suite-b: every module not in SUITE_A_MODULES) on the
-#           machine's own Slurm (cluster `bhost`), then the control plane at 128 nodes (marker
-#           scale: a light trainer without torch on a 130-node cluster, `shost`);
+#           machine's own Slurm (cluster `bhost`), then the unit tests' part a (unit-a: every
+#           module not in UNIT_B_MODULES; they keep both CPUs busy: last, in a lane whose cluster
+#           tests end first);
 #   lane 2: the fault matrix (marker matrix: two nodes lost at once, a node lost during start-up or
 #           during a recovery, the controller restarted during a requeue, a node partitioned; recovery
 #           in place: a node kill, a second failure during one, a fully loaded machine; and a
 #           plain torchrun script's crash and lost node; the Lightning adapter's test, while lane 1
 #           runs the Transformers adapter's) on a 5-node cluster of the machine's own Slurm (`mhost`),
-#           then the core cluster tests (marker every_release) on Slurm 26.05 (`t2605`);
-#   lane 3: the cluster suite's part a (SUITE_A_MODULES: the fault tests, the training basics, the
-#           getting-started walk, a hang recovered in place) on the machine's own Slurm (`ahost`),
-#           then the core cluster tests on Slurm 24.11 (`t2411`);
-#   lane 4: the unit tests, at nice UNIT_NICE.
+#           then the core cluster tests (marker every_release) on Slurm 26.05 (`t2605`), then the
+#           control plane at 128 nodes (marker scale: a light trainer without torch on a 130-node
+#           cluster, `shost`), then the unit tests' part b (unit-b: lane 1 ended about 3 minutes
+#           after lane 2 with all of them, R97-R99);
+#   lane 3: the cluster suite's part a (SUITE_A_MODULES: the fault tests, the gates, the training
+#           basics, the getting-started walk, a hang recovered in place: lane 3 ended 1.5 to 2.5
+#           minutes before lane 1 in R100) on the machine's own Slurm (`ahost`), then the core
+#           cluster tests on Slurm 24.11 (`t2411`).
 # SLURMTOOLS_TEST_LANES overrides them: lanes separated by ';', each a list of words RELEASE:KIND,
 # KIND one of cluster (the whole cluster suite but the matrix), suite-a or suite-b (its two parts:
-# SUITE_A_MODULES and the rest), core, matrix (on a 5-node cluster), scale (on a 130-node cluster), unit (the unit tests, at
-# nice UNIT_NICE; RELEASE is ignored) or unit-a and unit-b (their two parts: all but UNIT_B_MODULES, and those); RELEASE
-# `host` is the machine's own Slurm. Lane 1's output is printed as it runs, the
+# SUITE_A_MODULES and the rest), core, matrix (on a 5-node cluster), scale (on a 130-node cluster), unit (the unit tests; RELEASE
+# is ignored) or unit-a and unit-b (their two parts: all but UNIT_B_MODULES, and those); RELEASE `host` is the machine's own Slurm. Lane 1's output is printed as it runs, the
 # other lanes' when all are done. Each lane's wall time and the total are printed at the end.
 # Extra arguments run that one pytest on the machine's Slurm only (e.g. -m "not cluster").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-lanes_text=${SLURMTOOLS_TEST_LANES-host:suite-b host:scale; host:matrix 26.05:core; host:suite-a 24.11:core; host:unit}
+lanes_text=${SLURMTOOLS_TEST_LANES-host:suite-b host:unit-a; host:matrix 26.05:core host:scale host:unit-b; host:suite-a 24.11:core}
 # the cluster suite's part a (suite-a); every other cluster module (a new one too) is in part b
-SUITE_A_MODULES="test_0_failed_up test_confinement test_faults test_getting_started test_inplace_hang test_training"
+SUITE_A_MODULES="test_0_failed_up test_blame test_confinement test_faults test_getting_started test_health_gate test_inplace_hang test_training"
 # the unit tests' part b (unit-b, about a sixth of their time: ranks of real torch processes); every
 # other unit module (a new one too) is in part a
 UNIT_B_MODULES="test_gpu_check test_reshard test_sdc"
-# the unit tests' priority: below the cluster lanes' (weight 110 against 1024: about a tenth of a
-# CPU while both are busy with cluster work), enough that a unit test's own subprocess timeouts (60
-# s and more for seconds of work) hold while the cluster lanes are busy
-UNIT_NICE=10
 IFS=';' read -ra lanes <<<"$lanes_text"
 for lane in "${lanes[@]}"; do   # a bad word fails before an hour of tests, not after
   for run in $lane; do
@@ -109,8 +106,8 @@ run_one() {   # RELEASE:KIND: one pytest run on a cluster of its own
         unit-a) part=("${unit_a_args[@]}") heading="the unit tests, part a" ;;
         unit-b) part=("${unit_b_args[@]}") heading="the unit tests, part b" ;;
       esac
-      echo "== $heading (nice $UNIT_NICE)"
-      nice -n "$UNIT_NICE" .venv/bin/python -m pytest -p no:cacheprovider -m "not cluster" "${part[@]}"
+      echo "== $heading"
+      .venv/bin/python -m pytest -p no:cacheprovider -m "not cluster" "${part[@]}"
       return ;;
     cluster) what="the whole cluster suite"; marker="cluster and not matrix and not scale" ;;
     suite-a) what="the cluster suite, part a"; marker="cluster and not matrix and not scale"; prefix=a; paths=("${suite_a_args[@]}") ;;

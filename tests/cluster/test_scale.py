@@ -1,4 +1,4 @@
-"""The job's control plane at 128 nodes (marker `scale`: a 130-node cluster of its own, lane 1 of
+"""The job's control plane at 128 nodes (marker `scale`: a 130-node cluster of its own, lane 2 of
 scripts/test.sh): a light trainer without torch (examples/light/train.py: a sleep stands for each
 step's work, so 128 ranks fit 2 cores) on 128 nodes with 2 hot spares. One node is a straggler
 (--slow-node): found by its ranks' busy time, checkpointed away from and replaced by the first spare;
