@@ -182,6 +182,8 @@ API: List[Tuple[str, str, Tuple[str, ...]]] = [
     ("slurmtools.train.agreement", "slurmtools/train/agreement.py", ("RequestAgreement",)),
     ("slurmtools.checkpoint", "slurmtools/checkpoint/manager.py", ("CheckpointManager", "Checkpoint", "verify_dir")),
     ("slurmtools.integrations.lightning", "slurmtools/integrations/lightning.py", ("SlurmtoolsCallback", "resume_path")),
+    ("slurmtools.integrations.lightning_inplace", "slurmtools/integrations/lightning_inplace.py",
+     ("RankEnvironment", "fit")),
     ("slurmtools.integrations.transformers", "slurmtools/integrations/transformers.py",
      ("SlurmtoolsTrainerCallback", "resume_path")),
     ("slurmtools.notebook", "slurmtools/job/notebook.py", ("executor", "executor_parameters", "load", "status",

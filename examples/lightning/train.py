@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A PyTorch Lightning trainer under `slurmtools run`: the lines slurmtools needs are marked
-"# slurmtools" (3). Launch with the torchrun launcher (Lightning then uses its TorchElastic
-environment) or the srun launcher (its SLURM environment; the callback turns its own auto-requeue
-off). Prints `step N/M loss X` from rank 0 and `resumed at step N` after a resume.
+"# slurmtools" (4). Launch with the torchrun launcher or the srun launcher (RankEnvironment reads
+the ranks either sets); under the srun launcher with `requeue.in_place` on, a lost peer is recovered
+in place (slurmtools/integrations/lightning_inplace.py). Prints `step N/M loss X` from rank 0 and
+`resumed at step N` after a resume.
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import time
 import lightning.pytorch as L
 import torch
 
-from slurmtools.integrations.lightning import SlurmtoolsCallback, resume_path   # slurmtools
+from slurmtools.integrations.lightning import SlurmtoolsCallback                 # slurmtools
+from slurmtools.integrations.lightning_inplace import RankEnvironment, fit         # slurmtools
 
 
 class Regression(L.LightningModule):
@@ -33,6 +35,10 @@ class Regression(L.LightningModule):
             print(f"step {self.trainer.global_step}/{self.trainer.max_steps} loss {float(outputs['loss']):.4f} "
                   f"world {self.trainer.world_size} host {os.uname().nodename}", flush=True)
 
+    def on_train_start(self) -> None:
+        if self.trainer.is_global_zero and self.trainer.global_step > 0:
+            print(f"resumed at step {self.trainer.global_step}", flush=True)
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
@@ -48,14 +54,13 @@ def main() -> int:
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=16)
     devices = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", "1")))
     nodes = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))) // devices
-    trainer = L.Trainer(max_steps=args.steps, accelerator="cpu", devices=devices, num_nodes=nodes, strategy="ddp",
-                        logger=False, enable_progress_bar=False, enable_checkpointing=False,
-                        enable_model_summary=False,
-                        callbacks=[SlurmtoolsCallback(every_n_steps=args.checkpoint_every)])   # slurmtools
-    resume = resume_path()                                                                      # slurmtools
-    if resume and int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0:
-        print(f"resumed at step {resume.split('step_')[-1].split('/')[0]}", flush=True)
-    trainer.fit(Regression(args.step_sleep_s), train_dataloaders=data, ckpt_path=resume)
+    callback = SlurmtoolsCallback(every_n_steps=args.checkpoint_every)                          # slurmtools
+
+    def make_trainer() -> L.Trainer:        # a new Trainer after each recovery in place
+        return L.Trainer(max_steps=args.steps, accelerator="cpu", devices=devices, num_nodes=nodes, strategy="ddp",
+                         logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                         enable_model_summary=False, plugins=[RankEnvironment()], callbacks=[callback])
+    fit(make_trainer, Regression(args.step_sleep_s), train_dataloaders=data)                    # slurmtools
     return 0
 
 

@@ -62,8 +62,10 @@ class SlurmtoolsCallback(pl.Callback):
         environment = trainer._accelerator_connector.cluster_environment
         if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
             environment.auto_requeue = False     # before Lightning registers its handlers (Trainer._run)
-        self.control = TrainingControl(rank=trainer.global_rank)
-        self.control.install_signal_handlers()
+        if self.control is None:     # once: a fit again in the same process (lightning_inplace) keeps it
+            self.control = TrainingControl(rank=trainer.global_rank)
+            self.control.install_signal_handlers()
+        self.stopped_for_requeue = False
 
     def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any,
                              batch_idx: int) -> None:

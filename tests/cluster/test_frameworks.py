@@ -1,5 +1,5 @@
 """Your own trainer (issue 30): PyTorch Lightning and Hugging Face Transformers' Trainer with the
-slurmtools adapters (examples/lightning, examples/transformers: 3 lines each), on the real
+slurmtools adapters (examples/lightning, examples/transformers: 4 and 3 lines), on the real
 libraries, 2 nodes x 1 process and a spare. One job per framework, three failures in a row:
 a framework checkpoint cut off mid-write (planted, with a higher step than any sealed one) is
 never resumed from; the time-limit warning is turned into a framework checkpoint, the job

@@ -1,0 +1,71 @@
+"""PyTorch Lightning recovered in place (docs/recovery.md, "In place"): the srun launcher, in-place
+recovery on, and `fit` instead of `trainer.fit`:
+
+    from slurmtools.integrations.lightning import SlurmtoolsCallback
+    from slurmtools.integrations.lightning_inplace import RankEnvironment, fit
+    callback = SlurmtoolsCallback(every_n_steps=50)            # made once: its TrainingControl goes on
+    fit(lambda: L.Trainer(..., plugins=[RankEnvironment()], callbacks=[callback]), model, train_dataloaders=data)
+
+When a peer is lost, the ranks on healthy nodes do not exit: Lightning's fit raises the broken
+group's error, `fit` leaves the group, waits for the supervisor's next generation, joins it
+(slurmtools.train.inplace) and fits again in the same process with a new Trainer: no interpreter
+start, no import, the LightningModule and the data kept. The replacement ranks start straight into
+that generation. Every rank resumes from the newest sealed checkpoint (Lightning's state comes back
+through its own checkpoint: its loops, optimizers and callbacks), so the steps since that
+checkpoint are trained again; the reference trainer's node-memory snapshots are not Lightning's.
+Lightning forms no group of its own when one exists (its DDP strategy's set-up), so the
+generation's group is the one it trains on.
+
+With in-place recovery off (or outside a job) `fit` is `trainer.fit(model, ckpt_path=resume_path())`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.plugins.environments import TorchElasticEnvironment
+
+from slurmtools.common.control_dir import COLLECTIVE_TIMEOUT_ENV, CONTROL_DIR_ENV
+from slurmtools.integrations.lightning import resume_path
+from slurmtools.train import inplace
+
+# the collective timeout when the job sets none (torch's own default for a process group)
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800
+
+
+class RankEnvironment(TorchElasticEnvironment):
+    """Lightning's ranks from RANK, LOCAL_RANK and WORLD_SIZE, which the srun launcher's task wrapper
+    sets for every rank, a replacement's and a restarted one's too (their SLURM_PROCID counts from 0
+    in a step of their own: Lightning's SLURMEnvironment would number them wrong). The node's rank
+    is torchrun's GROUP_RANK under the torchrun launcher, else the rank over the ranks a node runs."""
+
+    def node_rank(self) -> int:
+        if "GROUP_RANK" in os.environ:
+            return super().node_rank()      # type: ignore[no-any-return]
+        per_node = os.environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]   # "2", or "2(x3)"
+        return int(os.environ["RANK"]) // (int(per_node) if per_node.isdigit() and int(per_node) > 0 else 1)
+
+
+def fit(make_trainer: Callable[[], pl.Trainer], model: pl.LightningModule, *, checkpoint_dir: Optional[str] = None,
+        environ: Mapping[str, str] = os.environ, **fit_kwargs: Any) -> None:
+    """make_trainer().fit(model, ckpt_path=<the newest sealed checkpoint>, **fit_kwargs), again with a
+    new Trainer in the same process after each in-place recovery (module docstring). make_trainer
+    builds everything tied to the group (the Trainer, its strategy); what it keeps across calls (the
+    callback, the model, the data) must not hold an earlier generation's group."""
+    control = environ.get(CONTROL_DIR_ENV)
+    if not inplace.enabled(environ) or not control:
+        make_trainer().fit(model, ckpt_path=resume_path(checkpoint_dir), **fit_kwargs)
+        return
+    control_dir = Path(control)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    timeout_s = float(environ.get(COLLECTIVE_TIMEOUT_ENV) or DEFAULT_COLLECTIVE_TIMEOUT_S)
+    inplace.start(backend, timeout_s, control_dir, environ)
+    if backend == "nccl":
+        torch.cuda.set_device(int(environ.get("LOCAL_RANK", "0")))
+
+    def fit_once() -> None:
+        make_trainer().fit(model, ckpt_path=resume_path(checkpoint_dir), **fit_kwargs)
+    inplace.run(fit_once, control_dir, int(environ.get("RANK", "0")), backend, timeout_s, environ=environ)
