@@ -342,7 +342,12 @@ def progress_step(checkpoint_step: Optional[int], restored_step: Optional[int]) 
 
 def attempt_progress_step(control_dir: Path, attempt_id: str, checkpoint_step: Optional[int]) -> Optional[int]:
     """progress_step of an attempt ending now (its restore record came after the attempt began)."""
-    return progress_step(checkpoint_step, restored_steps(read(control_dir)).get(attempt_id))
+    return attempt_progress_of(read(control_dir), attempt_id, checkpoint_step)
+
+
+def attempt_progress_of(events: List[Event], attempt_id: str, checkpoint_step: Optional[int]) -> Optional[int]:
+    """attempt_progress_step from a ledger already read."""
+    return progress_step(checkpoint_step, restored_steps(events).get(attempt_id))
 
 
 def ever_trained(events: List[Event]) -> bool:

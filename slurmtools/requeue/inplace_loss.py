@@ -61,7 +61,7 @@ def on_hang(in_place: InPlace, stall: watchdog.Stall, limits: RequeueSpec, job_i
     detail = (f"rank {stall.rank} on {stall.host}: no step for {stall.idle_s:.0f} s (hang timeout "
               f"{limits.hang_timeout_s:g} s){'; ' + stall.detail if stall.detail else ''}")
     verdict = inplace_plan.hang_verdict(stall.rank, stall.host, stall.cut_off, detail, ledger.history(events), limits,
-                                        _progress(events, attempt_id, newest_step), time.time())
+                                        ledger.attempt_progress_of(events, attempt_id, newest_step), time.time())
     spares = [node for node in this_run.topology.allocation if node not in this_run.lost]
     # the hung ranks' end first (a step that takes a second to start): one that cannot be started
     # leaves the recovery to the relaunch, which stops the whole step anyway
@@ -82,11 +82,6 @@ def _newest_step(manager: Optional[CheckpointManager]) -> Optional[int]:
     """The newest sealed checkpoint's step (its checksums not read: the ledger's record only)."""
     newest = manager.latest(checksums=False) if manager is not None else None
     return newest.step if newest is not None else None
-
-
-def _progress(events: List[ledger.Event], attempt_id: str, newest_step: Optional[int]) -> Optional[int]:
-    """The attempt's progress step (ledger.progress_step) from a ledger already read."""
-    return ledger.progress_step(newest_step, ledger.restored_steps(events).get(attempt_id))
 
 
 def _took_spares(in_place: InPlace, found: inplace_plan.InPlacePlan, diagnosis: policy.Diagnosis, job_id: int,
@@ -119,7 +114,7 @@ def on_crash(in_place: InPlace, failures: Sequence[inplace_plan.TaskFailure], li
     else why not, said, for the relaunch."""
     control, attempt_id = in_place.control_dir, in_place.attempt_id
     events = ledger.read(control)
-    progress = _progress(events, attempt_id, _newest_step(manager))
+    progress = ledger.attempt_progress_of(events, attempt_id, _newest_step(manager))
     faulty = [node for node, _ in gpu_events.node_faults(gpu_events.read_events(control, attempt_id))]
     now = time.time()
     verdict = in_place.forming() or inplace_plan.crash_verdict(failures, tail + "\n" + in_place.evidence(), faulty,
