@@ -123,7 +123,7 @@ def crashed_once(stack) -> Dict[str, Any]:
     training.settle()
     workdir = asuser.user_dir("observed")
     spec = training.training_spec(workdir, "observed", extra=["--fail-at-step", "6"],
-                                  metrics_dir=stack.inbox_pattern)
+                                  metrics_dir=stack.inbox_pattern, launcher=training.FAULT_LAUNCHER)
     job = training.submit(spec)
     info = training.wait_finished(job, 240)
     assert info.state == "COMPLETED", training.describe(spec, job)

@@ -31,6 +31,12 @@ LOADER_WORKERS = 0
 # tests/cluster/test_preflight.py, the notebook's jobs and the fault matrix's start-up kill; the other
 # fault tests start training at once (preflight=True turns it on).
 PREFLIGHT = False
+# The launcher of the fault tests that do not test torchrun itself (test_recovery, the fault matrix,
+# preflight, observability): srun starts the ranks as Slurm's tasks, with no torchrun agent per node
+# importing torch (~1.9 CPU-s each; a tenth of the test command's CPU, docs/minicluster.md R105). The
+# reference run, test_faults, test_training, the frameworks, the plain script and confinement keep
+# torchrun: both launchers stay under the same faults.
+FAULT_LAUNCHER = "srun"
 
 
 @functools.lru_cache(maxsize=None)
