@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import regex
 
+from slurmtools.common.control_dir import DEFAULT_COLLECTIVE_TIMEOUT_S
 from slurmtools.common.schema import MAX_YAML_BYTES, attach_line, build, check_limits, doc, err, load_yaml_with_lines
 from slurmtools.common.schema import field_docs as _field_docs
 from slurmtools.errors import SpecError
@@ -142,7 +143,8 @@ class NetworkSpec:
 class DistributedSpec:
     """torch.distributed settings that matter on real clusters."""
 
-    collective_timeout_s: int = doc("Timeout of every collective (init_process_group timeout).", 1800,
+    collective_timeout_s: int = doc("Timeout of every collective (init_process_group timeout).",
+                                    DEFAULT_COLLECTIVE_TIMEOUT_S,
                                     min=10, max=86400)
     async_error_handling: bool = doc("TORCH_NCCL_ASYNC_ERROR_HANDLING=1: a hung collective aborts the "
                                      "process instead of hanging forever (0 with requeue.in_place: the ranks "

@@ -52,6 +52,8 @@ ATTEMPT_ID_ENV = "SLURMTOOLS_ATTEMPT_ID"  # this step's attempt id: JOB.RESTART,
 ATTEMPT_NUMBER_ENV = "SLURMTOOLS_ATTEMPT_NUMBER"  # the attempt's number across the job, from 0
 CHECKPOINT_DIR_ENV = "SLURMTOOLS_CHECKPOINT_DIR"  # the spec's checkpoint_dir: where a trainer saves
 COLLECTIVE_TIMEOUT_ENV = "SLURMTOOLS_COLLECTIVE_TIMEOUT_S"  # distributed.collective_timeout_s
+# distributed.collective_timeout_s when a job sets none (torch's own default for a process group)
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800
 CHECKPOINT_GRACE_ENV = "SLURMTOOLS_CHECKPOINT_GRACE_S"  # notebook path: requeue.checkpoint_grace_s
 # the newest checkpoint step the ledger records (checkpoint/resume.refuse_fresh_start)
 EXPECTED_CHECKPOINT_ENV = "SLURMTOOLS_EXPECTED_CHECKPOINT_STEP"
@@ -128,6 +130,13 @@ def control_dir_for(checkpoint_dir: Optional[str], output_dir: str, job_id: str)
 def default_control_dir(environ: Mapping[str, str]) -> Path:
     """Where `slurmtools run` keeps its files when the script names no control dir."""
     return Path(CONTROL_SUBDIR) / environ.get("SLURM_JOB_ID", LOCAL_JOB_ID)
+
+
+def collective_timeout_s(environ: Mapping[str, str]) -> int:
+    """The job's collective timeout, as the generated script passes it to every rank; the default
+    where none is set (a run outside the generated script) or the value is no whole number."""
+    text = environ.get(COLLECTIVE_TIMEOUT_ENV, "")
+    return int(text) if text.isascii() and text.isdigit() else DEFAULT_COLLECTIVE_TIMEOUT_S
 
 
 def attempt_number(environ: Mapping[str, str]) -> int:

@@ -28,12 +28,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 
-from slurmtools.common.control_dir import COLLECTIVE_TIMEOUT_ENV, CONTROL_DIR_ENV
+from slurmtools.common.control_dir import CONTROL_DIR_ENV, collective_timeout_s
 from slurmtools.integrations.lightning import resume_path
 from slurmtools.train import inplace
-
-# the collective timeout when the job sets none (torch's own default for a process group)
-DEFAULT_COLLECTIVE_TIMEOUT_S = 1800
 
 
 class RankEnvironment(TorchElasticEnvironment):
@@ -61,7 +58,7 @@ def fit(make_trainer: Callable[[], pl.Trainer], model: pl.LightningModule, *, ch
         return
     control_dir = Path(control)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    timeout_s = float(environ.get(COLLECTIVE_TIMEOUT_ENV) or DEFAULT_COLLECTIVE_TIMEOUT_S)
+    timeout_s = float(collective_timeout_s(environ))
     inplace.start(backend, timeout_s, control_dir, environ)
     if backend == "nccl":
         torch.cuda.set_device(int(environ.get("LOCAL_RANK", "0")))

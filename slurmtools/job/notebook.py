@@ -37,8 +37,8 @@ from typing import Any, Dict, List, Optional, Union
 
 from slurmtools.common import ledger
 from slurmtools.common.control_dir import (ATTEMPT_ID_ENV, CHECKPOINT_DIR_ENV, CHECKPOINT_GRACE_ENV,
-                                           COLLECTIVE_TIMEOUT_ENV, LOCAL_JOB_ID, PREFLIGHT_ENV, WARNING_LEAD_ENV,
-                                           attempt_of, control_dir_for)
+                                           LOCAL_JOB_ID, PREFLIGHT_ENV, WARNING_LEAD_ENV,
+                                           attempt_of, collective_timeout_s, control_dir_for)
 from slurmtools.common.rendezvous import SHELL_PORT_EXPR
 from slurmtools.common.signals import WARNING_SIGNAL_NAMES, signal_number
 from slurmtools.errors import SlurmCommandError, SpecError, UsageError
@@ -203,7 +203,7 @@ class CheckpointableTrainer(_Checkpointable):
         if not inprocess.before_training(os.environ, env.rank, job_id, attempt_id, control_dir):
             _wait_to_be_ended()         # requeued without the nodes preflight named
         backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        timeout_s = int(os.environ.get(COLLECTIVE_TIMEOUT_ENV, "1800"))
+        timeout_s = collective_timeout_s(os.environ)
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
         if backend == "nccl":
             torch.cuda.set_device(env.local_rank)

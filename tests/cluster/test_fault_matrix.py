@@ -234,6 +234,13 @@ def test_f_a_node_partitioned_from_the_others(cluster, workdir, reference3):
 EIO_WINDOW_S = 2.5      # the failover: the verification's first reads and its first retry (after 1 s) fail
 
 
+def _stepped_after_resume(evts: List[Dict[str, Any]]) -> bool:
+    """Whether the resumed attempt trained a step: every rank is past its resume (a step's
+    collectives wait for all)."""
+    resumed = training.trainer_events(evts, "resumed")
+    return bool(resumed) and any("loss" in e and e.get("attempt_id") == resumed[0]["attempt_id"] for e in evts)
+
+
 def test_g_the_checkpoints_storage_failing_over_during_a_resume_is_waited_out(cluster, workdir, reference3,
                                                                              tmp_path):
     """A crash at step 10 restarts in place after a 15-s backoff; meanwhile the newest checkpoint
@@ -255,8 +262,11 @@ def test_g_the_checkpoints_storage_failing_over_during_a_resume_is_waited_out(cl
             slurmd = daemons.read_pidfile(cluster.slurmd_pidfile(node))
             assert slurmd is not None
             servers.append(eio_fs.serve_in_namespace_of(slurmd, step8, EIO_WINDOW_S, tmp_path / f"eio-{node}.log"))
-        wait_for(lambda: training.trainer_events(training.events(spec, job), "resumed"), 120,
-                 f"job {job} resumed", interval_s=0.2)
+        # a step of the resumed attempt, not its "resumed" line: rank 0 writes that once its own
+        # trainer state is read, while another rank may still read its own through the server
+        # (R109: rank 2 lost its read to the server's end and the attempt failed)
+        wait_for(lambda: _stepped_after_resume(training.events(spec, job)), 120,
+                 f"job {job} resumed and stepped", interval_s=0.2)
     finally:
         for server in servers:       # before the save of step 16 prunes step 8 (a mount point)
             server.terminate()

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurmtools.common.control_dir import attempt_of
+from slurmtools.common.control_dir import (COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S, attempt_of,
+                                           collective_timeout_s)
 from slurmtools.errors import SpecError
 from slurmtools.job import sbatch
 from slurmtools.job.sbatch import environment
@@ -219,3 +220,12 @@ def test_the_readmes_job_spec_renders():
     assert spec.nodes == 4 and spec.gpus_per_node == 8 and spec.requeue.spare_nodes == 1
     script = sbatch.render(spec, slurmtools_cmd=["slurmtools"], source="job.yaml")
     assert "export NCCL_IB_DISABLE=0" in script        # GPUs: the interconnect preset is InfiniBand
+
+
+@pytest.mark.parametrize("distributed, expected_s", [({}, DEFAULT_COLLECTIVE_TIMEOUT_S), ({"collective_timeout_s": 90}, 90)])
+def test_every_rank_reads_back_the_specs_collective_timeout(distributed, expected_s):
+    """What the script exports is what a rank's process group waits; a job run outside the script
+    (no variable, or no whole number in it) waits the spec's own default."""
+    spec = spec_from_dict({"name": "t", "command": ["train.py"], "distributed": distributed})
+    assert collective_timeout_s(dict(environment(spec))) == expected_s
+    assert collective_timeout_s({}) == collective_timeout_s({COLLECTIVE_TIMEOUT_ENV: "1e3"}) == 1800
