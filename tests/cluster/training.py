@@ -32,10 +32,11 @@ LOADER_WORKERS = 0
 # fault tests start training at once (preflight=True turns it on).
 PREFLIGHT = False
 # The launcher of the fault tests that do not test torchrun itself (test_recovery, the fault matrix,
-# preflight, observability): srun starts the ranks as Slurm's tasks, with no torchrun agent per node
-# importing torch (~1.9 CPU-s each; a tenth of the test command's CPU, docs/minicluster.md R105). The
-# reference run, test_faults, test_training, the frameworks, the plain script and confinement keep
-# torchrun: both launchers stay under the same faults.
+# preflight, observability, test_faults' tests without a signal): srun starts the ranks as Slurm's
+# tasks, with no torchrun agent per node importing torch (~1.9 CPU-s each; a tenth of the test
+# command's CPU, docs/minicluster.md R105). The reference run, test_faults' signals (the time-limit
+# warning, a person's requeue and cancels, a slow stop), node and host kills and hang, test_training,
+# the frameworks, the plain script and confinement keep torchrun: both launchers stay under faults.
 FAULT_LAUNCHER = "srun"
 
 
