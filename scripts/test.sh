@@ -19,9 +19,9 @@
 #           cluster, `shost`), then the unit tests' part b (unit-b: lane 1 ended about 3 minutes
 #           after lane 2 with all of them, R97-R99);
 #   lane 3: the cluster suite's part a (SUITE_A_MODULES: the fault tests, the gates, the training
-#           basics, the getting-started walk, a hang recovered in place: lane 3 ended 1.5 to 2.5
-#           minutes before lane 1 in R100) on the machine's own Slurm (`ahost`), then the core
-#           cluster tests on Slurm 24.11 (`t2411`).
+#           basics, the getting-started walk, a hang and a Lightning trainer's lost node recovered in
+#           place: lane 3 ended 1.5 to 2.5 minutes before lane 1 in R100, ~1 minute in R112-R113) on
+#           the machine's own Slurm (`ahost`), then the core cluster tests on Slurm 24.11 (`t2411`).
 # SLURMTOOLS_TEST_LANES overrides them: lanes separated by ';', each a list of words RELEASE:KIND,
 # KIND one of cluster (the whole cluster suite but the matrix), suite-a or suite-b (its two parts:
 # SUITE_A_MODULES and the rest), core, matrix (on a 5-node cluster), scale (on a 130-node cluster), unit (the unit tests; RELEASE
@@ -32,7 +32,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 lanes_text=${SLURMTOOLS_TEST_LANES-host:suite-b host:unit-a; host:matrix 26.05:core host:scale host:unit-b; host:suite-a 24.11:core}
 # the cluster suite's part a (suite-a); every other cluster module (a new one too) is in part b
-SUITE_A_MODULES="test_0_failed_up test_blame test_confinement test_faults test_getting_started test_health_gate test_inplace_hang test_training"
+SUITE_A_MODULES="test_0_failed_up test_blame test_confinement test_faults test_getting_started test_health_gate test_inplace_hang test_inplace_lightning test_training"
 # the unit tests' part b (unit-b, about a sixth of their time: ranks of real torch processes); every
 # other unit module (a new one too) is in part a
 UNIT_B_MODULES="test_gpu_check test_reshard test_sdc"

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from slurmtools.common.control_dir import collective_timeout_s
+from slurmtools.common.control_dir import CONTROL_DIR_ENV, collective_timeout_s
 from slurmtools.common.leave import leave_without_teardown
 from slurmtools.errors import SlurmToolsError
 from slurmtools.reference.tiny_faults import replacement_lost
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     cfg = parse_args(argv)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     timeout_s = collective_timeout_s(os.environ)
-    control_dir = os.environ.get("SLURMTOOLS_CONTROL_DIR")
+    control_dir = os.environ.get(CONTROL_DIR_ENV)
     replacement_lost(cfg, os.environ)          # a test's second failure during an in-place recovery
     try:
         # torchrun's group; a replacement rank joins the generation it was started into

@@ -66,6 +66,10 @@ class SlurmtoolsCallback(pl.Callback):
             self.control = TrainingControl(rank=trainer.global_rank)
             self.control.install_signal_handlers()
         self.stopped_for_requeue = False
+        # each fit agrees from its first step: after an in-place recovery a survivor fits again beside
+        # a replacement's fresh callback, and a cadence kept from before would put the agreement's
+        # collective at other steps than the replacement's (a deadlock; tests/cluster/test_inplace_lightning.py)
+        self.agreement = RequestAgreement()
 
     def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any,
                              batch_idx: int) -> None:

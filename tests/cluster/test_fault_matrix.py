@@ -55,11 +55,10 @@ def reference3(cluster) -> str:
 
 def _spec(workdir: Path, name: str, *, extra: Sequence[str] = (), preflight: bool = training.PREFLIGHT,
           distributed: Optional[Dict[str, Any]] = None, **requeue: Any):
-    return training.training_spec(workdir, name, nodes=JOB_NODES, processes_per_node=1, preflight=preflight,
-                                  launcher=training.FAULT_LAUNCHER,
-                                  extra=["--step-sleep-s", "0.5", "--no-async-checkpoint", *extra],
-                                  requeue={"hang_timeout_s": 120, "backoff_s": 0, **requeue},
-                                  **({"distributed": distributed} if distributed else {}))
+    return training.fault_spec(workdir, name, nodes=JOB_NODES, processes_per_node=1, preflight=preflight,
+                               extra=["--step-sleep-s", "0.5", "--no-async-checkpoint", *extra],
+                               requeue={"hang_timeout_s": 120, "backoff_s": 0, **requeue},
+                               **({"distributed": distributed} if distributed else {}))
 
 
 def decisions(evts: List[Dict[str, Any]]):

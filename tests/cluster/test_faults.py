@@ -5,7 +5,7 @@ checkpoint write, e corrupted newest checkpoint, f a hung rank, g a user bug, h 
 k the checkpoint file system full during a save, l a GPU fault (an XID through NVML's event API),
 m a hang past the node-memory sweep age, restored from the in-memory snapshot, n a requeue whose
 save outlasts Slurm's KillWait. Those with a signal to forward (a, b, n, the cancels) and the
-node, host and hang faults of c, f and j run under torchrun; the others under srun (_srun_spec).
+node, host and hang faults of c, f and j run under torchrun; the others under srun (training.fault_spec).
 """
 from __future__ import annotations
 
@@ -25,11 +25,6 @@ from tests.cluster import training
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.cluster
-
-
-def _srun_spec(workdir: Path, name: str, **over):
-    """A test without a signal to forward: launched by srun (training.FAULT_LAUNCHER)."""
-    return training.training_spec(workdir, name, launcher=training.FAULT_LAUNCHER, **over)
 
 
 def _our_jobs():
@@ -154,8 +149,8 @@ def _expand(nodes: str):
 
 def test_d_node_killed_during_checkpoint_write_ignores_the_partial_one(cluster, workdir, reference_run):
     # the slow-commit hook pauses a blocking save (an async one's shards are written in the background)
-    spec = _srun_spec(workdir, "ckptkill", extra=["--no-async-checkpoint", "--slow-checkpoint-at", "8",
-                                                  "--slow-checkpoint-s", "120"])
+    spec = training.fault_spec(workdir, "ckptkill", extra=["--no-async-checkpoint", "--slow-checkpoint-at", "8",
+                                                           "--slow-checkpoint-s", "120"])
     job = training.submit(spec)
     staging = Path(spec.checkpoint_dir) / "step_8.tmp"
     wait_for(lambda: staging.is_dir() and (staging / ".metadata").exists(), 120, "the step-8 shards to be written")
@@ -165,14 +160,14 @@ def test_d_node_killed_during_checkpoint_write_ignores_the_partial_one(cluster, 
 
 
 def test_e_corrupted_newest_checkpoint_falls_back_to_the_previous(workdir, reference_run):
-    first = _srun_spec(workdir, "corrupt-a", steps=8)
+    first = training.fault_spec(workdir, "corrupt-a", steps=8)
     job = training.submit(first)
     assert training.wait_finished(job, 180).state == "COMPLETED", training.describe(first, job)
     shard = max((Path(first.checkpoint_dir) / "step_8").glob("*.distcp"), key=lambda p: p.stat().st_size)
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
-    second = _srun_spec(workdir, "corrupt-b")
+    second = training.fault_spec(workdir, "corrupt-b")
     job2 = training.submit(second)
     assert training.wait_finished(job2, 180).state == "COMPLETED", training.describe(second, job2)
     evts = training.events(second, job2)
@@ -215,7 +210,7 @@ def test_f_hung_rank_is_killed_requeued_and_its_node_excluded(workdir, reference
 
 
 def test_g_user_bug_stops_after_one_attempt(workdir):
-    spec = _srun_spec(workdir, "userbug", extra=["--fail-at-step", "0"])
+    spec = training.fault_spec(workdir, "userbug", extra=["--fail-at-step", "0"])
     job = training.submit(spec)
     info = training.wait_finished(job, 120)
     evts = training.events(spec, job)
@@ -230,8 +225,8 @@ def test_g_user_bug_stops_after_one_attempt(workdir):
 def test_i_a_second_crash_long_after_the_first_goes_on(workdir, reference_run):
     """A crash at step 6 (checkpoint 4), and on the restart another at step 14 (checkpoints 8 and
     12 between): two separate failures, not the same one twice in a row; the job completes."""
-    spec = _srun_spec(workdir, "twocrash", extra=["--fail-at-step", "6", "--fail-again-at-step", "14",
-                                                  "--no-async-checkpoint"])
+    spec = training.fault_spec(workdir, "twocrash", extra=["--fail-at-step", "6", "--fail-again-at-step", "14",
+                                                           "--no-async-checkpoint"])
     job = training.submit(spec)
     info = training.wait_finished(job, 240)
     evts = training.events(spec, job)
@@ -310,9 +305,9 @@ def test_a_graceful_cancel_checkpoints_then_ends_cancelled_without_requeue(workd
 
 
 def test_h_repeating_failure_stops_at_the_budget(workdir):
-    spec = _srun_spec(workdir, "repeat", extra=["--fail-at-step", "6", "--faults-on-attempt", "-1"],
-                      requeue={"max_restarts": 2, "max_consecutive_failures": 10,
-                               "no_progress_restarts": 10})
+    spec = training.fault_spec(workdir, "repeat", extra=["--fail-at-step", "6", "--faults-on-attempt", "-1"],
+                               requeue={"max_restarts": 2, "max_consecutive_failures": 10,
+                                        "no_progress_restarts": 10})
     job = training.submit(spec)
     info = training.wait_finished(job, 300)
     evts = training.events(spec, job)
@@ -344,7 +339,7 @@ def test_k_the_checkpoint_file_system_full_during_a_save_training_goes_on(workdi
     os.chown(ckpt, asuser.user().uid, asuser.user().gid)
     filler = SMALL_FS_DIR / "filler"
     try:
-        spec = _srun_spec(workdir, "fsfull", extra=["--step-sleep-s", "2"], checkpoint_dir=str(ckpt))
+        spec = training.fault_spec(workdir, "fsfull", extra=["--step-sleep-s", "2"], checkpoint_dir=str(ckpt))
         job = training.submit(spec)
         wait_for(lambda: getattr(CheckpointManager(ckpt).latest(), "step", None) == 4, 120,
                  "the step-4 checkpoint (async: committed a step or so later)", interval_s=0.2)
@@ -376,8 +371,8 @@ def test_l_a_gpu_fault_names_its_node_which_is_drained_and_replaced_by_the_spare
     uninterrupted hash. Without the event this is a crash, counted, restarted on the same node."""
     fixture = workdir / "gpu-events.jsonl"
     fixture.write_text("")
-    spec = _srun_spec(workdir, "gpufault", extra=["--step-sleep-s", "0.5"],
-                      requeue={"spare_nodes": 1}, distributed={"gpu_events": f"fixture:{fixture}"})
+    spec = training.fault_spec(workdir, "gpufault", extra=["--step-sleep-s", "0.5"],
+                               requeue={"spare_nodes": 1}, distributed={"gpu_events": f"fixture:{fixture}"})
     job = training.submit(spec)
     training.wait_step(spec, job, 5)
     started = training.supervisor_events(training.events(spec, job), "start")
@@ -413,10 +408,10 @@ def test_m_a_hang_past_the_node_memory_sweep_age_restores_from_the_snapshot(work
     age alone took `snapshots/` with them and the run began again at step 0), and the run resumes
     from the newest one, rank 1's state pulled from its replica, ending with the uninterrupted hash."""
     monkeypatch.setenv(node_sweep.SWEEP_AFTER_ENV, "1")
-    spec = _srun_spec(workdir, "hangsnap",
-                      extra=["--hang-at-step", "1:6", "--step-sleep-s", "0.2", "--checkpoint-every", "100"],
-                      requeue={"hang_timeout_s": HANG_TIMEOUT_S, "spare_nodes": 1},
-                      distributed=training.SNAPSHOTS_EVERY_STEP)
+    spec = training.fault_spec(workdir, "hangsnap",
+                               extra=["--hang-at-step", "1:6", "--step-sleep-s", "0.2", "--checkpoint-every", "100"],
+                               requeue={"hang_timeout_s": HANG_TIMEOUT_S, "spare_nodes": 1},
+                               distributed=training.SNAPSHOTS_EVERY_STEP)
     job = training.submit(spec)
     try:
         info = training.wait_finished(job, 300)

@@ -7,7 +7,8 @@ job completes in its first step, without a relaunch or a requeue, with the unint
 exact hash, and the ledger counts the node failure. A second failure during a recovery in place (a
 crashed rank's restarted process lost before it joins) falls back to the relaunch; and a machine
 whose cores are all busy makes no loss of what is only slow. (A rank crash recovered in place:
-tests/cluster/test_inplace_crash.py; a hang: tests/cluster/test_inplace_hang.py.)"""
+tests/cluster/test_inplace_crash.py; a hang: tests/cluster/test_inplace_hang.py; a Lightning
+trainer's lost node: tests/cluster/test_inplace_lightning.py.)"""
 from __future__ import annotations
 
 import os
@@ -17,8 +18,6 @@ import sys
 import psutil
 import pytest
 
-from slurmtools.common import ledger
-from slurmtools.common.control_dir import control_dir_for
 from slurmtools.minicluster import faults
 from slurmtools.slurm import commands as slurm
 from tests.cluster import training
@@ -66,20 +65,10 @@ def test_a_killed_node_is_recovered_in_place_and_the_survivor_keeps_its_process(
         spare = recovered[0]["spares"][0]
         assert spare not in nodes
         assert recovered[0]["warm"] == [spare], story                # its warm standby took the rank
-        # one step of Slurm's, never relaunched: one start, one decision (completed)
-        assert [s["attempt_id"] for s in training.supervisor_events(evts, "start")] == [f"{job}.0"], story
-        assert [(d["cause"], d["action"]) for d in training.supervisor_events(evts, "decision")] == [
-            ("completed", "complete")], story
+        training.assert_one_node_recovered_in_place(spec, job, evts, story, victim, spare)
         resumed = training.trainer_events(evts, "resumed")
         assert resumed and "pulled from" in resumed[-1]["path"], resumed
         assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
-        control = control_dir_for(spec.checkpoint_dir, spec.output_dir, str(job))
-        survived = [e for e in ledger.read(control) if isinstance(e, ledger.InPlaceRecovery)]
-        assert [(e.generation, e.lost, e.spares) for e in survived] == [(1, victim, spare)]
-        assert [(r.cause.value, r.counted) for r in ledger.history(ledger.read(control))] == [
-            ("node_failure", True), ("completed", False)]
-        assert slurm.job_state(job).restarts == 0
-        assert training.leftover_trainers(job) == []
     finally:
         _restore(cluster, victim)
 

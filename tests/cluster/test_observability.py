@@ -122,8 +122,8 @@ def crashed_once(stack) -> Dict[str, Any]:
     """A 2-node job of the user's with metrics on that crashes at step 6 and restarts in its allocation."""
     training.settle()
     workdir = asuser.user_dir("observed")
-    spec = training.training_spec(workdir, "observed", extra=["--fail-at-step", "6"],
-                                  metrics_dir=stack.inbox_pattern, launcher=training.FAULT_LAUNCHER)
+    spec = training.fault_spec(workdir, "observed", extra=["--fail-at-step", "6"],
+                               metrics_dir=stack.inbox_pattern)
     job = training.submit(spec)
     info = training.wait_finished(job, 240)
     assert info.state == "COMPLETED", training.describe(spec, job)

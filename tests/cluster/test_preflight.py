@@ -35,8 +35,7 @@ def workdir(cluster, user_tmp):
 
 
 def _spec(workdir, name, **over):
-    return training.training_spec(workdir, name, requeue={"spare_nodes": 1}, preflight=True,
-                                  launcher=training.FAULT_LAUNCHER, **over)
+    return training.fault_spec(workdir, name, requeue={"spare_nodes": 1}, preflight=True, **over)
 
 
 def _run_naming(spec, node, test):
@@ -108,7 +107,7 @@ def test_e_without_a_spare_the_job_requeues_without_the_named_node(cluster, work
     """Two nodes and no spare: node2's canary misses the float64 reference (two devices have no
     majority), so it is named; the job requeues excluding it and trains on node1 and node3."""
     monkeypatch.setenv(CANARY_FAULT_ENV, "node2")
-    spec = training.training_spec(workdir, "pf-requeue", preflight=True, launcher=training.FAULT_LAUNCHER)
+    spec = training.fault_spec(workdir, "pf-requeue", preflight=True)
     job = training.submit(spec)
     info = training.wait_finished(job, 300)
     evts = training.events(spec, job)

@@ -47,10 +47,6 @@ def _restore(cluster, node):
     training.settle()
 
 
-def _spec(workdir, name, **over):
-    return training.training_spec(workdir, name, launcher=training.FAULT_LAUNCHER, **over)
-
-
 def decisions(evts):
     return [(d["cause"], d["action"]) for d in training.supervisor_events(evts, "decision")]
 
@@ -66,7 +62,7 @@ def _completed(spec, expected_decisions):
 
 
 def test_a_crash_after_progress_restarts_in_the_allocation(workdir, reference_run):
-    spec = _spec(workdir, "inplace", extra=["--fail-at-step", "6"])
+    spec = training.fault_spec(workdir, "inplace", extra=["--fail-at-step", "6"])
     job, evts = _completed(spec, [("crash", "restart"), ("completed", "complete")])
     starts = training.supervisor_events(evts, "start")
     assert [s["attempt_id"] for s in starts] == [f"{job}.0", f"{job}.0.1"]
@@ -104,7 +100,7 @@ def _second_node_killed(cluster, spec, once_decided: Optional[Callable[[int, Lis
 
 @pytest.mark.every_release
 def test_b_node_killed_is_replaced_by_the_hot_spare_without_requeue(cluster, workdir, reference_run):
-    spec = _spec(workdir, "spare", extra=["--step-sleep-s", "0.5"], requeue={"spare_nodes": 1})
+    spec = training.fault_spec(workdir, "spare", extra=["--step-sleep-s", "0.5"], requeue={"spare_nodes": 1})
     with _second_node_killed(cluster, spec) as (job, nodes, victim, evts):
         dead = training.supervisor_events(evts, "node_dead")
         assert [d["node"] for d in dead] == [victim] and dead[0]["silent_s"] >= 10
@@ -128,8 +124,8 @@ def test_c_without_a_spare_the_job_goes_on_with_fewer_nodes(cluster, workdir, re
     """On half the ranks the run keeps its global batch (2 micro-batches per step, gradients
     accumulated) and the LR schedule, says so, and its loss per step stays within
     LOSS_TOLERANCE of the uninterrupted full-size run's."""
-    spec = _spec(workdir, "fewer", processes_per_node=2,
-                                  extra=["--step-sleep-s", "0.5"], requeue={"min_nodes": 1})
+    spec = training.fault_spec(workdir, "fewer", processes_per_node=2,
+                               extra=["--step-sleep-s", "0.5"], requeue={"min_nodes": 1})
     with _second_node_killed(cluster, spec) as (job, _, _, evts):
         resumed = training.trainer_events(evts, "resumed")
         assert resumed[0]["world_size"] == 2 and resumed[0]["step"] in (4, 8)   # 4 ranks' checkpoint on 2
@@ -153,8 +149,8 @@ def test_d_a_straggling_node_is_swapped_for_the_spare_after_a_checkpoint(cluster
     CPU model's own optimizer step is a fraction of a millisecond, which a shared core's scheduling
     makes 1.3x slower on one node for two windows now and then (R64: node1 reported after the
     swap), a noisy neighbour the watch rightly names; production steps are not that small."""
-    spec = _spec(workdir, "straggler", extra=["--slow-node", "node2:0.3", "--local-work-s", "0.05"],
-                                  requeue={"spare_nodes": 1, "straggler_window_steps": 3, "straggler_windows": 2})
+    spec = training.fault_spec(workdir, "straggler", extra=["--slow-node", "node2:0.3", "--local-work-s", "0.05"],
+                               requeue={"spare_nodes": 1, "straggler_window_steps": 3, "straggler_windows": 2})
     job, evts = _completed(spec, [("straggler", "restart"), ("completed", "complete")])
     found = training.supervisor_events(evts, "straggler")
     assert [(s["node"], s["action"], s["windows"]) for s in found] == [("node2", "swap", 2)]
@@ -181,9 +177,9 @@ def test_e_a_rank_that_skips_a_collective_is_named_by_the_flight_recorder(cluste
     """Rank 3 (on node2) never enters step 6's loss all-reduce: every rank announced the same
     step, so only the flight recorders (dumped on request, gloo) can name it; node2 is drained
     and the spare takes its place."""
-    spec = _spec(workdir, "skip", processes_per_node=2,
-                                  extra=["--skip-collective-at", "3:6"],
-                                  requeue={"spare_nodes": 1, "hang_timeout_s": 10})
+    spec = training.fault_spec(workdir, "skip", processes_per_node=2,
+                               extra=["--skip-collective-at", "3:6"],
+                               requeue={"spare_nodes": 1, "hang_timeout_s": 10})
     job, evts = _completed(spec, [("hang", "restart"), ("completed", "complete")])
     recorder = training.supervisor_events(evts, "flight_recorder")
     assert [(r["dumps"], r["ranks"], r["laggard"]) for r in recorder] == [(4, 4, 3)]
@@ -205,9 +201,9 @@ def test_f_a_rank_computing_wrong_results_is_caught_by_the_canary_and_its_node_r
     """From step 6 rank 3 (on node2) computes a wrong reference result (the test-only fault): the
     canary at step 6 stops training before that state is sealed; node2 is drained, the spare
     takes its place and the job resumes from step 4's checkpoint to the uninterrupted run's hash."""
-    spec = _spec(workdir, "sdc", processes_per_node=2,
-                                  extra=["--sdc-fault", "3:6", "--sdc-check-every", "3"],
-                                  requeue={"spare_nodes": 1})
+    spec = training.fault_spec(workdir, "sdc", processes_per_node=2,
+                               extra=["--sdc-fault", "3:6", "--sdc-check-every", "3"],
+                               requeue={"spare_nodes": 1})
     job, evts = _completed(spec, [("sdc", "restart"), ("completed", "complete")])
     found = training.trainer_events(evts, "sdc")
     assert [(e["step"], e["ranks"], e["node"]) for e in found] == [(6, [3], "node2")]
@@ -226,10 +222,10 @@ def test_g_a_stopped_rank_is_named_by_its_silence_and_its_node_replaced(cluster,
     step barrier with their keep-alives going on, rank 3 shows no life at all. The hang is named by
     that silence (watchdog.silent_rank, after the wait for records that never come), node2 is
     blamed, the spare takes its place and the job completes without a requeue."""
-    spec = _spec(workdir, "stopped", processes_per_node=2,
-                                  command=[str(training.LIGHT), "--steps", "12", "--step-s", "0.2",
-                                           "--checkpoint-every", "4", "--stop-rank", "3:5"],
-                                  requeue={"spare_nodes": 1, "hang_timeout_s": 10})
+    spec = training.fault_spec(workdir, "stopped", processes_per_node=2,
+                               command=[str(training.LIGHT), "--steps", "12", "--step-s", "0.2",
+                                        "--checkpoint-every", "4", "--stop-rank", "3:5"],
+                               requeue={"spare_nodes": 1, "hang_timeout_s": 10})
     job, evts = _completed(spec, [("hang", "restart"), ("completed", "complete")])
     hang = training.supervisor_events(evts, "hang")
     assert [(h["rank"], h["host"], h["step"]) for h in hang] == [(3, "node2", 5)]
@@ -250,10 +246,10 @@ def test_h_a_killed_nodes_ranks_resume_on_the_spare_from_their_peer_snapshots(cl
     mini-cluster's node memory); the spare's ranks pull their state from the replicas the first
     node kept, every rank resumes from the newest snapshot, and the run ends with the uninterrupted
     run's exact hash."""
-    spec = _spec(workdir, "snapshots", processes_per_node=2,
-                                  extra=["--step-sleep-s", "0.5", "--checkpoint-every", "100"],
-                                  requeue={"spare_nodes": 1},
-                                  distributed=training.SNAPSHOTS_EVERY_STEP)
+    spec = training.fault_spec(workdir, "snapshots", processes_per_node=2,
+                               extra=["--step-sleep-s", "0.5", "--checkpoint-every", "100"],
+                               requeue={"spare_nodes": 1},
+                               distributed=training.SNAPSHOTS_EVERY_STEP)
     with _second_node_killed(cluster, spec) as (job, nodes, victim, evts):
         resumed = training.trainer_events(evts, "resumed")
         assert len(resumed) == 1, resumed
@@ -301,10 +297,10 @@ def test_i_spoiled_replicas_fall_back_to_the_persistent_checkpoint_with_the_same
     verified copy (the corrupted one fails its digest as it is pulled, and every rank plans again
     without it), every rank resumes from the newest checkpoint instead (no rank restores from a snapshot
     while another uses the checkpoint), the ledger says why, and the final hash is the reference's."""
-    spec = _spec(workdir, "snapspoiled", processes_per_node=2,
-                                  extra=["--step-sleep-s", "0.5"],
-                                  requeue={"spare_nodes": 1},
-                                  distributed=training.SNAPSHOTS_EVERY_STEP)
+    spec = training.fault_spec(workdir, "snapspoiled", processes_per_node=2,
+                               extra=["--step-sleep-s", "0.5"],
+                               requeue={"spare_nodes": 1},
+                               distributed=training.SNAPSHOTS_EVERY_STEP)
     spoiled: List[str] = []
     with _second_node_killed(cluster, spec, lambda job, nodes: spoiled.extend(_spoil_replicas(cluster, nodes[0], job))) \
             as (job, nodes, victim, evts):
@@ -328,9 +324,9 @@ def test_j_a_requeue_onto_the_node_that_kept_the_replicas_restores_from_them(clu
     requeue: a new batch script, a new allocation of node1 and node3). The job's snapshots are the
     job's, not the allocation's: node1 still holds its ranks' own and node2's ranks' replicas, so
     the requeued run restores from them (ranks 2,3 pulled onto node3), not from a checkpoint."""
-    spec = _spec(workdir, "snaprequeue", processes_per_node=2,
-                                  extra=["--step-sleep-s", "0.5", "--checkpoint-every", "100"],
-                                  distributed=training.SNAPSHOTS_EVERY_STEP)
+    spec = training.fault_spec(workdir, "snaprequeue", processes_per_node=2,
+                               extra=["--step-sleep-s", "0.5", "--checkpoint-every", "100"],
+                               distributed=training.SNAPSHOTS_EVERY_STEP)
     job = training.submit(spec)
     training.wait_step(spec, job, 6)
     victim = _expand(training.supervisor_events(training.events(spec, job), "start")[0]["nodes"])[1]

@@ -11,6 +11,8 @@ from typing import Any, Dict, List, Sequence
 
 import pytest
 
+from slurmtools.common import ledger
+from slurmtools.common.control_dir import control_dir_for
 from slurmtools.common.fsutil import json_lines
 from slurmtools.job import submit as jobs
 from slurmtools.slurm import commands as slurm
@@ -86,6 +88,11 @@ def training_spec(workdir: Path, name: str, *, steps: int = STEPS, extra: Sequen
         tasks_per_node = merged["processes_per_node"] if merged.get("launcher") == "srun" else 1
         merged["cpus_per_task"] = max(1, node_cpus() // tasks_per_node)
     return spec_from_dict(merged)
+
+
+def fault_spec(workdir: Path, name: str, **over: Any) -> JobSpec:
+    """training_spec launched by FAULT_LAUNCHER: a fault test that does not test torchrun itself."""
+    return training_spec(workdir, name, launcher=FAULT_LAUNCHER, **over)
 
 
 def load_spec_file(path: Path) -> JobSpec:
@@ -285,3 +292,20 @@ def blamed_reason(node: str, job: int, timeout_s: float = 30) -> str:
                if r.get("job") == str(job) and r.get("node") == node and r.get("action") == "drain"]
     assert records and records[0]["uid"] == uid, records
     return reason
+
+
+def assert_one_node_recovered_in_place(spec: JobSpec, job: int, evts: List[Dict[str, Any]], story: str,
+                                       victim: str, spare: str, program: Path = TRAIN) -> None:
+    """The job's lost node recovered in place, never relaunched: one step of Slurm's, one decision
+    (completed), the ledger's in-place record and its one counted node failure, no requeue, no
+    process of the job left."""
+    assert [s["attempt_id"] for s in supervisor_events(evts, "start")] == [f"{job}.0"], story
+    assert [(d["cause"], d["action"]) for d in supervisor_events(evts, "decision")] == [
+        ("completed", "complete")], story
+    control = control_dir_for(spec.checkpoint_dir, spec.output_dir, str(job))
+    survived = [e for e in ledger.read(control) if isinstance(e, ledger.InPlaceRecovery)]
+    assert [(e.generation, e.lost, e.spares) for e in survived] == [(1, victim, spare)]
+    assert [(r.cause.value, r.counted) for r in ledger.history(ledger.read(control))] == [
+        ("node_failure", True), ("completed", False)]
+    assert slurm.job_state(job).restarts == 0
+    assert leftover_trainers(job, program) == []

@@ -101,3 +101,22 @@ def test_lightnings_own_slurm_auto_requeue_is_switched_off(tmp_path: Path, contr
                         plugins=[environment])
     trainer.fit(Tiny())
     assert not environment.auto_requeue
+
+
+def test_a_fit_again_with_the_same_callback_agrees_from_its_first_step(tmp_path: Path, control: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch):
+    """lightning_inplace fits a survivor again with its callback beside a replacement's new one:
+    the agreement's collective must come at the new fit's first step on both (a cadence kept from
+    the first fit put it at other steps than the replacement's: a deadlock on the mini-cluster)."""
+    from slurmtools.train import agreement
+    monkeypatch.setattr(agreement, "steps_until_next_check", lambda step_s, interval_s: 100)
+    proposals: "list[int]" = []
+    real = agreement.all_ranks_max
+    monkeypatch.setattr(agreement, "all_ranks_max", lambda values: proposals.append(-values[1]) or real(values))
+    cb = SlurmtoolsCallback(checkpoint_dir=str(tmp_path / "ckpt"), every_n_steps=4)
+    model = Tiny()
+    for max_steps in (4, 6):           # the second fit resumes from step 4, as after a recovery in place
+        L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                  enable_checkpointing=False, enable_model_summary=False, callbacks=[cb]
+                  ).fit(model, ckpt_path=resume_path(str(tmp_path / "ckpt")))
+    assert proposals == [1 + 100, 5 + 100]

@@ -1,0 +1,82 @@
+"""A PyTorch Lightning trainer recovered without relaunch on the real mini-cluster (docs/recovery.md,
+"In place"; slurmtools/integrations/lightning_inplace.py): examples/lightning/train.py as it is,
+the srun launcher, 2 nodes x 1 rank and a hot spare. The second node is killed: rank 0's process
+does not exit (Lightning's fit raises the broken group's error; `fit` leaves it, joins the next
+generation and fits again with a new Trainer), rank 1 starts on the spare from the warm standby
+started there with the step (torch and Lightning imported), and both resume from the newest sealed
+checkpoint, Lightning's own, and train to the end: one step of Slurm's, no relaunch, no requeue,
+the node failure counted. (The relaunch path of the same trainer: tests/cluster/test_frameworks.py;
+two real DDP ranks recovered in place without Slurm: tests/unit/test_lightning_inplace.py.)"""
+from __future__ import annotations
+
+import re
+
+import psutil
+import pytest
+
+from slurmtools.minicluster import faults
+from tests.cluster import training
+from tests.cluster.test_faults import _expand
+from tests.cluster.test_recovery import _restore, workdir  # noqa: F401  (the fixture)
+from tests.conftest import wait_for
+
+pytestmark = [pytest.mark.cluster]
+
+LIGHTNING = training.REPO / "examples" / "lightning" / "train.py"
+STEPS = 16
+CHECKPOINT_EVERY = 4
+
+
+def _steps(out: str) -> "list[int]":
+    return [int(n) for n in re.findall(r"^step (\d+)/", out, re.M)]
+
+
+def _resumed(out: str) -> "list[int]":
+    return [int(n) for n in re.findall(r"^resumed at step (\d+)$", out, re.M)]
+
+
+def _rank_0_pid(job: int) -> int:
+    found = [p.pid for p, env in training._trainers(job, LIGHTNING) if env.get("RANK") == "0"]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_lightning_trainers_lost_node_is_recovered_in_place_and_rank_0_keeps_its_process(cluster, workdir):
+    spec = training.fault_spec(workdir, "lightning-inplace",
+                               command=[str(LIGHTNING), "--steps", str(STEPS), "--checkpoint-every",
+                                        str(CHECKPOINT_EVERY), "--step-sleep-s", "0.3"],
+                               requeue={"spare_nodes": 1, "in_place": True})
+    job = training.submit(spec)
+    wait_for(lambda: max(_steps(training.output(spec, job)), default=0) >= 2 * CHECKPOINT_EVERY + 1, 180,
+             f"job {job} to train past step {2 * CHECKPOINT_EVERY}", interval_s=0.2)
+    nodes = _expand(training.supervisor_events(training.events(spec, job), "start")[0]["nodes"])
+    survivor = _rank_0_pid(job)
+    victim = nodes[1]
+    faults.kill_node(cluster, victim)
+    try:
+        wait_for(lambda: training.supervisor_events(training.events(spec, job), "in_place"), 120,
+                 f"job {job}'s in-place recovery", interval_s=0.2)
+        assert psutil.pid_exists(survivor) and _rank_0_pid(job) == survivor      # not relaunched
+        info = training.wait_finished(job, 240)
+        evts = training.events(spec, job)
+        out = training.output(spec, job)
+        story = training.supervisor_story(evts) + "\n" + training.describe(spec, job)
+        assert info.state == "COMPLETED", story
+        recovered = training.supervisor_events(evts, "in_place")
+        assert [(r["generation"], r["cause"], r["lost"], len(r["spares"])) for r in recovered] == [
+            (1, "node_failure", [victim], 1)], story
+        spare = recovered[0]["spares"][0]
+        assert spare not in nodes and recovered[0]["warm"] == [spare], story    # its standby took rank 1
+        training.assert_one_node_recovered_in_place(spec, job, evts, story, victim, spare, LIGHTNING)
+        # rank 0's one process: the steps before the loss, then again from the newest sealed checkpoint
+        # (step 8's was sealed before step 9 was said; a step's line comes after its save, so the
+        # step being saved when the node died may be sealed and unsaid: at most one past the last said)
+        resumed, steps = _resumed(out), _steps(out)
+        breaks = [i for i in range(1, len(steps)) if steps[i] != steps[i - 1] + 1]
+        assert len(resumed) == 1 and len(breaks) <= 1 and resumed[0] % CHECKPOINT_EVERY == 0, out
+        cut = breaks[0] if breaks else resumed[0]       # no break: resumed at the last step said
+        assert steps[:cut] == list(range(1, cut + 1)), out
+        assert 2 * CHECKPOINT_EVERY <= resumed[0] <= cut + 1, (resumed, out)
+        assert steps[cut:] == list(range(resumed[0] + 1, STEPS + 1)), out
+    finally:
+        _restore(cluster, victim)
