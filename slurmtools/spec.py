@@ -159,7 +159,9 @@ class DistributedSpec:
                                     "and a rank of another node keeps a replica; a restart in the allocation "
                                     "restores from them, a spare pulls a lost node's state from its replicas "
                                     "(docs/snapshots.md; SLURMTOOLS_SNAPSHOT_EVERY, for trainers that use "
-                                    "slurmtools.snapshot.fsdp). 0: off; the default from bench/snapshot.py.",
+                                    "slurmtools.snapshot.fsdp, and Lightning's DDP recovered in place: "
+                                    "slurmtools.integrations.lightning_memory). 0: off; the default from "
+                                    "bench/snapshot.py.",
                                     DEFAULT_EVERY_STEPS, min=0, max=1000000000)
     snapshot_memory_gb: float = doc("Each rank's share of node memory for its snapshots and the replicas it keeps, "
                                     "at a snapshot's peak (about 5x its shard and 4x each replica: "

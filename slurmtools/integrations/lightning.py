@@ -22,8 +22,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
 
-from slurmtools.checkpoint.manager import CheckpointManager
+from slurmtools.checkpoint.manager import Checkpoint, CheckpointManager
 from slurmtools.common.control_dir import CHECKPOINT_DIR_ENV
+from slurmtools.integrations.lightning_memory import MemoryCopy
 from slurmtools.train.agreement import RequestAgreement
 from slurmtools.train.control import TrainingControl
 
@@ -36,13 +37,18 @@ def checkpoint_root(checkpoint_dir: Optional[str] = None) -> Optional[Path]:
     return Path(chosen) if chosen else None
 
 
-def resume_path(checkpoint_dir: Optional[str] = None) -> Optional[str]:
-    """The newest complete sealed checkpoint's file for `trainer.fit(ckpt_path=...)`, or None (a
-    first start). A checkpoint cut off mid-write has no manifest and is never chosen."""
+def newest_sealed(checkpoint_dir: Optional[str] = None) -> Optional[Checkpoint]:
+    """The newest complete sealed checkpoint (its step and directory), or None: resume_path's."""
     root = checkpoint_root(checkpoint_dir)
     if root is None or not root.is_dir():
         return None
-    newest = CheckpointManager(root).latest(checksums=True)
+    return CheckpointManager(root).latest(checksums=True)
+
+
+def resume_path(checkpoint_dir: Optional[str] = None) -> Optional[str]:
+    """The newest complete sealed checkpoint's file for `trainer.fit(ckpt_path=...)`, or None (a
+    first start). A checkpoint cut off mid-write has no manifest and is never chosen."""
+    newest = newest_sealed(checkpoint_dir)
     return str(newest.path / CHECKPOINT_FILE) if newest is not None else None
 
 
@@ -57,6 +63,9 @@ class SlurmtoolsCallback(pl.Callback):
         self.step_t = time.monotonic()
         self.stopped_for_requeue = False
         self.agreement = RequestAgreement()
+        # a recovery in place's copy of each step's state in this process (lightning_memory): set by
+        # lightning_inplace.fit under DDP with snapshots on; None keeps none
+        self.memory: Optional[MemoryCopy] = None
 
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         environment = trainer._accelerator_connector.cluster_environment
@@ -92,6 +101,9 @@ class SlurmtoolsCallback(pl.Callback):
             self.control.mark_stopped_for_requeue(step)
             self.stopped_for_requeue = True
             trainer.should_stop = True
+        elif self.memory is not None and self.memory.due(step):
+            # the dict trainer.save_checkpoint writes, without its file and its barrier: no collective
+            self.memory.keep(step, trainer._checkpoint_connector.dump_checkpoint(weights_only=False), step_s)
 
     def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         assert self.control is not None

@@ -10,9 +10,11 @@ When a peer is lost, the ranks on healthy nodes do not exit: Lightning's fit rai
 group's error, `fit` leaves the group, waits for the supervisor's next generation, joins it
 (slurmtools.train.inplace) and fits again in the same process with a new Trainer: no interpreter
 start, no import, the LightningModule and the data kept. The replacement ranks start straight into
-that generation. Every rank resumes from the newest sealed checkpoint (Lightning's state comes back
-through its own checkpoint: its loops, optimizers and callbacks), so the steps since that
-checkpoint are trained again; the reference trainer's node-memory snapshots are not Lightning's.
+that generation. Under DDP with the job's snapshots on, every rank resumes from the newest step a
+survivor keeps in its memory (lightning_memory: each rank's whole state is the same, so a survivor's
+copy is the lost rank's too); else, or when the newest sealed checkpoint is as new, from that
+checkpoint (Lightning's state comes back through its own checkpoint either way: its loops,
+optimizers and callbacks), and the steps since it are trained again.
 Lightning forms no group of its own when one exists (its DDP strategy's set-up), so the
 generation's group is the one it trains on.
 
@@ -29,7 +31,8 @@ import torch
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 
 from slurmtools.common.control_dir import CONTROL_DIR_ENV, collective_timeout_s
-from slurmtools.integrations.lightning import resume_path
+from slurmtools.integrations.lightning import CHECKPOINT_FILE, SlurmtoolsCallback, newest_sealed, resume_path
+from slurmtools.integrations.lightning_memory import NONE_HELD, MemoryCopy, agreed_copy, remove, replicated
 from slurmtools.train import inplace
 
 
@@ -63,6 +66,20 @@ def fit(make_trainer: Callable[[], pl.Trainer], model: pl.LightningModule, *, ch
     if backend == "nccl":
         torch.cuda.set_device(int(environ.get("LOCAL_RANK", "0")))
 
+    memory = MemoryCopy.from_env(environ)
+
     def fit_once() -> None:
-        make_trainer().fit(model, ckpt_path=resume_path(checkpoint_dir), **fit_kwargs)
+        trainer = make_trainer()
+        callbacks = [callback for callback in trainer.callbacks if isinstance(callback, SlurmtoolsCallback)]
+        kept = memory if memory is not None and callbacks and replicated(trainer) else None
+        for callback in callbacks:
+            callback.memory = kept
+        sealed = newest_sealed(checkpoint_dir)
+        # every rank alike (the same script, environment and strategy): the agreement is collective
+        copy = agreed_copy(kept, sealed.step if sealed else NONE_HELD, environ) if kept is not None else None
+        try:
+            sealed_file = str(sealed.path / CHECKPOINT_FILE) if sealed is not None else None
+            trainer.fit(model, ckpt_path=str(copy) if copy is not None else sealed_file, **fit_kwargs)
+        finally:
+            remove(copy)
     inplace.run(fit_once, control_dir, int(environ.get("RANK", "0")), backend, timeout_s, environ=environ)

@@ -4,7 +4,8 @@ step 4's checkpoint is sealed, rank 1's process is killed (no clean-up). Rank 0 
 Lightning's fit raises the broken group's error, and the rank waits for the next generation. The
 test stands for the supervisor (as tests/unit/test_inplace.py does): it hosts the store, writes
 generation 1 and starts a replacement rank 1 straight into it. Rank 0 fits again in the same
-process with a new Trainer, both resume from the newest sealed checkpoint and train to the end."""
+process with a new Trainer, both resume and train to the end: from the newest sealed checkpoint with
+the job's snapshots off, from the step rank 0 keeps in its memory with them on (every step)."""
 from __future__ import annotations
 
 import os
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools.common.control_dir import CHECKPOINT_DIR_ENV, GENERATION_ENV, INPLACE_ENV, standalone_env
+from slurmtools.common.control_dir import (CHECKPOINT_DIR_ENV, GENERATION_ENV, INPLACE_ENV, SNAPSHOT_EVERY_ENV,
+                                           standalone_env)
 from tests.unit.test_flight_recorder import _free_port
 from tests.unit.test_inplace import LEFT, _Said, _wait_until_said
 
@@ -43,15 +45,19 @@ def _steps(out: str) -> "list[int]":
     return [int(n) for n in re.findall(r"^step (\d+)/", out, re.M)]
 
 
-def test_a_lost_rank_of_a_lightning_fit_is_replaced_in_place_and_rank_0_fits_again_in_its_process(tmp_path):
+@pytest.mark.parametrize("snapshot_every", ["0", "1"])
+def test_a_lost_rank_of_a_lightning_fit_is_replaced_in_place_and_rank_0_fits_again_in_its_process(tmp_path,
+                                                                                                snapshot_every):
     (tmp_path / "memory").mkdir()
     store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     port = _free_port()
-    first = _start(tmp_path, 0, port)
-    lost = _start(tmp_path, 1, port)
+    snapshots = {SNAPSHOT_EVERY_ENV: snapshot_every}
+    first = _start(tmp_path, 0, port, **snapshots)
+    lost = _start(tmp_path, 1, port, **snapshots)
     said = _Said(first)
     deadline = time.monotonic() + 180
-    while not (tmp_path / "ckpt" / "step_4").is_dir():
+    # with snapshots on, past step 4's checkpoint: the step rank 0 keeps in memory is the newer
+    while not ((tmp_path / "ckpt" / "step_4").is_dir() and (snapshot_every == "0" or "step 6/" in "".join(said.out))):
         assert time.monotonic() < deadline and first.poll() is None, said.text()[-3000:]
         time.sleep(0.05)
     lost.send_signal(signal.SIGKILL)
@@ -60,7 +66,7 @@ def test_a_lost_rank_of_a_lightning_fit_is_replaced_in_place_and_rank_0_fits_aga
     assert _wait_until_said({0: said}, LEFT, 60), said.text()[-3000:]
     assert first.poll() is None
     generation.write(tmp_path / "control", generation.Generation(1, WORLD, "127.0.0.1", store.port))
-    replacement = _start(tmp_path, 1, port, **{GENERATION_ENV: "1"})
+    replacement = _start(tmp_path, 1, port, **{GENERATION_ENV: "1"}, **snapshots)
     out = said.end(240)
     replacement_out, replacement_err = replacement.communicate(timeout=240)
     assert first.returncode == 0, said.text()[-3000:]
@@ -68,10 +74,18 @@ def test_a_lost_rank_of_a_lightning_fit_is_replaced_in_place_and_rank_0_fits_aga
     err = said.text()
     assert "the process group of generation 0 broke" in err and "joining generation 1 in place" in err
     resumed = [int(n) for n in re.findall(r"^resumed at step (\d+)$", out, re.M)]
+    steps = _steps(out)
+    if snapshot_every == "1":
+        # rank 0's copy of the last step it said (its line comes after the callback's copy): every
+        # step said once, none trained again; no file was left in the node's memory dir
+        assert len(resumed) == 1 and resumed[0] >= 6, out
+        assert f"resuming from step {resumed[0]}, held in memory by rank 0" in err, err[-3000:]
+        assert steps == list(range(1, STEPS + 1)), out
+        assert list((tmp_path / "memory").glob("lightning-in-memory-*")) == []
+        return
     assert len(resumed) == 1 and resumed[0] in (4, 8), out
     # rank 0's one process: the steps before the loss, then from the checkpoint (a step's line comes
     # after the callback's save: the loss during step 4's save leaves step 4 unsaid)
-    steps = _steps(out)
     breaks = [index for index in range(1, len(steps)) if steps[index] != steps[index - 1] + 1]
     cut = breaks[0] if breaks else resumed[0]
     assert len(breaks) <= 1 and steps[:cut] == list(range(1, cut + 1)) and cut >= resumed[0] - 1, out
