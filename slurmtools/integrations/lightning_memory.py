@@ -8,8 +8,8 @@ job's snapshot cadence (the spec's distributed.snapshot_every_steps, spaced out 
 within snapshot_max_overhead_pct, skipped past snapshot_memory_gb) each rank keeps the checkpoint
 dict Lightning would write, serialized, in its memory. When it fits again in place, the ranks agree
 (one all-gather) on the newest step any of them holds; if that is newer than every rank's newest
-sealed checkpoint, its holder broadcasts it and every rank resumes from it (a file in the node's
-scratch dir, as Lightning's `ckpt_path` takes a path), instead of training again the steps since
+sealed checkpoint, its holder broadcasts it and every rank resumes from it (a private file in the
+node's memory dir, as Lightning's `ckpt_path` takes a path), instead of training again the steps since
 the checkpoint. Other strategies (FSDP, DeepSpeed: state sharded over the ranks) keep the sealed
 checkpoint's path.
 """
@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 
-from slurmtools.common.control_dir import (NODE_LOCAL_DIR_ENV, SNAPSHOT_EVERY_ENV, SNAPSHOT_MAX_OVERHEAD_ENV,
-                                           SNAPSHOT_MEMORY_GB_ENV)
+from slurmtools.common.control_dir import SNAPSHOT_EVERY_ENV, SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV
 from slurmtools.snapshot.rules import interval_for, settings_from_env
+from slurmtools.train.node_beat import memory_root
 
 NONE_HELD = -1        # a rank's word for "no step": a replacement, or a copy never kept
 PEAK_COPIES = 2       # a copy's peak in memory: the serialized buffer and the bytes kept
@@ -95,10 +95,15 @@ class MemoryCopy:
                                            self.max_overhead_pct)
 
 
-def scratch_path(environ: Mapping[str, str], rank: int, step: int) -> Path:
-    """Where a rank writes the agreed copy for Lightning to load: the node's memory dir, else /tmp."""
-    root = Path(environ.get(NODE_LOCAL_DIR_ENV) or tempfile.gettempdir())
-    return root / f"lightning-in-memory-rank{rank}-step{step}.ckpt"
+def write_scratch(environ: Mapping[str, str], rank: int, step: int, blob: bytes) -> Path:
+    """The agreed copy as a file for Lightning to load, in the node's memory dir (shared by every
+    user of the node, /dev/shm by default): made new and private (O_EXCL, 0600, a name of its own),
+    so a name planted there by another user is never followed or overwritten."""
+    handle, name = tempfile.mkstemp(prefix=f"slurmtools-lightning-rank{rank}-step{step}-", suffix=".ckpt",
+                                    dir=memory_root(environ))
+    with os.fdopen(handle, "wb") as out:
+        out.write(blob)
+    return Path(name)
 
 
 def agreed_copy(memory: MemoryCopy, sealed_step: int, environ: Mapping[str, str]) -> Optional[Path]:
@@ -112,9 +117,7 @@ def agreed_copy(memory: MemoryCopy, sealed_step: int, environ: Mapping[str, str]
     step, holder = choice
     payload: List[Any] = [memory.blob if dist.get_rank() == holder else None]
     dist.broadcast_object_list(payload, src=holder)
-    path = scratch_path(environ, dist.get_rank(), step)
-    with open(path, "wb") as out:
-        out.write(payload[0])
+    path = write_scratch(environ, dist.get_rank(), step, payload[0])
     if dist.get_rank() == 0:
         newest_sealed = max(sealed for _, sealed in gathered)
         print(f"slurmtools: resuming from step {step}, held in memory by rank {holder} (the newest sealed "

@@ -81,7 +81,7 @@ def test_a_lost_rank_of_a_lightning_fit_is_replaced_in_place_and_rank_0_fits_aga
         assert len(resumed) == 1 and resumed[0] >= 6, out
         assert f"resuming from step {resumed[0]}, held in memory by rank 0" in err, err[-3000:]
         assert steps == list(range(1, STEPS + 1)), out
-        assert list((tmp_path / "memory").glob("lightning-in-memory-*")) == []
+        assert list((tmp_path / "memory").glob("slurmtools-lightning-*")) == []
         return
     assert len(resumed) == 1 and resumed[0] in (4, 8), out
     # rank 0's one process: the steps before the loss, then from the checkpoint (a step's line comes

@@ -4,6 +4,7 @@ settings, and a copy over the memory share not kept."""
 from __future__ import annotations
 
 import io
+import stat
 
 import pytest
 
@@ -14,7 +15,7 @@ from slurmtools.common.control_dir import (NODE_LOCAL_DIR_ENV, SNAPSHOT_EVERY_EN
                                            SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV)
 from slurmtools.errors import UsageError  # noqa: E402
 from slurmtools.integrations.lightning_memory import (NONE_HELD, MemoryCopy, resume_choice,  # noqa: E402
-                                                      scratch_path)
+                                                      write_scratch)
 
 
 @pytest.mark.parametrize("held, sealed, choice", [
@@ -66,5 +67,12 @@ def test_the_stall_spaces_copies_out_by_the_overhead_bound():
     assert copy.interval_steps > 2 and copy.interval_steps % 2 == 0
 
 
-def test_the_agreed_copy_goes_to_the_nodes_memory_dir(tmp_path):
-    assert scratch_path({NODE_LOCAL_DIR_ENV: str(tmp_path)}, 3, 12) == tmp_path / "lightning-in-memory-rank3-step12.ckpt"
+def test_the_agreed_copy_is_a_new_private_file_in_the_nodes_memory_dir_never_a_planted_name(tmp_path):
+    victim = tmp_path / "victims-own-file"
+    victim.write_bytes(b"mine")
+    for name in ("slurmtools-lightning-rank3-step12-.ckpt", "slurmtools-lightning-rank3-step12.ckpt"):
+        (tmp_path / name).symlink_to(victim)               # another user's names, planted beforehand
+    path = write_scratch({NODE_LOCAL_DIR_ENV: str(tmp_path)}, 3, 12, b"state")
+    assert path.parent == tmp_path and path.name.startswith("slurmtools-lightning-rank3-step12-")
+    assert path.read_bytes() == b"state" and not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert victim.read_bytes() == b"mine"
