@@ -12,9 +12,9 @@ group's error, `fit` leaves the group, waits for the supervisor's next generatio
 start, no import, the LightningModule and the data kept. The replacement ranks start straight into
 that generation. Under DDP with the job's snapshots on, every rank resumes from the newest step a
 survivor keeps in its memory (lightning_memory: each rank's whole state is the same, so a survivor's
-copy is the lost rank's too); else, or when the newest sealed checkpoint is as new, from that
-checkpoint (Lightning's state comes back through its own checkpoint either way: its loops,
-optimizers and callbacks), and the steps since it are trained again.
+copy is the lost rank's too; one rank a node keeps one); else, or when the newest sealed checkpoint
+is as new, from that checkpoint (Lightning's state comes back through its own checkpoint either way:
+its loops, optimizers and callbacks), and the steps since it are trained again.
 Lightning forms no group of its own when one exists (its DDP strategy's set-up), so the
 generation's group is the one it trains on.
 
@@ -32,7 +32,8 @@ from lightning.fabric.plugins.environments import TorchElasticEnvironment
 
 from slurmtools.common.control_dir import CONTROL_DIR_ENV, collective_timeout_s
 from slurmtools.integrations.lightning import CHECKPOINT_FILE, SlurmtoolsCallback, newest_sealed, resume_path
-from slurmtools.integrations.lightning_memory import NONE_HELD, MemoryCopy, agreed_copy, remove, replicated
+from slurmtools.integrations.lightning_memory import (NONE_HELD, MemoryCopy, agreed_copy, keeps_copy, remove,
+                                                      replicated)
 from slurmtools.train import inplace
 
 
@@ -71,12 +72,13 @@ def fit(make_trainer: Callable[[], pl.Trainer], model: pl.LightningModule, *, ch
     def fit_once() -> None:
         trainer = make_trainer()
         callbacks = [callback for callback in trainer.callbacks if isinstance(callback, SlurmtoolsCallback)]
-        kept = memory if memory is not None and callbacks and replicated(trainer) else None
+        # every rank alike (the same script, environment and strategy): the agreement is collective;
+        # a rank that keeps no copy takes part in it holding none
+        agreeing = memory if memory is not None and callbacks and replicated(trainer) else None
         for callback in callbacks:
-            callback.memory = kept
+            callback.memory = agreeing if keeps_copy(trainer.local_rank, trainer.num_nodes) else None
         sealed = newest_sealed(checkpoint_dir)
-        # every rank alike (the same script, environment and strategy): the agreement is collective
-        copy = agreed_copy(kept, sealed.step if sealed else NONE_HELD, environ) if kept is not None else None
+        copy = agreed_copy(agreeing, sealed.step if sealed else NONE_HELD, environ) if agreeing is not None else None
         try:
             sealed_file = str(sealed.path / CHECKPOINT_FILE) if sealed is not None else None
             trainer.fit(model, ckpt_path=str(copy) if copy is not None else sealed_file, **fit_kwargs)

@@ -3,10 +3,11 @@
 
 Under DDP every rank holds the whole state, the same on each (its model, its optimizers, its loops:
 what Lightning's checkpoint of rank 0 holds, which every rank loads on a resume). So a survivor's
-own copy of its newest step is also the lost rank's: no replica on another node is needed. At the
-job's snapshot cadence (the spec's distributed.snapshot_every_steps, spaced out to keep its stall
-within snapshot_max_overhead_pct, skipped past snapshot_memory_gb) each rank keeps the checkpoint
-dict Lightning would write, serialized, in its memory. When it fits again in place, the ranks agree
+own copy of its newest step is also the lost rank's: no replica on another node is needed, and one
+copy a node will do (keeps_copy). At the job's snapshot cadence (the spec's
+distributed.snapshot_every_steps, spaced out to keep its stall within snapshot_max_overhead_pct,
+skipped past snapshot_memory_gb) each node's first rank keeps the checkpoint dict Lightning would
+write, serialized, in its memory. When it fits again in place, the ranks agree
 (one all-gather) on the newest step any of them holds; if that is newer than every rank's newest
 sealed checkpoint, its holder broadcasts it and every rank resumes from it (a private file in the
 node's memory dir, as Lightning's `ckpt_path` takes a path), instead of training again the steps since
@@ -39,6 +40,14 @@ PEAK_COPIES = 2       # a copy's peak in memory: the serialized buffer and the b
 def replicated(trainer: pl.Trainer) -> bool:
     """Whether every rank holds the whole state: Lightning's plain DDP (not a subclass that shards)."""
     return type(trainer.strategy) is DDPStrategy
+
+
+def keeps_copy(local_rank: int, node_count: int) -> bool:
+    """Whether this rank keeps a copy: the first rank of each node, so any one failure (a node, a
+    rank) leaves a copy on another node, at a node's memory and time for one copy rather than one a
+    rank (8 a node on an 8-GPU node); a job of one node keeps two (its first two ranks), so a rank
+    that crashes there leaves one."""
+    return local_rank < (1 if node_count > 1 else 2)
 
 
 def resume_choice(held: Sequence[int], sealed: Sequence[int]) -> Optional[Tuple[int, int]]:

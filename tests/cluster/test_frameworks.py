@@ -7,7 +7,6 @@ requeues and resumes at that very step; a node killed under training is replaced
 and training resumes from the newest sealed checkpoint; then it completes."""
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from typing import Callable
@@ -48,11 +47,11 @@ OWN_CHECKPOINTS: "dict[str, Callable[[Path], dict]]" = {
 
 
 def _last_step(spec: JobSpec, job: int) -> int:
-    return max((int(n) for n in re.findall(r"^step (\d+)/", training.output(spec, job), re.M)), default=0)
+    return max(training.steps_said(training.output(spec, job)), default=0)
 
 
 def _resumed(spec: JobSpec, job: int) -> "list[int]":
-    return [int(n) for n in re.findall(r"^resumed at step (\d+)$", training.output(spec, job), re.M)]
+    return training.resumed_at(training.output(spec, job))
 
 
 CUT_OFF: "dict[str, Callable[[Path], Path]]" = {

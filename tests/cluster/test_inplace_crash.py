@@ -24,14 +24,6 @@ from tests.conftest import wait_for
 pytestmark = [pytest.mark.cluster]
 
 
-def _rank_pids(job: int) -> "dict[str, list[int]]":
-    found: "dict[str, list[int]]" = {}
-    for process, env in training._trainers(job, training.TRAIN):
-        if env.get("RANK"):
-            found.setdefault(env["RANK"], []).append(process.pid)
-    return found
-
-
 def test_a_crashed_rank_restarts_on_its_node_while_every_other_rank_keeps_its_process(cluster, workdir,
                                                                                        reference_run_4):
     spec = training.training_spec(workdir, "crashinplace", launcher="srun", processes_per_node=2,
@@ -40,11 +32,11 @@ def test_a_crashed_rank_restarts_on_its_node_while_every_other_rank_keeps_its_pr
                                   requeue={"in_place": True}, distributed=training.SNAPSHOTS_EVERY_STEP)
     job = training.submit(spec)
     training.wait_step(spec, job, 2)
-    before = _rank_pids(job)
+    before = training.rank_pids(job)
     assert sorted(before) == ["0", "1", "2", "3"] and all(len(pids) == 1 for pids in before.values()), before
     wait_for(lambda: training.trainer_events(training.events(spec, job), "resumed"), 120,
              f"job {job}'s ranks resumed in place", interval_s=0.2)
-    after = _rank_pids(job)
+    after = training.rank_pids(job)
     info = training.wait_finished(job, 240)
     evts = training.events(spec, job)
     story = training.supervisor_story(evts) + "\n" + training.describe(spec, job)

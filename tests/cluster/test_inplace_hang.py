@@ -12,7 +12,7 @@ from slurmtools.common.control_dir import control_dir_for
 from slurmtools.slurm import commands as slurm
 from tests.cluster import training
 from tests.cluster.test_faults import _expand
-from tests.cluster.test_inplace_recovery import _rank_pid, _survived_in_place
+from tests.cluster.test_inplace_recovery import _survived_in_place
 from tests.cluster.test_recovery import workdir  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.cluster]
@@ -32,7 +32,7 @@ def test_a_hung_ranks_node_is_replaced_in_place_and_the_survivor_keeps_its_proce
     job = training.submit(spec)
     training.wait_step(spec, job, 3)
     nodes = _expand(training.supervisor_events(training.events(spec, job), "start")[0]["nodes"])
-    survivor = _rank_pid(job, 0)
+    survivor = training.rank_pid(job, 0)
     evts, story = _survived_in_place(spec, job, survivor)
     assert [(h["rank"], h["host"], h["in_place"]) for h in training.supervisor_events(evts, "hang")] == [
         (1, nodes[1], True)], story

@@ -11,7 +11,6 @@ tests/cluster/test_frameworks.py; two real DDP ranks recovered in place from the
 from memory, without Slurm: tests/unit/test_lightning_inplace.py.)"""
 from __future__ import annotations
 
-import re
 
 import psutil
 import pytest
@@ -29,20 +28,6 @@ STEPS = 16
 CHECKPOINT_EVERY = 8       # sealed at 8 and 16: the loss after step 9 is newer in memory
 
 
-def _steps(out: str) -> "list[int]":
-    return [int(n) for n in re.findall(r"^step (\d+)/", out, re.M)]
-
-
-def _resumed(out: str) -> "list[int]":
-    return [int(n) for n in re.findall(r"^resumed at step (\d+)$", out, re.M)]
-
-
-def _rank_0_pid(job: int) -> int:
-    found = [p.pid for p, env in training._trainers(job, LIGHTNING) if env.get("RANK") == "0"]
-    assert len(found) == 1, found
-    return found[0]
-
-
 def test_a_lightning_trainers_lost_node_is_recovered_in_place_and_rank_0_keeps_its_process(cluster, workdir):
     spec = training.fault_spec(workdir, "lightning-inplace",
                                command=[str(LIGHTNING), "--steps", str(STEPS), "--checkpoint-every",
@@ -50,16 +35,16 @@ def test_a_lightning_trainers_lost_node_is_recovered_in_place_and_rank_0_keeps_i
                                requeue={"spare_nodes": 1, "in_place": True},
                                distributed=training.SNAPSHOTS_EVERY_STEP)
     job = training.submit(spec)
-    wait_for(lambda: max(_steps(training.output(spec, job)), default=0) >= CHECKPOINT_EVERY + 1, 180,
-             f"job {job} to train past step {CHECKPOINT_EVERY}", interval_s=0.2)
+    wait_for(lambda: max(training.steps_said(training.output(spec, job)), default=0) >= CHECKPOINT_EVERY + 1,
+             180, f"job {job} to train past step {CHECKPOINT_EVERY}", interval_s=0.2)
     nodes = _expand(training.supervisor_events(training.events(spec, job), "start")[0]["nodes"])
-    survivor = _rank_0_pid(job)
+    survivor = training.rank_pid(job, 0, LIGHTNING)
     victim = nodes[1]
     faults.kill_node(cluster, victim)
     try:
         wait_for(lambda: training.supervisor_events(training.events(spec, job), "in_place"), 120,
                  f"job {job}'s in-place recovery", interval_s=0.2)
-        assert psutil.pid_exists(survivor) and _rank_0_pid(job) == survivor      # not relaunched
+        assert psutil.pid_exists(survivor) and training.rank_pid(job, 0, LIGHTNING) == survivor   # not relaunched
         info = training.wait_finished(job, 240)
         evts = training.events(spec, job)
         out = training.output(spec, job)
@@ -73,9 +58,9 @@ def test_a_lightning_trainers_lost_node_is_recovered_in_place_and_rank_0_keeps_i
         training.assert_one_node_recovered_in_place(spec, job, evts, story, victim, spare, LIGHTNING)
         # rank 0's one process: every step said once, resumed at the last it said before the loss (its
         # line comes after the callback's copy of the step), past step 8's sealed checkpoint
-        resumed = _resumed(out)
+        resumed = training.resumed_at(out)
         assert len(resumed) == 1 and CHECKPOINT_EVERY < resumed[0] < STEPS, out
-        assert _steps(out) == list(range(1, STEPS + 1)), out
+        assert training.steps_said(out) == list(range(1, STEPS + 1)), out
         assert f"resuming from step {resumed[0]}, held in memory by rank 0" in training.stderr(spec, job), story
     finally:
         _restore(cluster, victim)

@@ -28,18 +28,12 @@ from tests.conftest import wait_for
 pytestmark = [pytest.mark.cluster, pytest.mark.matrix]
 
 
-def _rank_pid(job: int, rank: int) -> int:
-    found = [p.pid for p, env in training._trainers(job, training.TRAIN) if env.get("RANK") == str(rank)]
-    assert len(found) == 1, found
-    return found[0]
-
-
 def _survived_in_place(spec, job: int, survivor: int):
     """The job's recovery in place, rank 0's process the same before and after it, and the job
     COMPLETED: its events, and its story for the assertions that follow."""
     wait_for(lambda: training.supervisor_events(training.events(spec, job), "in_place"), 120,
              f"job {job}'s in-place recovery", interval_s=0.2)
-    assert psutil.pid_exists(survivor) and _rank_pid(job, 0) == survivor       # not relaunched
+    assert psutil.pid_exists(survivor) and training.rank_pid(job, 0) == survivor       # not relaunched
     info = training.wait_finished(job, 240)
     evts = training.events(spec, job)
     story = training.supervisor_story(evts) + "\n" + training.describe(spec, job)
@@ -55,7 +49,7 @@ def test_a_killed_node_is_recovered_in_place_and_the_survivor_keeps_its_process(
     job = training.submit(spec)
     training.wait_step(spec, job, 6)
     nodes = _expand(training.supervisor_events(training.events(spec, job), "start")[0]["nodes"])
-    survivor = _rank_pid(job, 0)
+    survivor = training.rank_pid(job, 0)
     victim = nodes[1]
     faults.kill_node(cluster, victim)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -193,6 +194,33 @@ def _trainers(job: int, program: Path):
 def leftover_trainers(job: int, program: Path = TRAIN) -> List[int]:
     """Pids of training processes of this job still alive (orphans)."""
     return [p.pid for p, _ in _trainers(job, program)]
+
+
+def rank_pids(job: int, program: Path = TRAIN) -> Dict[str, List[int]]:
+    """Pids of this job's ranks running program, by their RANK (a rank restarted in place may
+    show two for a moment: its old process and its new one)."""
+    found: Dict[str, List[int]] = {}
+    for process, env in _trainers(job, program):
+        if env.get("RANK"):
+            found.setdefault(env["RANK"], []).append(process.pid)
+    return found
+
+
+def rank_pid(job: int, rank: int, program: Path = TRAIN) -> int:
+    """The one process of this job's rank running program."""
+    found = rank_pids(job, program).get(str(rank), [])
+    assert len(found) == 1, found
+    return found[0]
+
+
+def steps_said(out: str) -> List[int]:
+    """The steps a framework example said, in order ("step N/..." lines)."""
+    return [int(n) for n in re.findall(r"^step (\d+)/", out, re.M)]
+
+
+def resumed_at(out: str) -> List[int]:
+    """The steps a framework example said it resumed at ("resumed at step N" lines)."""
+    return [int(n) for n in re.findall(r"^resumed at step (\d+)$", out, re.M)]
 
 
 def kill_ranks_on(job: int, node: str, program: Path = TRAIN) -> List[int]:

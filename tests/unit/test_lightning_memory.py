@@ -14,8 +14,8 @@ import torch  # noqa: E402
 from slurmtools.common.control_dir import (NODE_LOCAL_DIR_ENV, SNAPSHOT_EVERY_ENV,  # noqa: E402
                                            SNAPSHOT_MAX_OVERHEAD_ENV, SNAPSHOT_MEMORY_GB_ENV)
 from slurmtools.errors import UsageError  # noqa: E402
-from slurmtools.integrations.lightning_memory import (NONE_HELD, MemoryCopy, resume_choice,  # noqa: E402
-                                                      write_scratch)
+from slurmtools.integrations.lightning_memory import (NONE_HELD, MemoryCopy, keeps_copy,  # noqa: E402
+                                                      resume_choice, write_scratch)
 
 
 @pytest.mark.parametrize("held, sealed, choice", [
@@ -29,6 +29,21 @@ from slurmtools.integrations.lightning_memory import (NONE_HELD, MemoryCopy, res
 ])
 def test_every_rank_resumes_from_the_newest_copy_when_it_is_newer_than_the_checkpoint(held, sealed, choice):
     assert resume_choice(held, sealed) == choice
+
+
+@pytest.mark.parametrize("node_count", [1, 2, 4])
+@pytest.mark.parametrize("ranks_per_node", [1, 2, 8])
+def test_one_rank_a_node_keeps_a_copy_and_any_one_failure_leaves_one(node_count, ranks_per_node):
+    keepers = {(node, local) for node in range(node_count) for local in range(ranks_per_node)
+               if keeps_copy(local, node_count)}
+    # one a node; a job of one node keeps two, when it has two ranks
+    assert len(keepers) == (node_count if node_count > 1 else min(2, ranks_per_node))
+    if node_count * ranks_per_node == 1:
+        return                   # a job of one rank: nothing survives its loss
+    for lost_node in range(node_count):
+        assert node_count == 1 or any(node != lost_node for node, _ in keepers)
+        for lost_local in range(ranks_per_node):
+            assert keepers - {(lost_node, lost_local)}, (lost_node, lost_local)
 
 
 def test_the_copy_follows_the_specs_snapshot_settings_and_is_off_without_them():
