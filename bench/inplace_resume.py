@@ -4,13 +4,19 @@ step, at step 12: the middle node killed (its rank starts again on the spare), t
 node's rank killed (a crash: it starts again on its own node), then the middle node's rank hung
 (`hang_timeout_s` 10 on both paths: its node replaced by the spare); each fault once with
 `requeue.in_place` and once without, fault -> first resumed step split into its phases, and a line
-`ratio inplace/relaunch <fault> <N> nodes <x>`. Then the goodput simulator at 9,600 GPUs fed the
-largest job's figures (bench/inplace_goodput.py)."""
+`ratio inplace/relaunch <fault> <N> nodes <x>`. Then, per fault, a line `flat inplace <fault> ...`
+over the node counts: the in-place time, its detection, and the time after the detection in the
+job's own step times (the median step before the fault). The mini-cluster's N ranks share the
+machine's cores, so at 32 nodes on 2 cores a step takes several times what it takes at 4 and so
+does every CPU-bound phase of a recovery; in step times the recovery's own work compares across
+counts as it would on a cluster whose nodes bring their own CPUs. Then the goodput simulator at
+9,600 GPUs fed the largest job's figures (bench/inplace_goodput.py)."""
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 import inplace_goodput  # bench/, beside this file
 from resume_jobs import (SNAPSHOTS_EVERY_STEP, breakdown, current_nodes, events, finished, resume_drained, show,
@@ -20,12 +26,18 @@ from slurmtools.slurm import commands as slurm
 
 FAULTS = ("node-kill", "rank-crash", "hang")
 HANG_TIMEOUT_S = 10          # the hang's detection, the same on both paths
+# each rank's work the same at every node count: an epoch of EPOCH_STEPS steps of BATCH_PER_RANK
+# samples a rank (the trainer's 256 samples make one step an epoch at 32 ranks, and every epoch
+# starts each rank's data loader workers again: 64 processes forked a step)
+EPOCH_STEPS = 8
+BATCH_PER_RANK = 8
 
 
 def one_run(layout: Any, work: Path, fault: str, nodes: int, in_place: bool) -> Dict[str, float]:
     """The job, the fault at step 12, its end; the breakdown of the path taken."""
     path = "inplace" if in_place else "relaunch"
-    extra = ["--step-sleep-s", "0.5"]
+    extra = ["--step-sleep-s", "0.5", "--batch-per-rank", str(BATCH_PER_RANK),
+             "--dataset-size", str(EPOCH_STEPS * BATCH_PER_RANK * nodes)]
     if fault == "hang":                       # the middle node's rank stops before its 13th step
         extra += ["--hang-at-step", f"{nodes // 2}:12"]
     s = spec(work, f"{fault}-{nodes}-{path}", extra, nodes=nodes, processes_per_node=1,
@@ -67,14 +79,46 @@ def inplace_breakdown(evts: List[Dict[str, Any]], fault_t: float) -> Dict[str, f
     resumed = next(e for e in evts if e.get("event") == "resumed" and e["t"] > recovered[0]["t"])
     first = next(e for e in evts if "loss" in e and e["t"] > resumed["t"])
     return {"detect": recovered[0]["t"] - fault_t, "form and restore": resumed["t"] - recovered[0]["t"],
-            "first step": first["t"] - resumed["t"], "total": first["t"] - fault_t,
+            "first step": first["t"] - resumed["t"], "step time": steady_step_s(evts, fault_t),
+            "total": first["t"] - fault_t,
             "steps lost": float(max(e["step"] for e in evts if "loss" in e and e["t"] < fault_t) - resumed["step"])}
 
 
-def section(layout: Any, work: Path, node_counts: List[int]) -> None:
-    found: Dict[str, Dict[bool, Dict[str, float]]] = {}
+def steady_step_s(evts: List[Dict[str, Any]], fault_t: float) -> float:
+    """The median time between rank 0's step lines before the fault: the job's pace on this machine
+    at its node count (checkpoint steps included, the median passes over them)."""
+    times = [e["t"] for e in evts if "loss" in e and e["t"] < fault_t]
+    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    return statistics.median(gaps) if gaps else float("nan")
+
+
+def spread(values: List[float]) -> float:
+    """The largest distance from the mean, as a fraction of the mean: "flat (±20 %)" is spread <= 0.2."""
+    mean = statistics.fmean(values)
+    return max(abs(value - mean) for value in values) / mean if mean else float("nan")
+
+
+def flat_line(fault: str, by_count: Dict[int, Dict[str, float]]) -> str:
+    """One line over the node counts of one fault's in-place figures: total, detection, and the time
+    after the detection in step times of the job's own pace (module docstring)."""
+    counts = sorted(by_count)
+
+    def series(name: str, values: List[float], unit: str) -> str:
+        return f"{name} {'/'.join(f'{value:.1f}' for value in values)}{unit} (±{spread(values):.0%})"
+    totals = [by_count[n]["total"] for n in counts]
+    detects = [by_count[n]["detect"] for n in counts]
+    after = [(by_count[n]["total"] - by_count[n]["detect"]) / by_count[n]["step time"] for n in counts]
+    steps = [by_count[n]["step time"] for n in counts]
+    return (f"flat inplace {fault} {'/'.join(map(str, counts))} nodes: {series('total', totals, ' s')}; "
+            f"{series('detect', detects, ' s')}; {series('after detection', after, ' step times')}; "
+            f"step time {'/'.join(f'{step:.2f}' for step in steps)} s")
+
+
+def section(layout: Any, work: Path, node_counts: List[int], faults: Sequence[str] = FAULTS) -> None:
+    by_count: Dict[int, Dict[str, Dict[bool, Dict[str, float]]]] = {}
     for nodes in node_counts:
-        for fault in FAULTS:
+        found = by_count.setdefault(nodes, {})
+        for fault in faults:
             found[fault] = {in_place: one_run(layout, work, fault, nodes, in_place) for in_place in (True, False)}
             ratio = found[fault][True]["total"] / found[fault][False]["total"]
             print(f"ratio inplace/relaunch {fault} {nodes} nodes {ratio:.2f}", flush=True)
@@ -82,7 +126,15 @@ def section(layout: Any, work: Path, node_counts: List[int]) -> None:
                 after = [found[fault][way]["total"] - HANG_TIMEOUT_S for way in (True, False)]
                 print(f"ratio inplace/relaunch after the hang timeout {nodes} nodes {after[0] / after[1]:.2f}",
                       flush=True)
+    if len(by_count) > 1:
+        for fault in faults:
+            print(flat_line(fault, {nodes: found[fault][True] for nodes, found in by_count.items()}), flush=True)
+    if set(faults) != set(FAULTS):
+        print(f"goodput at 9,600 GPUs: not fed (it takes every fault's figures; this run: {','.join(faults)})",
+              flush=True)
+        return
     # the goodput simulator fed the largest job's figures
+    found = by_count[max(by_count)]
     relaunched = found["node-kill"][False]
     inplace_goodput.report(relaunch_detect_s=relaunched["detect"],
                            relaunch_rest_s=relaunched["total"] - relaunched["detect"], in_place_s=found["node-kill"][True]["total"],

@@ -19,6 +19,7 @@ ratio after the hang timeout both wait); then the goodput simulator at 9,600
 GPUs fed the largest job's figures (bench/inplace_goodput.py).
 
     .venv/bin/python bench/resume.py [--goodput-min 5] [--only SECTION,...] [--inplace-nodes 4,32]
+        [--inplace-faults node-kill,rank-crash,hang]
     (brings its own cluster up and down: 5 nodes, or one more than the most --inplace-nodes;
     sections: floor, faults, warning, goodput, correlated, inplace)
 
@@ -152,7 +153,13 @@ def main() -> None:
     parser.add_argument("--goodput-min", type=float, default=5.0, help="length of the goodput runs (minutes)")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, of {','.join(SECTIONS)}")
     parser.add_argument("--inplace-nodes", default="4,32", help="node counts of the inplace section, comma-separated")
+    parser.add_argument("--inplace-faults", default=",".join(inplace_resume.FAULTS),
+                        help=f"faults of the inplace section, of {','.join(inplace_resume.FAULTS)}")
     args = parser.parse_args()
+    inplace_faults = args.inplace_faults.split(",")
+    if not inplace_faults or set(inplace_faults) - set(inplace_resume.FAULTS):
+        raise SystemExit(f"bench/resume.py: --inplace-faults: expected some of {','.join(inplace_resume.FAULTS)}, "
+                         f"got {args.inplace_faults!r}")
     try:
         inplace_nodes = [int(n) for n in args.inplace_nodes.split(",")]
     except ValueError:
@@ -173,14 +180,15 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="slurmtools-bench-"))
     work.chmod(0o755)
     try:
-        run_sections(layout, work, only, args.goodput_min, inplace_nodes)
+        run_sections(layout, work, only, args.goodput_min, inplace_nodes, inplace_faults)
     finally:
         for j in slurm.run_slurm(["squeue", "-h", "-o", "%i"]).split():
             slurm.cancel(int(j))
         mc.down(layout, purge=True)
 
 
-def run_sections(layout, work: Path, only: List[str], goodput_min: float, inplace_nodes: List[int]) -> None:
+def run_sections(layout, work: Path, only: List[str], goodput_min: float, inplace_nodes: List[int],
+                 inplace_faults: List[str]) -> None:
     if "floor" in only:
         floor_job = slurm.submit("#!/bin/bash\n#SBATCH -N2 --requeue -o /dev/null\nsrun sleep 300\n")
         wait(lambda: slurm.job_state(floor_job).state == "RUNNING", 30, "floor job")
@@ -226,7 +234,7 @@ def run_sections(layout, work: Path, only: List[str], goodput_min: float, inplac
                   f"{b['total'] / single['total']:.2f}", flush=True)
 
     if "inplace" in only:
-        inplace_resume.section(layout, work, inplace_nodes)
+        inplace_resume.section(layout, work, inplace_nodes, inplace_faults)
 
 
 if __name__ == "__main__":

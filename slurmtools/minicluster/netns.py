@@ -15,6 +15,14 @@ from slurmtools.minicluster.layout import MiniClusterLayout
 from slurmtools.minicluster.sysrun import run
 
 GUARD_METRIC = "4242"
+# ARP requests a namespace sends for an address before a connect fails with "No route to host"
+# (the kernel's default: 3, one a second). Every node of the mini-cluster shares the machine's few
+# cores: with dozens of ranks importing torch at once the kernel answers ARP late, and a gloo full
+# mesh of 32 ranks failed to form (and Slurm's message fan-out at 128 nodes logged "No route to
+# host") while every node was up. A cluster's switches answer at once: 10 a second apart lets a
+# loaded machine answer, and only the first resolution of an address waits (a known neighbour's
+# probes, the path a partitioned node fails on, keep the default).
+ARP_BROADCAST_PROBES = 10
 
 
 def link_exists(name: str) -> bool:
@@ -41,6 +49,8 @@ def net_up(layout: MiniClusterLayout) -> List[str]:
     if not link_exists(layout.bridge):
         run(["ip", "link", "add", layout.bridge, "type", "bridge"])
         run(["ip", "addr", "add", f"{layout.controller_addr}/24", "dev", layout.bridge])
+        run(["ip", "ntable", "change", "name", "arp_cache", "dev", layout.bridge,
+             "mcast_probes", str(ARP_BROADCAST_PROBES)])           # the controller's side: the same
         run(["ip", "link", "set", layout.bridge, "up"])
         run(["ip", "route", "replace", *guard_route(layout)], check=False)
         created.append(f"bridge:{layout.bridge}")
@@ -56,6 +66,8 @@ def net_up(layout: MiniClusterLayout) -> List[str]:
         run(["ip", "link", "set", veth, "up"])
         run(["ip", "-n", ns, "addr", "replace", f"{layout.node_addr(node)}/24", "dev", "eth0"])
         run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        run(["ip", "-n", ns, "ntable", "change", "name", "arp_cache", "dev", "eth0",
+             "mcast_probes", str(ARP_BROADCAST_PROBES)])
         run(["ip", "-n", ns, "link", "set", "eth0", "up"])
         created.append(f"netns:{ns}")
     return created

@@ -10,6 +10,7 @@ import pytest
 from slurmtools.minicluster import cluster as mc
 from slurmtools.minicluster import faults
 from slurmtools.minicluster import daemons, netns, node_files
+from slurmtools.minicluster.sysrun import run
 from slurmtools.slurm import commands as slurm
 from tests.cluster import asuser, training
 from tests.conftest import wait_for
@@ -28,6 +29,14 @@ def test_three_idle_nodes_with_four_gpus(cluster):
     assert [(n.name, n.state, n.gres) for n in nodes] == [
         ("node1", "idle", "gpu:4"), ("node2", "idle", "gpu:4"), ("node3", "idle", "gpu:4")]
     assert mc.format_table(nodes).splitlines()[0].split() == ["NODE", "STATE", "GRES", "REASON"]
+
+
+def test_every_node_and_the_controller_wait_for_a_late_arp_answer(cluster):
+    """A loaded machine answers ARP late: the nodes' and the bridge's broadcast probes are raised
+    (slurmtools/minicluster/netns.py), the unicast probes a partition fails on are not."""
+    shown = [run(["ip", *(["-n", cluster.netns(node)] if node else []), "ntable", "show", "name", "arp_cache",
+                  "dev", "eth0" if node else cluster.bridge]).stdout for node in [*cluster.node_names, ""]]
+    assert all(f"ucast_probes 3 mcast_probes {netns.ARP_BROADCAST_PROBES} " in text for text in shown), shown
 
 
 def test_second_up_is_harmless(cluster):
