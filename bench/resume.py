@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import inplace_resume  # bench/, beside this file
-from resume_jobs import (REPO, breakdown, current_nodes, events, finished, resume_drained, show, signal_rank, spec,
-                         step_reached, submit, victim_of, wait)
+from resume_jobs import (BENCH_CLUSTER, BENCH_STATE_DIR, REPO, breakdown, current_nodes, events, finished,
+                         resume_drained, show, signal_rank, spec, step_reached, submit, victim_of, wait)
 from slurmtools.common import ledger
 from slurmtools.common.control_dir import control_dir_for
 from slurmtools.minicluster import cluster as mc
@@ -170,10 +170,10 @@ def main() -> None:
     unknown = sorted(set(only) - set(SECTIONS))
     if unknown:
         raise SystemExit(f"bench/resume.py: --only: {','.join(unknown)} is not a section ({','.join(SECTIONS)})")
-    mc.down(mc.find_layout("resume", Path("/var/tmp/slurmtools-bench-resume")), purge=True)
+    mc.down(mc.find_layout(BENCH_CLUSTER, BENCH_STATE_DIR), purge=True)
     # 5 nodes: a 3-node job with two spares; a 2-node job with a spare requeued without a dead node
     nodes = max(5, max(inplace_nodes) + 1) if "inplace" in only else 5
-    layout = mc.layout_for_up("resume", Path("/var/tmp/slurmtools-bench-resume"), nodes=nodes, gpus_per_node=4,
+    layout = mc.layout_for_up(BENCH_CLUSTER, BENCH_STATE_DIR, nodes=nodes, gpus_per_node=4,
                               prolog_dir=REPO / "prolog.d", epilog_dir=REPO / "epilog.d")
     mc.up(layout, install=True, wait_s=120)
     os.environ["SLURM_CONF"] = str(layout.slurm_conf)

@@ -3,6 +3,7 @@ spec, its submission and events, a fault's breakdown from the supervisor's and t
 timestamped lines, and the cluster's state between runs."""
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 import time
@@ -20,6 +21,8 @@ from slurmtools.slurm import commands as slurm  # noqa: E402
 from slurmtools.spec import spec_from_dict  # noqa: E402
 
 TRAIN = REPO / "examples" / "tiny_fsdp" / "train.py"
+BENCH_CLUSTER = "resume"
+BENCH_STATE_DIR = Path("/var/tmp/slurmtools-bench-resume")
 STEPS = 40
 # in-memory snapshots every step: a replacement restores from its peer's replica, not from disk
 SNAPSHOTS_EVERY_STEP = {"snapshot_every_steps": 1, "snapshot_memory_gb": 1, "snapshot_max_overhead_pct": 0}
@@ -35,9 +38,20 @@ def wait(pred, timeout_s: float, what: str, interval_s: float = 0.1):
     raise SystemExit(f"timed out waiting for {what}")
 
 
+@functools.lru_cache(maxsize=None)
+def node_cpus() -> int:
+    """CPUs of one node of the cluster SLURM_CONF names, as Slurm has them (each node is this
+    machine). A job's tasks take them all, as a production training job takes whole nodes: with
+    Slurm's 1 CPU a task every rank of every node was bound to CPU 0 while CPU 1 idled, and the
+    figures were those of one core (docs/minicluster.md, "Every job on CPU 0")."""
+    return min(int(cpus) for cpus in slurm.run_slurm(["sinfo", "-h", "-o", "%c"]).split())
+
+
 def spec(work: Path, name: str, extra: List[str] = (), steps: int = STEPS, nodes: int = 2, processes_per_node: int = 2,
          top: Optional[Dict[str, Any]] = None, **requeue: Any):
+    tasks_per_node = processes_per_node if (top or {}).get("launcher") == "srun" else 1     # torchrun: one
     return spec_from_dict({
+        "cpus_per_task": max(1, node_cpus() // tasks_per_node),
         **(top or {}),
         "name": name, "nodes": nodes, "processes_per_node": processes_per_node, "python": sys.executable,
         "time_limit_min": 30,
