@@ -13,11 +13,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 from slurmtools.checkpoint import torch_dcp as checkpoint_torch  # noqa: E402
 from slurmtools.checkpoint.manager import CheckpointManager  # noqa: E402
-from tests.unit.test_reshard import _free_port, join_with_tiny_model  # noqa: E402
+from tests.unit.test_reshard import _free_port, join_with_tiny_model, spawn_ranks  # noqa: E402
 
 
 def _as_torch_2_11() -> None:
@@ -59,8 +58,7 @@ def _raise(*args, **kwargs):
 @pytest.mark.parametrize("broken_copy", [False, True], ids=["closing-stager", "failing-copy"])
 def test_async_saves_go_on_with_a_stager_that_closes_after_each_staging(tmp_path, broken_copy):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.json"
-    mp.start_processes(_worker, args=(2, _free_port(), str(ckpt), str(out), broken_copy), nprocs=2,
-                       start_method="spawn", join=True)
+    spawn_ranks(_worker, 2, _free_port(), str(ckpt), str(out), broken_copy)
     failures = json.loads(out.read_text())["failures"]
     if broken_copy:
         assert [step for step, _ in failures] == [1, 2, 3] and all("KeyError" in why for _, why in failures)

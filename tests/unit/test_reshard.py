@@ -17,6 +17,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from slurmtools.checkpoint import torch_dcp as checkpoint_torch
 from slurmtools.checkpoint.manager import CheckpointManager  # noqa: E402
+from slurmtools.common.leave import leave_without_teardown  # noqa: E402
 from slurmtools.reference import state_digest  # noqa: E402
 
 STEPS = 3
@@ -59,6 +60,20 @@ def join_with_tiny_model(rank: int, world: int, port: int):
     return (cfg, device, *tiny_model.build(cfg, world, device))
 
 
+def spawn_ranks(worker, world: int, *args) -> None:
+    """worker(rank, world, *args) in `world` spawned processes, each left without interpreter
+    finalization once its worker returned: FSDP2 keeps the gloo group alive past
+    destroy_process_group, and its C++ teardown at exit aborted a rank whose peer had left first
+    ("terminate called without an active exception", SIGABRT: seen in a full run;
+    slurmtools/common/leave.py). A worker's error reaches the caller as before."""
+    mp.start_processes(_leaving_after, args=(worker, world, *args), nprocs=world, start_method="spawn", join=True)
+
+
+def _leaving_after(rank: int, worker, world: int, *args) -> None:
+    worker(rank, world, *args)
+    leave_without_teardown(0)
+
+
 def _worker(rank: int, world: int, port: int, ckpt: str, out: str, save: bool) -> None:
     from slurmtools.reference import tiny_model
     cfg, device, model, optim = join_with_tiny_model(rank, world, port)
@@ -80,8 +95,7 @@ def _worker(rank: int, world: int, port: int, ckpt: str, out: str, save: bool) -
 
 
 def _run(world: int, ckpt: Path, out: Path, save: bool) -> dict:
-    mp.start_processes(_worker, args=(world, _free_port(), str(ckpt), str(out), save), nprocs=world,
-                       start_method="spawn", join=True)
+    spawn_ranks(_worker, world, _free_port(), str(ckpt), str(out), save)
     return torch.load(out, weights_only=True)
 
 

@@ -11,11 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 from slurmtools.checkpoint import torch_dcp as checkpoint_torch  # noqa: E402
 from slurmtools.checkpoint.manager import MANIFEST, CheckpointManager  # noqa: E402
-from tests.unit.test_reshard import _free_port, join_with_tiny_model  # noqa: E402
+from tests.unit.test_reshard import _free_port, join_with_tiny_model, spawn_ranks  # noqa: E402
 
 
 def _worker(rank: int, world: int, port: int, ckpt: str, out: str, save: bool) -> None:
@@ -42,8 +41,7 @@ def _worker(rank: int, world: int, port: int, ckpt: str, out: str, save: bool) -
 
 
 def _run(ckpt: Path, out: Path, save: bool) -> None:
-    mp.start_processes(_worker, args=(2, _free_port(), str(ckpt), str(out), save), nprocs=2,
-                       start_method="spawn", join=True)
+    spawn_ranks(_worker, 2, _free_port(), str(ckpt), str(out), save)
 
 
 def test_each_rank_seals_its_shards_and_a_corrupt_newest_is_refused_by_all(tmp_path):
