@@ -9,7 +9,7 @@ machine's /etc/hosts is never edited.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
+from typing import Dict, List
 
 from slurmtools.minicluster.layout import MiniClusterLayout
 from slurmtools.minicluster.sysrun import run
@@ -17,12 +17,36 @@ from slurmtools.minicluster.sysrun import run
 GUARD_METRIC = "4242"
 # ARP requests a namespace sends for an address before a connect fails with "No route to host"
 # (the kernel's default: 3, one a second). Every node of the mini-cluster shares the machine's few
-# cores: with dozens of ranks importing torch at once the kernel answers ARP late, and a gloo full
-# mesh of 32 ranks failed to form (and Slurm's message fan-out at 128 nodes logged "No route to
-# host") while every node was up. A cluster's switches answer at once: 10 a second apart lets a
-# loaded machine answer, and only the first resolution of an address waits (a known neighbour's
-# probes, the path a partitioned node fails on, keep the default).
+# cores: with dozens of ranks importing torch at once the kernel may answer ARP late. A cluster's
+# switches answer at once: 10 a second apart lets a loaded machine answer, and only the first
+# resolution of an address waits (a known neighbour's probes, the path a partitioned node fails on,
+# keep the default).
 ARP_BROADCAST_PROBES = 10
+# The kernel's ARP table is one for all namespaces, its hard limit (gc_thresh3) 1,024 entries by
+# default: a full mesh of 33 nodes needs 33 x 32 and overflowed it ("neighbor table overflow!"),
+# so a gloo group's first collective at 32 nodes took 35 s of failed connects and retries (13 ms
+# at 4 nodes), the "No route to host" first put down to late ARP. Each real node has a table of its
+# own: the mini-cluster raises the machine's limits to hold its own full mesh (never lowers them).
+NEIGHBOUR_TABLE_DIR = Path("/proc/sys/net/ipv4/neigh/default")
+KERNEL_NEIGHBOUR_DEFAULTS = {"gc_thresh1": 128, "gc_thresh2": 512, "gc_thresh3": 1024}
+
+
+def neighbour_table_floor(nodes: int) -> Dict[str, int]:
+    """The ARP table limits that hold a full mesh of the nodes and the controller's bridge (every
+    namespace knows every other node and the bridge; the bridge knows every node) below the
+    threshold where the kernel starts collecting entries, the kernel's defaults on top for the
+    machine's own neighbours: thresh1 (kept), thresh2 (collected after 5 s), thresh3 (refused)."""
+    mesh = nodes * nodes + nodes
+    return {name: default + factor * mesh
+            for (name, default), factor in zip(sorted(KERNEL_NEIGHBOUR_DEFAULTS.items()), (1, 2, 4))}
+
+
+def raise_neighbour_table(nodes: int, table_dir: Path = NEIGHBOUR_TABLE_DIR) -> None:
+    """Raise the machine's ARP table limits to neighbour_table_floor(nodes) where lower."""
+    for name, floor in neighbour_table_floor(nodes).items():
+        path = table_dir / name
+        if int(path.read_text().split()[0]) < floor:
+            path.write_text(f"{floor}\n")
 
 
 def link_exists(name: str) -> bool:
@@ -46,6 +70,7 @@ def subnet_in_use(layout: MiniClusterLayout) -> bool:
 def net_up(layout: MiniClusterLayout) -> List[str]:
     """Create the bridge and one namespace per node; returns what it created (for the record)."""
     created: List[str] = []
+    raise_neighbour_table(layout.nodes)
     if not link_exists(layout.bridge):
         run(["ip", "link", "add", layout.bridge, "type", "bridge"])
         run(["ip", "addr", "add", f"{layout.controller_addr}/24", "dev", layout.bridge])

@@ -39,6 +39,13 @@ def test_every_node_and_the_controller_wait_for_a_late_arp_answer(cluster):
     assert all(f"ucast_probes 3 mcast_probes {netns.ARP_BROADCAST_PROBES} " in text for text in shown), shown
 
 
+def test_the_machines_arp_table_holds_a_full_mesh_of_the_nodes(cluster):
+    """One ARP table for every namespace: its limits raised for this cluster's full mesh."""
+    held = {name: int((netns.NEIGHBOUR_TABLE_DIR / name).read_text()) for name in netns.KERNEL_NEIGHBOUR_DEFAULTS}
+    floor = netns.neighbour_table_floor(cluster.nodes)
+    assert all(held[name] >= floor[name] for name in floor), (held, floor)
+
+
 def test_second_up_is_harmless(cluster):
     before = mc.load_record(cluster)["pids"]
     mc.up(cluster, install=False, wait_s=30)

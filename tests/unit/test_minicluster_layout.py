@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmtools.minicluster import conf_text
+from slurmtools.minicluster import conf_text, netns
 from slurmtools.minicluster import node_files
-from slurmtools.minicluster.layout import BASE_DIR, MiniClusterLayout
+from slurmtools.minicluster.layout import BASE_DIR, MiniClusterLayout, whole_node_task_cpus
 
 
 def layout(**kw) -> MiniClusterLayout:
@@ -197,3 +197,29 @@ def test_the_rehearsals_probe_time_box_grows_with_the_nodes_sharing_its_cores(no
     parsed = config.parse_config(node_files.render_health_config(layout(nodes=nodes)), "health.yaml")
     settings = parsed.for_host("node1")
     assert (settings.probe_timeout_s, settings.deadline_s) == (probe_s, deadline_s)
+
+
+@pytest.mark.parametrize("cpus, launcher, processes, expected", [
+    (2, "torchrun", 1, 2), (2, "torchrun", 4, 2),      # torchrun: one task a node, every CPU
+    (2, "srun", 1, 2), (2, "srun", 2, 1), (8, "srun", 2, 4),
+    (2, "srun", 4, 1),                                 # more processes than CPUs: one each, shared
+])
+def test_a_job_takes_whole_nodes(cpus, launcher, processes, expected):
+    assert whole_node_task_cpus(cpus, launcher, processes) == expected
+
+
+def test_the_arp_table_floor_holds_a_full_mesh_below_the_threshold_where_entries_are_collected():
+    for nodes in (3, 33, 130, 240):
+        floor = netns.neighbour_table_floor(nodes)
+        assert floor["gc_thresh1"] >= nodes * nodes + nodes + 128
+        assert floor["gc_thresh1"] < floor["gc_thresh2"] < floor["gc_thresh3"]
+    assert netns.neighbour_table_floor(33) == {"gc_thresh1": 1250, "gc_thresh2": 2756, "gc_thresh3": 5512}
+
+
+def test_the_arp_table_is_raised_never_lowered(tmp_path):
+    (tmp_path / "gc_thresh1").write_text("128\n")
+    (tmp_path / "gc_thresh2").write_text("512\n")
+    (tmp_path / "gc_thresh3").write_text("900000\n")          # an admin's own, higher
+    netns.raise_neighbour_table(33, tmp_path)
+    assert [(tmp_path / name).read_text() for name in ("gc_thresh1", "gc_thresh2", "gc_thresh3")] == [
+        "1250\n", "2756\n", "900000\n"]
