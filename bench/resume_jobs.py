@@ -17,6 +17,7 @@ sys.path.insert(0, str(REPO))
 
 from slurmtools.common.fsutil import json_lines  # noqa: E402
 from slurmtools.job import submit as jobs  # noqa: E402
+from slurmtools.minicluster.layout import whole_node_task_cpus  # noqa: E402
 from slurmtools.slurm import commands as slurm  # noqa: E402
 from slurmtools.spec import spec_from_dict  # noqa: E402
 
@@ -49,9 +50,13 @@ def node_cpus() -> int:
 
 def spec(work: Path, name: str, extra: List[str] = (), steps: int = STEPS, nodes: int = 2, processes_per_node: int = 2,
          top: Optional[Dict[str, Any]] = None, **requeue: Any):
-    tasks_per_node = processes_per_node if (top or {}).get("launcher") == "srun" else 1     # torchrun: one
+    launcher = (top or {}).get("launcher", "torchrun")
     return spec_from_dict({
-        "cpus_per_task": max(1, node_cpus() // tasks_per_node),
+        "cpus_per_task": whole_node_task_cpus(node_cpus(), launcher, processes_per_node),
+        # no preflight: a start-up check, not part of a recovery, and on 2 cores it named a healthy
+        # node of 32 slow (its best link 2.3 Gb/s, the median 5.4: 33 nodes' pairs measured at once),
+        # which took the spare the node kill was to use (docs/recovery.md); the suite's jobs likewise
+        "preflight": False,
         **(top or {}),
         "name": name, "nodes": nodes, "processes_per_node": processes_per_node, "python": sys.executable,
         "time_limit_min": 30,

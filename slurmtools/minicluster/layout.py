@@ -37,6 +37,15 @@ def default_name() -> str:
     return os.environ.get(NAME_ENV) or DEFAULT_NAME
 
 
+def whole_node_task_cpus(cpus_per_node: int, launcher: str, processes_per_node: int) -> int:
+    """CPUs a task asks of a job that takes whole nodes, as production training does: torchrun's
+    one task a node all of them, srun's task a process its share (at least one). Slurm's 1 CPU a
+    task binds every job process here to CPU 0, each node being this machine (docs/minicluster.md,
+    "Every job on CPU 0")."""
+    tasks_per_node = processes_per_node if launcher == "srun" else 1
+    return max(1, cpus_per_node // max(1, tasks_per_node))
+
+
 @dataclass(frozen=True)
 class MiniClusterLayout:
     """Everything that names a piece of the mini-cluster; derived values are properties.

@@ -18,6 +18,7 @@ from slurmtools.spec import JobSpec, spec_from_dict
 from tests.cluster import asuser, training
 from tests.cluster.test_fault_matrix import _completed_with_a_node_killed, _start_nodes, decisions
 from tests.conftest import wait_for
+from tests.example_output import resumed_at, steps_said
 
 pytestmark = [pytest.mark.cluster]
 
@@ -47,11 +48,11 @@ OWN_CHECKPOINTS: "dict[str, Callable[[Path], dict]]" = {
 
 
 def _last_step(spec: JobSpec, job: int) -> int:
-    return max(training.steps_said(training.output(spec, job)), default=0)
+    return max(steps_said(training.output(spec, job)), default=0)
 
 
 def _resumed(spec: JobSpec, job: int) -> "list[int]":
-    return training.resumed_at(training.output(spec, job))
+    return resumed_at(training.output(spec, job))
 
 
 CUT_OFF: "dict[str, Callable[[Path], Path]]" = {

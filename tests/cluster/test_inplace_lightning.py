@@ -20,6 +20,7 @@ from tests.cluster import training
 from tests.cluster.test_faults import _expand
 from tests.cluster.test_recovery import _restore, workdir  # noqa: F401  (the fixture)
 from tests.conftest import wait_for
+from tests.example_output import resumed_at, steps_said
 
 pytestmark = [pytest.mark.cluster]
 
@@ -35,7 +36,7 @@ def test_a_lightning_trainers_lost_node_is_recovered_in_place_and_rank_0_keeps_i
                                requeue={"spare_nodes": 1, "in_place": True},
                                distributed=training.SNAPSHOTS_EVERY_STEP)
     job = training.submit(spec)
-    wait_for(lambda: max(training.steps_said(training.output(spec, job)), default=0) >= CHECKPOINT_EVERY + 1,
+    wait_for(lambda: max(steps_said(training.output(spec, job)), default=0) >= CHECKPOINT_EVERY + 1,
              180, f"job {job} to train past step {CHECKPOINT_EVERY}", interval_s=0.2)
     nodes = _expand(training.supervisor_events(training.events(spec, job), "start")[0]["nodes"])
     survivor = training.rank_pid(job, 0, LIGHTNING)
@@ -58,9 +59,9 @@ def test_a_lightning_trainers_lost_node_is_recovered_in_place_and_rank_0_keeps_i
         training.assert_one_node_recovered_in_place(spec, job, evts, story, victim, spare, LIGHTNING)
         # rank 0's one process: every step said once, resumed at the last it said before the loss (its
         # line comes after the callback's copy of the step), past step 8's sealed checkpoint
-        resumed = training.resumed_at(out)
+        resumed = resumed_at(out)
         assert len(resumed) == 1 and CHECKPOINT_EVERY < resumed[0] < STEPS, out
-        assert training.steps_said(out) == list(range(1, STEPS + 1)), out
+        assert steps_said(out) == list(range(1, STEPS + 1)), out
         assert f"resuming from step {resumed[0]}, held in memory by rank 0" in training.stderr(spec, job), story
     finally:
         _restore(cluster, victim)

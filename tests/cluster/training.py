@@ -4,7 +4,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from slurmtools.common import ledger
 from slurmtools.common.control_dir import control_dir_for
 from slurmtools.common.fsutil import json_lines
 from slurmtools.job import submit as jobs
+from slurmtools.minicluster.layout import whole_node_task_cpus
 from slurmtools.slurm import commands as slurm
 from slurmtools.spec import JobSpec, spec_from_dict
 from tests.cluster import asuser
@@ -86,8 +86,8 @@ def training_spec(workdir: Path, name: str, *, steps: int = STEPS, extra: Sequen
     }
     merged = _merge(data, over)
     if "cpus_per_task" not in merged:       # the whole node: torchrun's one task, or srun's task per process
-        tasks_per_node = merged["processes_per_node"] if merged.get("launcher") == "srun" else 1
-        merged["cpus_per_task"] = max(1, node_cpus() // tasks_per_node)
+        merged["cpus_per_task"] = whole_node_task_cpus(node_cpus(), merged.get("launcher", "torchrun"),
+                                                       merged["processes_per_node"])
     return spec_from_dict(merged)
 
 
@@ -211,16 +211,6 @@ def rank_pid(job: int, rank: int, program: Path = TRAIN) -> int:
     found = rank_pids(job, program).get(str(rank), [])
     assert len(found) == 1, found
     return found[0]
-
-
-def steps_said(out: str) -> List[int]:
-    """The steps a framework example said, in order ("step N/..." lines)."""
-    return [int(n) for n in re.findall(r"^step (\d+)/", out, re.M)]
-
-
-def resumed_at(out: str) -> List[int]:
-    """The steps a framework example said it resumed at ("resumed at step N" lines)."""
-    return [int(n) for n in re.findall(r"^resumed at step (\d+)$", out, re.M)]
 
 
 def kill_ranks_on(job: int, node: str, program: Path = TRAIN) -> List[int]:

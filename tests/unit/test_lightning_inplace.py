@@ -9,7 +9,6 @@ the job's snapshots off, from the step rank 0 keeps in its memory with them on (
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 
 from slurmtools.common.control_dir import (CHECKPOINT_DIR_ENV, GENERATION_ENV, INPLACE_ENV, SNAPSHOT_EVERY_ENV,
                                            standalone_env)
+from tests.example_output import resumed_at, steps_said
 from tests.unit.test_flight_recorder import _free_port
 from tests.unit.test_inplace import LEFT, _Said, _wait_until_said
 
@@ -39,10 +39,6 @@ def _start(tmp_path: Path, rank: int, port: int, **extra_env: str) -> subprocess
                **{CHECKPOINT_DIR_ENV: str(tmp_path / "ckpt"), INPLACE_ENV: "1"}, **extra_env)
     argv = [sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--checkpoint-every", "4", "--step-sleep-s", "0.3"]
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _steps(out: str) -> "list[int]":
-    return [int(n) for n in re.findall(r"^step (\d+)/", out, re.M)]
 
 
 @pytest.mark.parametrize("snapshot_every", ["0", "1"])
@@ -73,8 +69,8 @@ def test_a_lost_rank_of_a_lightning_fit_is_replaced_in_place_and_rank_0_fits_aga
     assert replacement.returncode == 0, replacement_err[-3000:]
     err = said.text()
     assert "the process group of generation 0 broke" in err and "joining generation 1 in place" in err
-    resumed = [int(n) for n in re.findall(r"^resumed at step (\d+)$", out, re.M)]
-    steps = _steps(out)
+    resumed = resumed_at(out)
+    steps = steps_said(out)
     if snapshot_every == "1":
         # rank 0's copy of the last step it said (its line comes after the callback's copy): every
         # step said once, none trained again; no file was left in the node's memory dir
