@@ -81,11 +81,14 @@ def main(argv=None) -> int:
     control_dir = os.environ.get(CONTROL_DIR_ENV)
     replacement_lost(cfg, os.environ)          # a test's second failure during an in-place recovery
     try:
-        # torchrun's group; a replacement rank joins the generation it was started into
-        inplace.start(backend, timeout_s, Path(control_dir) if control_dir else None)
+        # beats from here on (its rank: the launcher's RANK): a rank waiting for its group is alive,
+        # a replacement started in place too, however long its generation takes to form
+        control = TrainingControl()
+        with control.phase("joining", timeout_s=max(1, timeout_s)):
+            # torchrun's group; a replacement rank joins the generation it was started into
+            inplace.start(backend, timeout_s, Path(control_dir) if control_dir else None)
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        control = TrainingControl(rank=dist.get_rank())
         # a broken group, with in-place recovery on, is left for the next generation: same process
         inplace.run(lambda: train(cfg, control), control.control_dir, dist.get_rank(), backend, timeout_s)
     except SlurmToolsError as exc:
