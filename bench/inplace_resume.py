@@ -31,12 +31,18 @@ HANG_TIMEOUT_S = 10          # the hang's detection, the same on both paths
 # starts each rank's data loader workers again: 64 processes forked a step)
 EPOCH_STEPS = 8
 BATCH_PER_RANK = 8
+# the data loaded in each rank's process, as the test suite's jobs do: with the trainer's 2 loader
+# workers a rank, a 32-node job is ~100 processes on 2 cores, and every hop of a ring collective
+# waits for its rank's turn on a core behind them (the recovery's few collectives took 30 s at 32
+# nodes, against under 1 s at 4)
+LOADER_WORKERS = 0
 
 
 def one_run(layout: Any, work: Path, fault: str, nodes: int, in_place: bool) -> Dict[str, float]:
     """The job, the fault at step 12, its end; the breakdown of the path taken."""
     path = "inplace" if in_place else "relaunch"
     extra = ["--step-sleep-s", "0.5", "--batch-per-rank", str(BATCH_PER_RANK),
+             "--loader-workers", str(LOADER_WORKERS),
              "--dataset-size", str(EPOCH_STEPS * BATCH_PER_RANK * nodes)]
     if fault == "hang":                       # the middle node's rank stops before its 13th step
         extra += ["--hang-at-step", f"{nodes // 2}:12"]
