@@ -8,10 +8,11 @@ machine's /etc/hosts is never edited.
 """
 from __future__ import annotations
 
+import fcntl
 from pathlib import Path
 from typing import Dict, List
 
-from slurmtools.minicluster.layout import MiniClusterLayout
+from slurmtools.minicluster.layout import REGISTRY_DIR, MiniClusterLayout
 from slurmtools.minicluster.sysrun import run
 
 GUARD_METRIC = "4242"
@@ -29,6 +30,7 @@ ARP_BROADCAST_PROBES = 10
 # own: the mini-cluster raises the machine's limits to hold its own full mesh (never lowers them).
 NEIGHBOUR_TABLE_DIR = Path("/proc/sys/net/ipv4/neigh/default")
 KERNEL_NEIGHBOUR_DEFAULTS = {"gc_thresh1": 128, "gc_thresh2": 512, "gc_thresh3": 1024}
+NEIGHBOUR_TABLE_LOCK = REGISTRY_DIR / "neighbour-table.lock"
 
 
 def neighbour_table_floor(nodes: int) -> Dict[str, int]:
@@ -41,12 +43,17 @@ def neighbour_table_floor(nodes: int) -> Dict[str, int]:
             for (name, default), factor in zip(sorted(KERNEL_NEIGHBOUR_DEFAULTS.items()), (1, 2, 4))}
 
 
-def raise_neighbour_table(nodes: int, table_dir: Path = NEIGHBOUR_TABLE_DIR) -> None:
-    """Raise the machine's ARP table limits to neighbour_table_floor(nodes) where lower."""
-    for name, floor in neighbour_table_floor(nodes).items():
-        path = table_dir / name
-        if int(path.read_text().split()[0]) < floor:
-            path.write_text(f"{floor}\n")
+def raise_neighbour_table(nodes: int, table_dir: Path = NEIGHBOUR_TABLE_DIR,
+                          lock: Path = NEIGHBOUR_TABLE_LOCK) -> None:
+    """Raise the machine's ARP table limits to neighbour_table_floor(nodes) where lower; under a
+    lock, so that clusters brought up side by side (the test lanes) never lower each other's."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        for name, floor in neighbour_table_floor(nodes).items():
+            path = table_dir / name
+            if int(path.read_text().split()[0]) < floor:
+                path.write_text(f"{floor}\n")
 
 
 def link_exists(name: str) -> bool:

@@ -220,6 +220,6 @@ def test_the_arp_table_is_raised_never_lowered(tmp_path):
     (tmp_path / "gc_thresh1").write_text("128\n")
     (tmp_path / "gc_thresh2").write_text("512\n")
     (tmp_path / "gc_thresh3").write_text("900000\n")          # an admin's own, higher
-    netns.raise_neighbour_table(33, tmp_path)
+    netns.raise_neighbour_table(33, tmp_path, tmp_path / "run" / "neighbour-table.lock")
     assert [(tmp_path / name).read_text() for name in ("gc_thresh1", "gc_thresh2", "gc_thresh3")] == [
         "1250\n", "2756\n", "900000\n"]
