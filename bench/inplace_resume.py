@@ -32,9 +32,8 @@ HANG_TIMEOUT_S = 10          # the hang's detection, the same on both paths
 EPOCH_STEPS = 8
 BATCH_PER_RANK = 8
 # the data loaded in each rank's process, as the test suite's jobs do: with the trainer's 2 loader
-# workers a rank, a 32-node job is ~100 processes on 2 cores, and every hop of a ring collective
-# waits for its rank's turn on a core behind them (the recovery's few collectives took 30 s at 32
-# nodes, against under 1 s at 4)
+# workers a rank a 32-node job is ~100 processes on 2 cores (it changed the 32-node in-place figure
+# by under 5 s; its 113 s were the machine's ARP table, docs/minicluster.md)
 LOADER_WORKERS = 0
 
 

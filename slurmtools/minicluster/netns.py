@@ -25,12 +25,13 @@ GUARD_METRIC = "4242"
 ARP_BROADCAST_PROBES = 10
 # The kernel's ARP table is one for all namespaces, its hard limit (gc_thresh3) 1,024 entries by
 # default: a full mesh of 33 nodes needs 33 x 32 and overflowed it ("neighbor table overflow!"),
-# so a gloo group's first collective at 32 nodes took 35 s of failed connects and retries (13 ms
+# so a gloo group's first collective at 32 nodes took 35 s of failed connects and retries (3 ms
 # at 4 nodes), the "No route to host" first put down to late ARP. Each real node has a table of its
 # own: the mini-cluster raises the machine's limits to hold its own full mesh (never lowers them).
 NEIGHBOUR_TABLE_DIR = Path("/proc/sys/net/ipv4/neigh/default")
 KERNEL_NEIGHBOUR_DEFAULTS = {"gc_thresh1": 128, "gc_thresh2": 512, "gc_thresh3": 1024}
 NEIGHBOUR_TABLE_LOCK = REGISTRY_DIR / "neighbour-table.lock"
+MESHES_PER_THRESHOLD = {"gc_thresh1": 1, "gc_thresh2": 2, "gc_thresh3": 4}
 
 
 def neighbour_table_floor(nodes: int) -> Dict[str, int]:
@@ -39,8 +40,7 @@ def neighbour_table_floor(nodes: int) -> Dict[str, int]:
     threshold where the kernel starts collecting entries, the kernel's defaults on top for the
     machine's own neighbours: thresh1 (kept), thresh2 (collected after 5 s), thresh3 (refused)."""
     mesh = nodes * nodes + nodes
-    return {name: default + factor * mesh
-            for (name, default), factor in zip(sorted(KERNEL_NEIGHBOUR_DEFAULTS.items()), (1, 2, 4))}
+    return {name: default + MESHES_PER_THRESHOLD[name] * mesh for name, default in KERNEL_NEIGHBOUR_DEFAULTS.items()}
 
 
 def raise_neighbour_table(nodes: int, table_dir: Path = NEIGHBOUR_TABLE_DIR,
