@@ -31,7 +31,7 @@ from slurmtools.snapshot.rules import job_key, refused_after, rolled_back, setti
 from slurmtools.snapshot.store import STALE_AFTER_S, SnapshotStore
 from slurmtools.snapshot.torch_state import Snapshotter, restore, side_group
 from slurmtools.snapshot.wire import broadcast_json, gather_json
-from slurmtools.train.agreement import agree
+from slurmtools.train.agreement import agree, all_ranks_max
 from slurmtools.train.node_beat import NODE_LOCAL_DIR_ENV, local_rank, memory_root
 from slurmtools.train.node_sweep import stale_after_s
 from slurmtools.train.trainer_state import TrainerState
@@ -110,12 +110,15 @@ class Session:
         except CheckpointError as exc:
             mac_key = None
             print(f"slurmtools: rank {rank}: snapshots off: {exc}", file=sys.stderr, flush=True)
-        if agree(mac_key is None) or mac_key is None:
-            return None
         root = memory_root(environ)
         key = job_key(environ.get("SLURM_JOB_ID") or LOCAL_JOB_ID, control_dir)
-        store = SnapshotStore(root, key, host, mac_key)
-        if agree(not store.usable()):
+        store = SnapshotStore(root, key, host, mac_key) if mac_key is not None else None
+        # one all-reduce for both (each is a round at every rank of a recovery): a rank without the
+        # job's key, a rank whose node memory is not its own
+        no_key, unusable = all_ranks_max([int(mac_key is None), int(store is None or not store.usable())])
+        if no_key or store is None:
+            return None
+        if unusable:
             if rank == 0:
                 print(f"slurmtools: snapshots off: {NODE_LOCAL_DIR_ENV} {root} is not a directory of this user's own "
                       f"on every node", file=sys.stderr, flush=True)

@@ -21,7 +21,7 @@ SCRIPT = '''import json, os, sys
 import xml.dom.minidom
 print(json.dumps({"argv": sys.argv[1:], "rank": os.environ["RANK"], "local": os.environ["LOCAL_RANK"],
                   "world": os.environ["WORLD_SIZE"], "generation": os.environ["SLURMTOOLS_GENERATION"],
-                  "warm": sorted(m for m in ("torch", "xml.dom.minidom") if m in sys.modules),
+                  "warm": sorted(m for m in ("torch", "torch._dynamo", "xml.dom.minidom") if m in sys.modules),
                   "name": __name__}))
 '''
 
@@ -42,7 +42,7 @@ def test_a_standby_waits_for_its_go_then_runs_the_script_as_the_rank_it_was_told
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert json.loads(out) == {"argv": ["--steps", "3"], "rank": "5", "local": "1", "world": "8", "generation": "2",
-                               "warm": ["torch", "xml.dom.minidom"], "name": "__main__"}
+                               "warm": ["torch", "torch._dynamo", "xml.dom.minidom"], "name": "__main__"}
 
 
 def test_a_go_that_is_no_go_and_a_missing_script_are_one_line_errors(tmp_path):
