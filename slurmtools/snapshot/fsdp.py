@@ -15,7 +15,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Deque, Dict, List, Mapping, Optional
+from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -29,8 +29,8 @@ from slurmtools.errors import CheckpointError
 from slurmtools.snapshot import cgroup_memory
 from slurmtools.snapshot.rules import job_key, refused_after, rolled_back, settings_from_env, timeline
 from slurmtools.snapshot.store import STALE_AFTER_S, SnapshotStore
-from slurmtools.snapshot.torch_state import Snapshotter, restore, side_group
-from slurmtools.snapshot.wire import broadcast_json, gather_json
+from slurmtools.snapshot.torch_state import Snapshotter, gather_inventory, restore_from, side_group
+from slurmtools.snapshot.wire import gather_json
 from slurmtools.train.agreement import agree, all_ranks_max
 from slurmtools.train.node_beat import NODE_LOCAL_DIR_ENV, local_rank, memory_root
 from slurmtools.train.node_sweep import stale_after_s
@@ -70,6 +70,28 @@ def apply(model: Any, optim: Any, trainer_state: Optional[TrainerState], state: 
         trainer_state.restore(state["trainer"])
 
 
+def _job_key(control_dir: Path) -> Tuple[Optional[bytes], str]:
+    """The job's key, or None and why not (one line)."""
+    try:
+        return job_secret.read(control_dir), ""
+    except CheckpointError as exc:
+        return None, str(exc)
+
+
+def _unusable(root: Path, key: str, host: str, mac_key: Optional[bytes]) -> int:
+    """1 when this node's memory is not the user's own (a rank without the key cannot tell: 0)."""
+    return int(mac_key is not None and not SnapshotStore(root, key, host, mac_key).usable())
+
+
+def _hosts_and_flags(parts: List[Any]) -> Tuple[List[str], int, int]:
+    """Every rank's host, whether any rank lacks the job's key, whether any rank's node memory is
+    not its own, from the session's round ([host, 0/1, 0/1] a rank)."""
+    if not all(isinstance(part, list) and len(part) == 3 and isinstance(part[0], str)
+               and part[1] in (0, 1) and part[2] in (0, 1) for part in parts):
+        raise CheckpointError("a rank sent a snapshot session's opening that is none of ours")
+    return [part[0] for part in parts], max(part[1] for part in parts), max(part[2] for part in parts)
+
+
 class Session:
     """One trainer's snapshots in one step of the job (every rank opens it, in the same order)."""
 
@@ -99,25 +121,29 @@ class Session:
             return None
         if rank == 0:
             try:
-                job_secret.ensure(control_dir)      # before the collective below: then every rank reads it
+                job_secret.ensure(control_dir)      # a job's first start: made once, kept by every restart
             except OSError as exc:
                 print(f"slurmtools: cannot make the job key in {control_dir}: {exc.strerror}", file=sys.stderr,
                       flush=True)
         host = socket.gethostname()
-        names = gather_json(host)
-        try:
-            mac_key: Optional[bytes] = job_secret.read(control_dir)
-        except CheckpointError as exc:
-            mac_key = None
-            print(f"slurmtools: rank {rank}: snapshots off: {exc}", file=sys.stderr, flush=True)
         root = memory_root(environ)
         key = job_key(environ.get("SLURM_JOB_ID") or LOCAL_JOB_ID, control_dir)
-        store = SnapshotStore(root, key, host, mac_key) if mac_key is not None else None
-        # one all-reduce for both (each is a round at every rank of a recovery): a rank without the
-        # job's key, a rank whose node memory is not its own
-        no_key, unusable = all_ranks_max([int(mac_key is None), int(store is None or not store.usable())])
-        if no_key or store is None:
+        # read before the round below: a restart's key exists (a requeue and a recovery in place
+        # keep it), and one round then says every rank's host, key and node memory; only a rank
+        # that read before rank 0 made the key (a job's first start) reads it again, agreed in a
+        # second round
+        mac_key, why_no_key = _job_key(control_dir)
+        names, missing, unusable = _hosts_and_flags(gather_json([host, int(mac_key is None),
+                                                                 _unusable(root, key, host, mac_key)]))
+        if missing:
+            if mac_key is None:
+                mac_key, why_no_key = _job_key(control_dir)
+            missing, unusable = all_ranks_max([int(mac_key is None), _unusable(root, key, host, mac_key)])
+        if mac_key is None:
+            print(f"slurmtools: rank {rank}: snapshots off: {why_no_key}", file=sys.stderr, flush=True)
+        if missing or mac_key is None:
             return None
+        store = SnapshotStore(root, key, host, mac_key)
         if unusable:
             if rank == 0:
                 print(f"slurmtools: snapshots off: {NODE_LOCAL_DIR_ENV} {root} is not a directory of this user's own "
@@ -156,14 +182,16 @@ class Session:
                     decided[1], ledger.newest_checkpoint_step(events))
                 decided[2] = sorted(timeline([(event.attempt_id, event.step) for event in events
                                               if isinstance(event, ledger.SnapshotRestore)]))
-        decided = broadcast_json(decided, 0, self.snapshotter.group)
+        # rank 0's word rides in the inventory's round (each round costs every rank of a recovery)
+        copies, decided = gather_inventory(self.snapshotter.store, self.snapshotter.group,
+                                           decided if dist.get_rank() == 0 else None)
         step: Optional[int] = None
         state: Any = None
         why = decided[0] or ""
         if not why:
-            step, state, why = restore(self.snapshotter.store, dist.get_rank(), self.hosts, decided[1],
-                                       self.snapshotter.group,
-                                       frozenset(decided[2]) if decided[2] is not None else None)
+            step, state, why = restore_from(copies, self.snapshotter.store, dist.get_rank(), self.hosts, decided[1],
+                                            self.snapshotter.group,
+                                            frozenset(decided[2]) if decided[2] is not None else None)
         if state is not None:
             apply(model, optim, trainer_state, state)
         if dist.get_rank() == 0 and self.control_dir is not None:

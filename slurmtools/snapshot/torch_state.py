@@ -233,17 +233,36 @@ class Snapshotter:
                                   f"by a process without the job's key, or spoiled on the wire): not kept")
 
 
+def gather_inventory(store: SnapshotStore, group: Any, leader_value: Any = None) -> Tuple[List[Copy], Any]:
+    """Every node's verified copies (manifests read, not the data) and the group's first rank's
+    leader_value (what it decided for every rank: carried in the same round, one collective less
+    at every rank of a recovery). Collective."""
+    gathered = gather_json({"copies": [asdict(copy) for copy in store.inventory(checksums=False)],
+                            "leader": leader_value}, group)
+    try:
+        copies = {Copy(**fields) for part in gathered for fields in part["copies"]}
+    except (TypeError, KeyError) as exc:
+        raise CheckpointError(f"a rank sent an inventory that is none of ours: {exc}") from None
+    return sorted(copies, key=lambda c: (c.step, c.of_rank, c.host, c.own)), gathered[0]["leader"]
+
+
 def restore(store: SnapshotStore, rank: int, hosts: Mapping[int, str], checkpoint_step: Optional[int],
             group: Any, lineage: Optional[FrozenSet[str]] = None) -> Tuple[Optional[int], Any, str]:
+    """restore_from the copies every node holds (gather_inventory, then restore_from)."""
+    copies, _ = gather_inventory(store, group)
+    return restore_from(copies, store, rank, hosts, checkpoint_step, group, lineage)
+
+
+def restore_from(copies: List[Copy], store: SnapshotStore, rank: int, hosts: Mapping[int, str],
+                 checkpoint_step: Optional[int], group: Any, lineage: Optional[FrozenSet[str]] = None
+                 ) -> Tuple[Optional[int], Any, str]:
     """(step, this rank's state, why) from the snapshots, or (None, None, why): restore from the
-    persistent checkpoint. Collective: every rank of the new step calls it at its start.
+    persistent checkpoint. Collective: every rank of the new step calls it at its start, with the
+    same copies (gather_inventory).
 
     The inventory reads manifests only (a node's ranks each listing every copy there would read
     the node's snapshots once per rank); each copy used is verified as it is read, and a copy that
     fails is left out of a new plan (an older snapshot, else the checkpoint), every rank agreeing."""
-    gathered = gather_json([asdict(copy) for copy in store.inventory(checksums=False)], group)
-    copies = sorted({Copy(**fields) for part in gathered for fields in part},
-                    key=lambda c: (c.step, c.of_rank, c.host, c.own))
     refused: List[str] = []
     while True:
         plan = plan_restore(copies, hosts, checkpoint_step, lineage)

@@ -108,10 +108,8 @@ def gather_json(value: Any, group: Any = None) -> List[Any]:
     data = json.dumps(value, sort_keys=True, allow_nan=False).encode()
     device = _device(group)
     inline = FIRST_ROUND_BYTES - _LENGTH_BYTES
-    first = torch.zeros(FIRST_ROUND_BYTES, dtype=torch.uint8)
-    first[:_LENGTH_BYTES] = torch.frombuffer(bytearray(len(data).to_bytes(_LENGTH_BYTES, "little")), dtype=torch.uint8)
-    head = data[:inline]
-    first[_LENGTH_BYTES:_LENGTH_BYTES + len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+    first = torch.frombuffer(bytearray((len(data).to_bytes(_LENGTH_BYTES, "little") + data[:inline]).ljust(
+        FIRST_ROUND_BYTES, b"\0")), dtype=torch.uint8)
     firsts = [torch.zeros(FIRST_ROUND_BYTES, dtype=torch.uint8, device=device)
               for _ in range(dist.get_world_size(group))]
     dist.all_gather(firsts, first.to(device), group=group)
@@ -131,12 +129,6 @@ def gather_json(value: Any, group: Any = None) -> List[Any]:
     dist.all_gather(parts, mine.to(device), group=group)
     return [_parsed(part_head + part[:max(0, length - inline)].cpu().numpy().tobytes())
             for part_head, part, length in zip(heads, parts, lengths)]
-
-
-def broadcast_json(value: Any, src: int, group: Any = None) -> Any:
-    """src's value on every rank, as JSON (dist.broadcast_object_list without pickle)."""
-    return gather_json(value if dist.get_rank() == src else None, group)[
-        dist.get_group_rank(group, src) if group is not None else src]
 
 
 def _device(group: Any) -> torch.device:

@@ -30,8 +30,7 @@ if isinstance(value, dict) and "long" in value:     # too long for an environmen
     value = "b" * value["long"]
 try:
     gathered = wire.gather_json(value)
-    print(json.dumps({"gathered": gathered, "rounds": len(rounds),
-                      "broadcast": wire.broadcast_json(value, 1)}))
+    print(json.dumps({"gathered": gathered, "rounds": len(rounds)}))
 except CheckpointError as exc:
     print(json.dumps({"error": str(exc)}))
 dist.destroy_process_group()
@@ -61,7 +60,6 @@ def test_every_ranks_value_comes_back_exact_in_one_round_when_all_fit(values, ro
     said = _gather(values)
     assert [rank["gathered"] for rank in said] == [values] * 3
     assert [rank["rounds"] for rank in said] == [rounds] * 3       # the gather's all_gathers
-    assert [rank["broadcast"] for rank in said] == [values[1]] * 3     # the same collective, rank 1's taken
 
 
 def test_a_part_over_the_bound_is_refused_on_every_rank():
