@@ -29,7 +29,7 @@ from slurmtools.errors import CheckpointError
 from slurmtools.snapshot import cgroup_memory
 from slurmtools.snapshot.rules import job_key, refused_after, rolled_back, settings_from_env, timeline
 from slurmtools.snapshot.store import STALE_AFTER_S, SnapshotStore
-from slurmtools.snapshot.torch_state import Snapshotter, gather_inventory, restore_from, side_group
+from slurmtools.snapshot.torch_state import Snapshotter, gather_inventory, lists_node, restore_from, side_group
 from slurmtools.snapshot.wire import gather_json
 from slurmtools.train.agreement import agree, all_ranks_max
 from slurmtools.train.node_beat import NODE_LOCAL_DIR_ENV, local_rank, memory_root
@@ -184,7 +184,8 @@ class Session:
                                               if isinstance(event, ledger.SnapshotRestore)]))
         # rank 0's word rides in the inventory's round (each round costs every rank of a recovery)
         copies, decided = gather_inventory(self.snapshotter.store, self.snapshotter.group,
-                                           decided if dist.get_rank() == 0 else None)
+                                           decided if dist.get_rank() == 0 else None,
+                                           lists=lists_node(dist.get_rank(), self.hosts))
         step: Optional[int] = None
         state: Any = None
         why = decided[0] or ""

@@ -233,12 +233,21 @@ class Snapshotter:
                                   f"by a process without the job's key, or spoiled on the wire): not kept")
 
 
-def gather_inventory(store: SnapshotStore, group: Any, leader_value: Any = None) -> Tuple[List[Copy], Any]:
-    """Every node's verified copies (manifests read, not the data) and the group's first rank's
-    leader_value (what it decided for every rank: carried in the same round, one collective less
-    at every rank of a recovery). Collective."""
-    gathered = gather_json({"copies": [asdict(copy) for copy in store.inventory(checksums=False)],
-                            "leader": leader_value}, group)
+def lists_node(rank: int, hosts: Mapping[int, str]) -> bool:
+    """Whether rank is the first of its node, the one that lists the node's copies in the
+    inventory: its node's other ranks see the same node memory, and each listing it would read its
+    manifests once per rank and, at 8 ranks a node, pass the 1 KiB a one-round gather holds."""
+    return rank == min(other for other, host in hosts.items() if host == hosts[rank])
+
+
+def gather_inventory(store: SnapshotStore, group: Any, leader_value: Any = None,
+                     lists: bool = True) -> Tuple[List[Copy], Any]:
+    """Every node's verified copies (manifests read, not the data; listed by the ranks that
+    `lists`, one a node: lists_node) and the group's first rank's leader_value (what it decided for
+    every rank: carried in the same round, one collective less at every rank of a recovery).
+    Collective."""
+    listed = store.inventory(checksums=False) if lists else []
+    gathered = gather_json({"copies": [asdict(copy) for copy in listed], "leader": leader_value}, group)
     try:
         copies = {Copy(**fields) for part in gathered for fields in part["copies"]}
     except (TypeError, KeyError) as exc:
@@ -249,7 +258,7 @@ def gather_inventory(store: SnapshotStore, group: Any, leader_value: Any = None)
 def restore(store: SnapshotStore, rank: int, hosts: Mapping[int, str], checkpoint_step: Optional[int],
             group: Any, lineage: Optional[FrozenSet[str]] = None) -> Tuple[Optional[int], Any, str]:
     """restore_from the copies every node holds (gather_inventory, then restore_from)."""
-    copies, _ = gather_inventory(store, group)
+    copies, _ = gather_inventory(store, group, lists=lists_node(rank, hosts))
     return restore_from(copies, store, rank, hosts, checkpoint_step, group, lineage)
 
 
@@ -260,9 +269,10 @@ def restore_from(copies: List[Copy], store: SnapshotStore, rank: int, hosts: Map
     persistent checkpoint. Collective: every rank of the new step calls it at its start, with the
     same copies (gather_inventory).
 
-    The inventory reads manifests only (a node's ranks each listing every copy there would read
-    the node's snapshots once per rank); each copy used is verified as it is read, and a copy that
-    fails is left out of a new plan (an older snapshot, else the checkpoint), every rank agreeing."""
+    The inventory reads manifests only, one rank a node (reading every snapshot's data there
+    would cost the node's memory bandwidth before training goes on); each copy used is verified as
+    it is read, and a copy that fails is left out of a new plan (an older snapshot, else the
+    checkpoint), every rank agreeing."""
     refused: List[str] = []
     while True:
         plan = plan_restore(copies, hosts, checkpoint_step, lineage)

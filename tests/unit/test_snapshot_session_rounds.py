@@ -73,3 +73,13 @@ def test_the_restores_inventory_carries_rank_0s_decision_in_its_own_round(dirs):
     assert [rank["leader"] for rank in said] == [{"from": 0}] * 3
     assert [rank["inventory_rounds"] for rank in said] == [["all_gather"]] * 3
     assert [rank["copies"] for rank in said] == [0] * 3
+
+
+def test_one_rank_a_node_lists_its_copies_in_the_inventory():
+    """The first rank of each node (in rank order, however the hosts interleave) lists the node's
+    copies; its node's other ranks send none (the same node memory: test_snapshot_gloo restores
+    from an inventory so listed, two ranks a node)."""
+    pytest.importorskip("torch")
+    from slurmtools.snapshot.torch_state import lists_node
+    hosts = {0: "b", 1: "a", 2: "a", 3: "b", 4: "c"}
+    assert [lists_node(rank, hosts) for rank in hosts] == [True, True, False, False, True]
