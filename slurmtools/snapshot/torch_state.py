@@ -236,7 +236,7 @@ class Snapshotter:
 def lists_node(rank: int, hosts: Mapping[int, str]) -> bool:
     """Whether rank is the first of its node, the one that lists the node's copies in the
     inventory: its node's other ranks see the same node memory, and each listing it would read its
-    manifests once per rank and, at 8 ranks a node, pass the 1 KiB a one-round gather holds."""
+    manifests once per rank and make every rank decode the node's list once per rank."""
     return rank == min(other for other, host in hosts.items() if host == hosts[rank])
 
 
