@@ -240,8 +240,8 @@ def lists_node(rank: int, hosts: Mapping[int, str]) -> bool:
     return rank == min(other for other, host in hosts.items() if host == hosts[rank])
 
 
-def gather_inventory(store: SnapshotStore, group: Any, leader_value: Any = None,
-                     lists: bool = True) -> Tuple[List[Copy], Any]:
+def gather_inventory(store: SnapshotStore, group: Any, leader_value: Any = None, *,
+                     lists: bool) -> Tuple[List[Copy], Any]:
     """Every node's verified copies (manifests read, not the data; listed by the ranks that
     `lists`, one a node: lists_node) and the group's first rank's leader_value (what it decided for
     every rank: carried in the same round, one collective less at every rank of a recovery).

@@ -31,7 +31,8 @@ session = snapshot_fsdp.Session.open(5, control, "9.0", dict(os.environ, SLURM_J
 opened = list(rounds)
 rounds.clear()
 copies, leader = torch_state.gather_inventory(session.snapshotter.store, session.snapshotter.group,
-                                              {"from": dist.get_rank()})
+                                              {"from": dist.get_rank()},
+                                              lists=torch_state.lists_node(dist.get_rank(), session.hosts))
 print(json.dumps({"opened": session is not None, "open_rounds": opened, "inventory_rounds": list(rounds),
                   "leader": leader, "copies": len(copies)}))
 session.exit(None, None, None)
