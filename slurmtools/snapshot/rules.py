@@ -31,7 +31,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from slurmtools.errors import UsageError
 from slurmtools.train.node_beat import control_digest
@@ -169,6 +169,44 @@ class Copy:
     own: bool           # the rank's own (else a replica its peer kept)
     world: int = 0      # the world size it was taken in (its manifest's)
     attempt: str = ""   # the attempt that took it (its manifest's): its lineage (timeline)
+
+
+# the fields a packed copy names by index into its part's tables (pack_copies)
+_PACKED_TABLES = ("step", "world", "host", "attempt")
+
+
+def pack_copies(copies: Sequence[Copy]) -> Dict[str, Any]:
+    """A node's copies as the inventory sends them: each step, world size, host and attempt once
+    (a table each), each copy [of_rank, own (0/1), then its index in each table] (about 17 bytes a
+    copy, where the copies' fields by name took about 110): a node of 8 ranks, own and replica at
+    KEEP steps, fits the collective's 1-KiB first round, so the inventory is one round at any world
+    size."""
+    tables = {name: sorted({getattr(copy, name) for copy in copies}) for name in _PACKED_TABLES}
+    rows = [[copy.of_rank, int(copy.own)] + [tables[name].index(getattr(copy, name)) for name in _PACKED_TABLES]
+            for copy in copies]
+    return {**tables, "copies": rows}
+
+
+def unpack_copies(part: Any) -> List[Copy]:
+    """The copies of one node's pack_copies, every field checked (a peer's JSON): ValueError
+    naming what is wrong."""
+    if not isinstance(part, dict) or set(part) != {*_PACKED_TABLES, "copies"}:
+        raise ValueError(f"not an object of {', '.join(_PACKED_TABLES)} and copies")
+    for name in _PACKED_TABLES:
+        kind = str if name in ("host", "attempt") else int
+        if not isinstance(part[name], list) or not all(type(value) is kind for value in part[name]):
+            raise ValueError(f"{name} is not a list of {kind.__name__}s")
+    if not isinstance(part["copies"], list):
+        raise ValueError("copies is not a list")
+    copies = []
+    for row in part["copies"]:
+        if (not isinstance(row, list) or len(row) != 2 + len(_PACKED_TABLES)
+                or not all(type(field) is int and field >= 0 for field in row) or row[1] > 1
+                or any(index >= len(part[name]) for index, name in zip(row[2:], _PACKED_TABLES))):
+            raise ValueError(f"copy {str(row)[:80]} is not [of_rank, own 0/1, step, world, host and attempt index]")
+        fields = {name: part[name][index] for index, name in zip(row[2:], _PACKED_TABLES)}
+        copies.append(Copy(of_rank=row[0], own=bool(row[1]), **fields))
+    return copies
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ import torch.distributed as dist
 from slurmtools.checkpoint import digests
 from slurmtools.errors import CheckpointError
 from slurmtools.snapshot.host_copy import HostCopier, tensors
-from slurmtools.snapshot.rules import Copy, interval_for, over_limit, peer_of, plan_restore, replicas_kept_by
+from slurmtools.snapshot.rules import (Copy, interval_for, over_limit, pack_copies, peer_of, plan_restore,
+                                       replicas_kept_by, unpack_copies)
 from slurmtools.snapshot.store import SnapshotStore, open_regular
 from slurmtools.snapshot.wire import (ViewReader, agree_max, exchange, exchange_macs, exchange_sizes, first_rank_over,
                                       gather_json, pull, serve)
@@ -247,10 +248,10 @@ def gather_inventory(store: SnapshotStore, group: Any, leader_value: Any = None,
     every rank: carried in the same round, one collective less at every rank of a recovery).
     Collective."""
     listed = store.inventory(checksums=False) if lists else []
-    gathered = gather_json({"copies": [asdict(copy) for copy in listed], "leader": leader_value}, group)
+    gathered = gather_json({"copies": pack_copies(listed), "leader": leader_value}, group)
     try:
-        copies = {Copy(**fields) for part in gathered for fields in part["copies"]}
-    except (TypeError, KeyError) as exc:
+        copies = {copy for part in gathered for copy in unpack_copies(part["copies"])}
+    except (TypeError, KeyError, ValueError) as exc:
         raise CheckpointError(f"a rank sent an inventory that is none of ours: {exc}") from None
     return sorted(copies, key=lambda c: (c.step, c.of_rank, c.host, c.own)), gathered[0]["leader"]
 

@@ -2,12 +2,15 @@
 which copy each rank of a restarted step restores from, or why the persistent checkpoint."""
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
 
 from slurmtools.snapshot import rules as snapshot
 from slurmtools.snapshot.rules import Copy, peer_of, plan_restore
+from slurmtools.snapshot.wire import FIRST_ROUND_BYTES
 
 TWO_BY_TWO = {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
 FOUR_NODES = {rank: f"n{rank // 2 + 1}" for rank in range(8)}
@@ -157,3 +160,56 @@ def test_a_rolled_back_run_never_jumps_forward_to_the_abandoned_timeline():
     assert snapshot.rolled_back(None, 250) is not None
     assert snapshot.rolled_back(250, 250) is None and snapshot.rolled_back(300, 250) is None
     assert snapshot.rolled_back(None, None) is None
+
+
+def _node_copies(node: int, ranks_per_node: int, world: int) -> list:
+    """A node's copies at ranks_per_node ranks of a world-size job: each rank's own and the replica
+    it keeps, at the KEEP newest steps, taken by one attempt."""
+    first = node * ranks_per_node
+    return [Copy(of_rank=rank if own else (rank - ranks_per_node) % world, step=step, host=f"node{node:04d}",
+                 own=own, world=world, attempt="123456.17")
+            for rank in range(first, first + ranks_per_node) for own in (True, False)
+            for step in range(1_000_000 - 10 * (snapshot.KEEP - 1), 1_000_001, 10)]
+
+
+def test_a_nodes_packed_copies_unpack_to_the_same_copies():
+    copies = _node_copies(3, 2, 8) + [Copy(of_rank=0, step=4, host="other", own=True, world=2, attempt="")]
+    packed = snapshot.pack_copies(copies)
+    assert {name: packed[name] for name in ("step", "world", "host", "attempt")} == {
+        "step": [4, 999_990, 1_000_000], "world": [2, 8], "host": ["node0003", "other"], "attempt": ["", "123456.17"]}
+    assert packed["copies"][:2] == [[6, 1, 1, 1, 0, 1], [6, 1, 2, 1, 0, 1]]
+    assert snapshot.unpack_copies(json.loads(json.dumps(packed))) == copies
+    assert snapshot.unpack_copies(snapshot.pack_copies([])) == []
+
+
+def test_eight_ranks_copies_at_9600_ranks_fit_the_collectives_first_round():
+    """One round of the inventory at any world size: a node of 8 ranks (own and replica, KEEP
+    steps) packs into the first round's 1 KiB with the leader's null beside it."""
+    copies = _node_copies(1199, 8, 9600)
+    assert len(copies) == 8 * 2 * snapshot.KEEP
+    sent = json.dumps({"copies": snapshot.pack_copies(copies), "leader": None}, sort_keys=True).encode()
+    assert len(sent) <= FIRST_ROUND_BYTES - 8
+    assert snapshot.unpack_copies(json.loads(sent)["copies"]) == copies
+
+
+_TABLES = {"step": [4], "world": [2], "host": ["n1"], "attempt": [""]}
+
+
+@pytest.mark.parametrize("part, problem", [
+    ([], "not an object of step, world, host, attempt and copies"),
+    ({**_TABLES}, "not an object of step, world, host, attempt and copies"),
+    ({**_TABLES, "host": "n1", "copies": []}, "host is not a list of strs"),
+    ({**_TABLES, "attempt": [3], "copies": []}, "attempt is not a list of strs"),
+    ({**_TABLES, "step": [True], "copies": []}, "step is not a list of ints"),
+    ({**_TABLES, "copies": {}}, "copies is not a list"),
+    ({**_TABLES, "copies": [[0, 1, 0, 0, 1, 0]]}, "copy [0, 1, 0, 0, 1, 0] is not"),
+    ({**_TABLES, "copies": [[0, 1, 0, 0, 0, 1]]}, "copy [0, 1, 0, 0, 0, 1] is not"),
+    ({**_TABLES, "copies": [[0, 1, 1, 0, 0, 0]]}, "copy [0, 1, 1, 0, 0, 0] is not"),
+    ({**_TABLES, "copies": [[0, 2, 0, 0, 0, 0]]}, "copy [0, 2, 0, 0, 0, 0] is not"),
+    ({**_TABLES, "copies": [[-1, 1, 0, 0, 0, 0]]}, "copy [-1, 1, 0, 0, 0, 0] is not"),
+    ({**_TABLES, "copies": [[0, True, 0, 0, 0, 0]]}, "copy [0, True, 0, 0, 0, 0] is not"),
+    ({**_TABLES, "copies": [[0, 1, 0, 0, 0]]}, "copy [0, 1, 0, 0, 0] is not"),
+])
+def test_a_packed_part_that_is_none_of_ours_is_named(part, problem):
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        snapshot.unpack_copies(part)
