@@ -18,16 +18,20 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+from slurmtools.common.import_pause import collector_paused
 
-from slurmtools.common.control_dir import CONTROL_DIR_ENV, collective_timeout_s
-from slurmtools.common.leave import leave_without_teardown
-from slurmtools.errors import SlurmToolsError
-from slurmtools.reference.tiny_faults import replacement_lost
-from slurmtools.runtime import TrainingControl
-from slurmtools.train import inplace
-from slurmtools.tiny_fsdp import TrainConfig, shutdown, train
+with collector_paused():     # torch's import, a fifth cheaper (slurmtools/common/import_pause.py)
+    import torch
+    import torch._dynamo     # the first fully_shard imports it: with the collector paused here
+    import torch.distributed as dist
+
+    from slurmtools.common.control_dir import CONTROL_DIR_ENV, collective_timeout_s
+    from slurmtools.common.leave import leave_without_teardown
+    from slurmtools.errors import SlurmToolsError
+    from slurmtools.reference.tiny_faults import replacement_lost
+    from slurmtools.runtime import TrainingControl
+    from slurmtools.train import inplace
+    from slurmtools.tiny_fsdp import TrainConfig, shutdown, train
 
 
 def _pair(form: str):

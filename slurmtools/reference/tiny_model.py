@@ -123,7 +123,9 @@ def build(cfg: TrainConfig, world: int, device: torch.device) -> "tuple[TinyLM, 
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    # foreach on CPU too (torch picks it by default on GPUs only): the per-tensor update dispatches each
+    # op once per DTensor parameter; 20 steps at world 1 took 0.79 CPU-s with it, 1.17 without, same weights
+    optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, foreach=True)
     return model, optim
 
 

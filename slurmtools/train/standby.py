@@ -19,12 +19,13 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from slurmtools.common.control_dir import (COMPLETE_FILE, CONTROL_DIR_ENV, GENERATION_ENV, LOCAL_RANK_BASE_ENV,
                                            RANK_BASE_ENV, WORLD_SIZE_ENV)
 from slurmtools.common.fsutil import read_small_regular
 from slurmtools.common.generation import go_file, parse_go
+from slurmtools.common.import_pause import collector_paused
 from slurmtools.errors import UsageError
 
 # how often a standby looks for its go (a stat of one file, on the control dir's file system: 8 spares
@@ -32,11 +33,21 @@ from slurmtools.errors import UsageError
 GO_POLL_S = 0.2
 
 
+def _module_level(statements: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements run at a module's top: its body's, and those of its with and try blocks
+    (imports under `with collector_paused():`, or a try of an optional import)."""
+    for node in statements:
+        if isinstance(node, (ast.With, ast.Try)):
+            yield from _module_level(node.body)
+        else:
+            yield node
+
+
 def top_level_imports(script: Path) -> List[str]:
     """The modules the script imports at its top (absolute imports only), in order."""
     tree = ast.parse(script.read_text(), str(script))
     names: List[str] = []
-    for node in tree.body:
+    for node in _module_level(tree.body):
         if isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level and node.module != "__future__":
@@ -54,11 +65,12 @@ def warm(script: Path) -> None:
     """torch and the script's own imports, as its run would import them (its directory first on
     sys.path); one that fails is left for the run itself to report."""
     sys.path.insert(0, str(script.parent))
-    for name in [*TORCH_MODULES, *top_level_imports(script)]:
-        try:
-            importlib.import_module(name)
-        except Exception:                 # noqa: BLE001  # the trainer's own run says it, in its words
-            continue
+    with collector_paused():
+        for name in [*TORCH_MODULES, *top_level_imports(script)]:
+            try:
+                importlib.import_module(name)
+            except Exception:             # noqa: BLE001  # the trainer's own run says it, in its words
+                continue
 
 
 def wait_for_go(path: Path, done: Path) -> Optional[Tuple[int, int, int, int]]:

@@ -17,6 +17,8 @@ from slurmtools.common import generation
 from slurmtools.common.control_dir import CONTROL_DIR_ENV
 from slurmtools.train import standby
 
+REPO = Path(__file__).resolve().parents[2]
+
 SCRIPT = '''import json, os, sys
 import xml.dom.minidom
 print(json.dumps({"argv": sys.argv[1:], "rank": os.environ["RANK"], "local": os.environ["LOCAL_RANK"],
@@ -96,3 +98,19 @@ def test_the_scripts_own_top_level_imports_are_the_ones_warmed(tmp_path):
     script.write_text("from __future__ import annotations\nimport os, json as j\nfrom pathlib import Path\n"
                       "from . import sibling\n\ndef f():\n    import late\n")
     assert standby.top_level_imports(script) == ["os", "json", "pathlib"]
+
+
+def test_imports_under_a_with_or_a_try_at_the_top_are_warmed_too(tmp_path):
+    """The reference trainer imports torch under `with collector_paused():`; an optional import sits
+    in a try. Their imports run at the module's top, so a standby warms them; a function's do not."""
+    script = tmp_path / "t.py"
+    script.write_text("from slurmtools.common.import_pause import collector_paused\n"
+                      "with collector_paused():\n    import torch\n    with open('x'):\n        import csv\n"
+                      "try:\n    import yaml\nexcept ImportError:\n    import json\n"
+                      "if True:\n    import skipped_if\n\ndef f():\n    import late\n")
+    assert standby.top_level_imports(script) == ["slurmtools.common.import_pause", "torch", "csv", "yaml"]
+
+
+def test_the_reference_trainers_imports_are_warmed():
+    assert {"torch", "torch._dynamo", "slurmtools.tiny_fsdp"} <= set(
+        standby.top_level_imports(REPO / "examples" / "tiny_fsdp" / "train.py"))
