@@ -232,15 +232,16 @@ def down(layout: MiniClusterLayout, *, purge: bool = False) -> None:
     slurm_pids["slurmctld"] = daemons.read_pidfile(layout.run_dir / "slurmctld.pid")
     slurm_pids["slurmdbd"] = daemons.read_pidfile(layout.run_dir / "slurmdbd.pid")
     for name, pid in slurm_pids.items():
-        if pid and name in pids and pids[name] != pid and not _restarted_slurmd(layout, name, pid):
-            continue  # pidfile points at a process we did not start
-        daemons.stop_pid(pid if pid else pids.get(name))
+        for candidate in {pid, pids.get(name)} - {None}:     # each only if still this cluster's daemon
+            daemons.stop_daemon(layout, name, candidate)
     for node in layout.node_names:
         kill_namespace(layout, node)
         degrade.restore(layout, node)
     _remove_stale_job_cgroups(layout, top=True)
-    daemons.stop_pid(pids.get("mariadbd") or daemons.read_pidfile(layout.run_dir / "mysqld" / "mysqld.pid"), 60)
-    daemons.stop_pid(pids.get("munged") or daemons.read_pidfile(layout.munge_dir / "munged.pid"))
+    for name, pidfile, timeout_s in (("mariadbd", layout.run_dir / "mysqld" / "mysqld.pid", 60.0),
+                                     ("munged", layout.munge_dir / "munged.pid", 15.0)):
+        for candidate in {pids.get(name), daemons.read_pidfile(pidfile)} - {None}:
+            daemons.stop_daemon(layout, name, candidate, timeout_s)
     netns.net_down(layout)
     if record_mod.etc_slurm_is(layout):
         ETC_SLURM_CONF.unlink()
@@ -258,13 +259,6 @@ def down(layout: MiniClusterLayout, *, purge: bool = False) -> None:
         jobuser.remove(layout, record)
     if purge and layout.root.exists():
         shutil.rmtree(layout.root)
-
-
-def _restarted_slurmd(layout: MiniClusterLayout, name: str, pid: int) -> bool:
-    """A node's slurmd that the RebootProgram started (reboot.py): its pid is not the one `up`
-    recorded, but it lives in that node's network namespace."""
-    node = name[len("slurmd-"):] if name.startswith("slurmd-") else ""
-    return node in layout.node_names and pid in netns.namespace_pids(layout, node)
 
 
 def _remove_stale_job_cgroups(layout: MiniClusterLayout, *, top: bool) -> None:

@@ -62,9 +62,29 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, inter
     raise MiniClusterError(f"{what} not ready after {timeout_s:g} s")
 
 
-def stop_pid(pid: Optional[int], timeout_s: float = 15.0) -> None:
-    """SIGTERM, wait, then SIGKILL: a daemon that ignores TERM still goes."""
-    if not pid_alive(pid):
+def is_ours(layout: MiniClusterLayout, name: str, pid: Optional[int]) -> bool:
+    """pid still runs the daemon `name` that this cluster started: its program is that daemon
+    (daemon_alive) and its command line or environment names this cluster's state dir (a Slurm
+    daemon's SLURM_CONF, MariaDB's --datadir, munged's --socket). A stopped or killed daemon's pid
+    is soon another process's (pid_max 32768, hundreds of processes a minute in the test command):
+    R131's 128-node cluster, going down, sent SIGTERM to the pid its killed node's slurmd had had,
+    by then another lane's srun, whose job failed."""
+    if not daemon_alive(name, pid):
+        return False
+    marker = (str(layout.root).rstrip("/") + "/").encode()
+    for part in ("cmdline", "environ"):
+        try:
+            if marker in Path(f"/proc/{pid}/{part}").read_bytes():
+                return True
+        except OSError:
+            return False
+    return False
+
+
+def stop_daemon(layout: MiniClusterLayout, name: str, pid: Optional[int], timeout_s: float = 15.0) -> None:
+    """SIGTERM, wait, then SIGKILL, each only while pid is still this cluster's daemon `name`
+    (is_ours): a daemon that ignores TERM still goes, a pid another process has taken is left alone."""
+    if not is_ours(layout, name, pid):
         return
     assert pid is not None
     try:
@@ -74,7 +94,7 @@ def stop_pid(pid: Optional[int], timeout_s: float = 15.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.1)
-    if pid_alive(pid):
+    if is_ours(layout, name, pid):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -73,7 +73,7 @@ def restart_controller(layout: MiniClusterLayout) -> None:
 def stop_controller(layout: MiniClusterLayout) -> None:
     """Stop slurmctld (its state saved) until start_controller: a controller outage."""
     require_root()
-    daemons.stop_pid(daemons.read_pidfile(layout.run_dir / "slurmctld.pid"))
+    daemons.stop_daemon(layout, "slurmctld", daemons.read_pidfile(layout.run_dir / "slurmctld.pid"))
 
 
 def start_controller(layout: MiniClusterLayout) -> None:
@@ -88,7 +88,7 @@ def start_controller(layout: MiniClusterLayout) -> None:
 def restart_node(layout: MiniClusterLayout, node: str) -> None:
     """Restart the node's slurmd (brings a killed node back; ReturnToService=2 makes it idle)."""
     require_root()
-    daemons.stop_pid(daemons.read_pidfile(layout.slurmd_pidfile(node)))
+    daemons.stop_daemon(layout, f"slurmd-{node}", daemons.read_pidfile(layout.slurmd_pidfile(node)))
     pid = daemons.start_slurmd(layout, node)
     record = load_record(layout)
     if pid:

@@ -13,7 +13,6 @@ both it and the slurmd it stops), waits until that stage says it started, and ex
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -81,17 +80,7 @@ def restart(layout: MiniClusterLayout, node: str) -> int:
     # the time slurmctld recorded for the request: an equal or earlier one is "not rebooted yet"
     time.sleep(REQUEST_MARGIN_S)
     pidfile = layout.slurmd_pidfile(node)
-    pid = daemons.read_pidfile(pidfile)
-    if pid:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + STOP_WAIT_S
-        while daemons.pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if daemons.pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
+    daemons.stop_daemon(layout, f"slurmd-{node}", daemons.read_pidfile(pidfile), STOP_WAIT_S)
     pidfile.unlink(missing_ok=True)
     node_files.wipe_node_memory(layout, node)          # a reboot empties the node's RAM
     subprocess.run(restart_argv(layout, node, host_uptime_s()), check=True, env=daemons.daemon_env(layout),

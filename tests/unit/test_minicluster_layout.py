@@ -158,6 +158,57 @@ def test_a_daemon_is_alive_only_as_its_own_program_not_as_a_pid_reused_by_anothe
     assert not daemons.daemon_alive("sleep", sleeper.pid)
 
 
+def test_a_pid_is_stopped_only_while_it_is_this_clusters_daemon(tmp_path):
+    """R131: a 128-node cluster going down sent SIGTERM to the pid its killed node's slurmd had had,
+    by then another lane's srun. A daemon is stopped only while its program is that daemon and its
+    command line or environment names this cluster's state dir (a Slurm daemon's SLURM_CONF)."""
+    import os
+    import subprocess
+    from slurmtools.minicluster import daemons
+    ours, other = layout(state_dir=tmp_path / "t"), layout(state_dir=tmp_path / "t-work")
+    daemon = subprocess.Popen(["sleep", "30"], env=dict(os.environ, SLURM_CONF=str(ours.slurm_conf)))
+    reused = subprocess.Popen(["sleep", "30"], env={k: v for k, v in os.environ.items() if k != "SLURM_CONF"})
+    stranger = subprocess.Popen(["sleep", "30"], env=dict(os.environ, SLURM_CONF=str(other.slurm_conf)))
+    try:
+        assert daemons.is_ours(ours, "sleep", daemon.pid)
+        assert not daemons.is_ours(ours, "slurmd-node1", daemon.pid)        # not that daemon's program
+        assert not daemons.is_ours(other, "sleep", daemon.pid)             # a dir whose name is a prefix
+        assert not daemons.is_ours(ours, "sleep", stranger.pid)            # another cluster's
+        assert not daemons.is_ours(ours, "sleep", reused.pid)              # nobody's daemon
+        daemons.stop_daemon(ours, "sleep", stranger.pid, timeout_s=1)
+        daemons.stop_daemon(ours, "sleep", reused.pid, timeout_s=1)
+        daemons.stop_daemon(ours, "slurmd-node1", daemon.pid, timeout_s=1)
+        assert (stranger.poll(), reused.poll(), daemon.poll()) == (None, None, None)   # none was ours
+        daemons.stop_daemon(ours, "sleep", daemon.pid, timeout_s=5)
+        assert daemon.wait(timeout=5) == -15                               # ours: SIGTERM
+    finally:
+        for proc in (daemon, reused, stranger):
+            proc.kill()
+            proc.wait()
+    assert not daemons.is_ours(ours, "sleep", daemon.pid)
+
+
+def test_a_daemon_named_by_its_command_line_is_ours(tmp_path):
+    """MariaDB and munged carry the cluster's dir on their command line (--datadir, --socket)."""
+    import subprocess
+    import sys
+    import time
+    from slurmtools.minicluster import daemons
+    ours = layout(state_dir=tmp_path / "t")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", f"--socket={ours.munge_socket}"])
+    try:
+        deadline = time.monotonic() + 10
+        while f"--socket={ours.munge_socket}".encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, "the child never exec'd"
+            time.sleep(0.01)
+        comm = Path(f"/proc/{proc.pid}/comm").read_text().strip()
+        assert daemons.is_ours(ours, comm, proc.pid)
+        assert not daemons.is_ours(layout(state_dir=tmp_path / "u"), comm, proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_up_says_what_it_begins_before_apt_runs(monkeypatch, tmp_path):
     """`minicluster up` once printed nothing for minutes while apt ran: the first phase is said first."""
     from slurmtools.minicluster import cluster
