@@ -21,28 +21,33 @@
 #   lane 3: the cluster suite's part a (SUITE_A_MODULES: the fault tests, the gates, the training
 #           basics, the getting-started walk, a hang and a Lightning trainer's lost node recovered in
 #           place: lane 3 ended 1.5 to 2.5 minutes before lane 1 in R100, ~1 minute in R112-R113) on
-#           the machine's own Slurm (`ahost`), then the core cluster tests on Slurm 24.11 (`t2411`).
+#           the machine's own Slurm (`ahost`), then the core cluster tests on Slurm 24.11 (`t2411`),
+#           then the unit tests' part c (unit-c: lane 3 ended 5.5 minutes before lane 1 in R132,
+#           whose unit-a ran 18:51 alone at its end).
 # SLURMTOOLS_TEST_LANES overrides them: lanes separated by ';', each a list of words RELEASE:KIND,
 # KIND one of cluster (the whole cluster suite but the matrix), suite-a or suite-b (its two parts:
 # SUITE_A_MODULES and the rest), core, matrix (on a 5-node cluster), scale (on a 130-node cluster), unit (the unit tests; RELEASE
-# is ignored) or unit-a and unit-b (their two parts: all but UNIT_B_MODULES, and those); RELEASE `host` is the machine's own Slurm. Lane 1's output is printed as it runs, the
+# is ignored) or unit-a, unit-b and unit-c (its three parts: all but UNIT_B_MODULES and UNIT_C_MODULES, and each of those); RELEASE `host` is the machine's own Slurm. Lane 1's output is printed as it runs, the
 # other lanes' when all are done. Each lane's wall time and the total are printed at the end.
 # Extra arguments run that one pytest on the machine's Slurm only (e.g. -m "not cluster").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-lanes_text=${SLURMTOOLS_TEST_LANES-host:suite-b host:unit-a; host:matrix 26.05:core host:scale host:unit-b; host:suite-a 24.11:core}
+lanes_text=${SLURMTOOLS_TEST_LANES-host:suite-b host:unit-a; host:matrix 26.05:core host:scale host:unit-b; host:suite-a 24.11:core host:unit-c}
 # the cluster suite's part a (suite-a); every other cluster module (a new one too) is in part b
 SUITE_A_MODULES="test_0_failed_up test_blame test_confinement test_faults test_getting_started test_health_gate test_inplace_hang test_inplace_lightning test_training"
 # the unit tests' part b (unit-b, about a sixth of their time: ranks of real torch processes; the
 # Lightning ranks recovered in place, ~80 s, in place of the GPU check's ~26 s since lane 3 took the
 # Lightning cluster test); every other unit module (a new one too) is in part a
 UNIT_B_MODULES="test_lightning_inplace test_reshard test_sdc"
+# the unit tests' part c (unit-c, about three minutes of real torch ranks: a resume on half the ranks,
+# a rank replaced in place, the custom loop's checkpoint and resume), at the end of lane 3
+UNIT_C_MODULES="test_custom_loop test_fewer_ranks test_inplace"
 IFS=';' read -ra lanes <<<"$lanes_text"
 for lane in "${lanes[@]}"; do   # a bad word fails before an hour of tests, not after
   for run in $lane; do
     case "$run" in
-      *:cluster|*:suite-a|*:suite-b|*:core|*:matrix|*:scale|*:unit|*:unit-a|*:unit-b) ;;
-      *) echo "scripts/test.sh: SLURMTOOLS_TEST_LANES: '$run' is not RELEASE:KIND with KIND cluster, suite-a, suite-b, core, matrix, scale, unit, unit-a or unit-b" >&2
+      *:cluster|*:suite-a|*:suite-b|*:core|*:matrix|*:scale|*:unit|*:unit-a|*:unit-b|*:unit-c) ;;
+      *) echo "scripts/test.sh: SLURMTOOLS_TEST_LANES: '$run' is not RELEASE:KIND with KIND cluster, suite-a, suite-b, core, matrix, scale, unit, unit-a, unit-b or unit-c" >&2
          exit 2 ;;
     esac
   done
@@ -83,29 +88,32 @@ fi
 .venv/bin/python -m tests.prepare
 phase_done "cluster packages" 0
 
-split_modules() {   # LIST_NAME DIR ONLY_ARRAY ALL_BUT_ARRAY: pytest arguments for the listed modules, and for all but them
+split_modules() {   # LIST_NAME DIR ONLY_ARRAY ALL_BUT_ARRAY: pytest arguments for the listed modules; adds --ignore of each to ALL_BUT_ARRAY
   local list_name=$1 dir=$2 module
   local -n only=$3 all_but=$4
-  only=() all_but=()
+  only=()
   for module in ${!list_name}; do
     [ -f "$dir/$module.py" ] || { echo "scripts/test.sh: $list_name: no $dir/$module.py" >&2; exit 2; }
     only+=("$dir/$module.py")
     all_but+=("--ignore=$dir/$module.py")
   done
 }
+suite_b_args=() unit_a_args=()
 split_modules SUITE_A_MODULES tests/cluster suite_a_args suite_b_args
 split_modules UNIT_B_MODULES tests/unit unit_b_args unit_a_args
+split_modules UNIT_C_MODULES tests/unit unit_c_args unit_a_args
 
 run_one() {   # RELEASE:KIND: one pytest run on a cluster of its own
   local run=$1 release=${1%%:*} kind=${1#*:} what marker prefix=t nodes=3 slurm paths=()
   slurm=$release
   [ "$release" = host ] && slurm=""
   case "$kind" in
-    unit|unit-a|unit-b)
+    unit|unit-a|unit-b|unit-c)
       local part=() heading="the unit tests"
       case "$kind" in
         unit-a) part=("${unit_a_args[@]}") heading="the unit tests, part a" ;;
         unit-b) part=("${unit_b_args[@]}") heading="the unit tests, part b" ;;
+        unit-c) part=("${unit_c_args[@]}") heading="the unit tests, part c" ;;
       esac
       echo "== $heading"
       .venv/bin/python -m pytest -p no:cacheprovider -m "not cluster" "${part[@]}"
