@@ -6,12 +6,12 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from slurmtools.train.agreement import MAX_STEPS_BETWEEN_CHECKS, RequestAgreement, agree, steps_until_next_check
+from tests.unit.ranks import rank_argv
 
 
 @pytest.mark.parametrize(("step_s", "expected"), [
@@ -51,7 +51,7 @@ def test_two_ranks_act_at_the_same_step_on_a_request_only_one_of_them_got(tmp_pa
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
-    procs = [subprocess.Popen([sys.executable, "-c", RANKS], env=dict(env, RANK=str(rank)), stdout=subprocess.PIPE,
+    procs = [subprocess.Popen(rank_argv(RANKS), env=dict(env, RANK=str(rank)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for rank in range(2)]
     outs = [proc.communicate(timeout=120) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], [err for _, err in outs]

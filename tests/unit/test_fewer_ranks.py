@@ -6,7 +6,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from slurmtools.errors import CheckpointError  # noqa: E402
 from slurmtools.reference.tiny_data import accumulation  # noqa: E402
+from tests.unit.ranks import rank_argv
 
 
 def test_micro_batches_make_up_the_global_batch_exactly_or_are_refused_by_name():
@@ -75,7 +75,7 @@ def _ranks(tmp_path: Path, phase: str, world: int) -> None:
                SLURMTOOLS_ATTEMPT_ID="9.0")
     env.pop("SLURMTOOLS_CONTROL_DIR", None)
     with (tmp_path / f"{phase}.err").open("w") as err:
-        procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(tmp_path), phase],
+        procs = [subprocess.Popen(rank_argv(RANK_SCRIPT, str(tmp_path), phase, fsdp=True),
                                   env=dict(env, RANK=str(rank)), stdout=subprocess.DEVNULL, stderr=err)
                  for rank in range(world)]
         codes = [proc.wait(timeout=300) for proc in procs]

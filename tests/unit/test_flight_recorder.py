@@ -8,7 +8,6 @@ import os
 import pickle
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from slurmtools.common.ledger import Cause
 from slurmtools.requeue import flightrec, watchdog
 from slurmtools.requeue.policy import Evidence, classify
 from slurmtools.train import fr_dump, node_beat
+from tests.unit.ranks import rank_argv
 
 HOSTS = {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
 
@@ -117,7 +117,7 @@ def test_real_gloo_ranks_dump_on_request_and_name_the_one_that_skipped(tmp_path,
         env.pop(name, None)
     errors = tmp_path / "ranks.err"
     with errors.open("w") as err:
-        procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT],
+        procs = [subprocess.Popen(rank_argv(RANK_SCRIPT, fsdp=True),
                                   env=dict(env, RANK=str(rank), **({"LOCAL_RANK": str(rank)} if per_node else {})),
                                   stdout=subprocess.DEVNULL, stderr=err) for rank in range(3)]
     try:

@@ -11,6 +11,7 @@ from slurmtools.common import ledger
 from slurmtools.requeue import job_metrics
 from slurmtools.requeue import goodput
 from slurmtools.train import metrics
+from tests.unit.ranks import rank_argv
 
 LABELS = {"slurm_job": "42", "attempt": "42.1", "node": "node2", "rank": "3"}
 
@@ -147,7 +148,7 @@ def test_real_ranks_of_the_example_trainer_write_their_step_metrics(tmp_path):
         port = sock.getsockname()[1]
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
                SLURMTOOLS_ATTEMPT_ID="9.0", **{metrics.METRICS_DIR_ENV: str(tmp_path / "tf")})
-    procs = [subprocess.Popen([sys.executable, "-c", RANKS, str(tmp_path / "ckpt")], env=dict(env, RANK=str(rank)),
+    procs = [subprocess.Popen(rank_argv(RANKS, str(tmp_path / "ckpt"), fsdp=True), env=dict(env, RANK=str(rank)),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for rank in range(2)]
     errors = [proc.communicate(timeout=180)[1] for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], errors

@@ -20,6 +20,7 @@ from slurmtools.requeue import step
 from slurmtools.requeue.policy import Action, Capacity, Evidence, classify, decide
 from slurmtools.spec import RequeueSpec, spec_from_dict
 from slurmtools.train import sdc
+from tests.unit.ranks import rank_argv
 
 
 def votes(*digests, hosts=("node1", "node1", "node2", "node2")):
@@ -112,7 +113,7 @@ def test_real_ranks_stop_before_sealing_the_corrupted_state_and_name_the_rank(tm
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="3",
                SLURMTOOLS_CONTROL_DIR=str(control), SLURMTOOLS_ATTEMPT_ID="9.0")
     with (tmp_path / "ranks.err").open("w") as err:
-        procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(tmp_path / "ckpt")],
+        procs = [subprocess.Popen(rank_argv(RANK_SCRIPT, str(tmp_path / "ckpt"), fsdp=True),
                                   env=dict(env, RANK=str(rank)), stdout=subprocess.DEVNULL, stderr=err)
                  for rank in range(3)]
         codes = [proc.wait(timeout=180) for proc in procs]

@@ -10,12 +10,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.unit.test_flight_recorder import _free_port
+from tests.unit.ranks import rank_argv
 
 RANK_SCRIPT = r"""
 import datetime, json, os, pathlib, sys, torch, torch.distributed as dist
@@ -65,7 +65,7 @@ def _run(tmp_path: Path, hosts: dict, *args: str, limit: str = "", memory_full: 
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(len(hosts)),
                HOSTS=json.dumps(hosts), MEMORY=str(tmp_path / "memory"), LIMIT=limit,
                NODE_MEMORY_FULL="1" if memory_full else "", BIG_RANK=big_rank, OVERHEAD=overhead, OUTSIDERS=outsiders)
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, *args], env=dict(env, RANK=str(rank)),
+    procs = [subprocess.Popen(rank_argv(RANK_SCRIPT, *args), env=dict(env, RANK=str(rank)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in hosts]
     outs = [proc.communicate(timeout=120) for proc in procs]
     assert [proc.returncode for proc in procs] == [0] * len(hosts), [err[-2000:] for _, err in outs]
@@ -267,7 +267,7 @@ def test_a_peer_that_never_sends_its_snapshot_is_given_up_after_the_side_groups_
     """One rank failing to serialize left its peer waiting the collective timeout (30 minutes)."""
     pytest.importorskip("torch")
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
-    procs = [subprocess.Popen([sys.executable, "-c", STALL_SCRIPT], env=dict(env, RANK=str(rank)),
+    procs = [subprocess.Popen(rank_argv(STALL_SCRIPT), env=dict(env, RANK=str(rank)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     outs = [proc.communicate(timeout=120) for proc in procs]
     first = json.loads(outs[0][0].strip().splitlines()[-1])

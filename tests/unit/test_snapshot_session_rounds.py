@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from slurmtools.common.job_secret import KEY_FILE
 from tests.unit.test_flight_recorder import _free_port
+from tests.unit.ranks import rank_argv
 
 RANK_SCRIPT = r"""
 import datetime, json, os, pathlib, sys, torch.distributed as dist
@@ -43,7 +43,7 @@ dist.destroy_process_group()
 def _open(tmp_path) -> list:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="3",
                CONTROL=str(tmp_path / "control"), SLURMTOOLS_NODE_LOCAL_DIR=str(tmp_path / "memory"))
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT], env=dict(env, RANK=str(rank)),
+    procs = [subprocess.Popen(rank_argv(RANK_SCRIPT), env=dict(env, RANK=str(rank)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(3)]
     outs = [proc.communicate(timeout=120) for proc in procs]
     assert [proc.returncode for proc in procs] == [0] * 3, [err[-2000:] for _, err in outs]

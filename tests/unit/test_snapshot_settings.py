@@ -7,6 +7,7 @@ from slurmtools.common.control_dir import SNAPSHOT_EVERY_ENV, SNAPSHOT_MAX_OVERH
 from slurmtools.errors import UsageError
 from slurmtools.snapshot.rules import (DEFAULT_MAX_OVERHEAD_PCT, DEFAULT_MEMORY_GB, MAX_INTERVAL_STEPS, interval_for,
                                        settings_from_env)
+from tests.unit.ranks import rank_argv
 
 NAMES = (SNAPSHOT_EVERY_ENV, SNAPSHOT_MEMORY_GB_ENV, SNAPSHOT_MAX_OVERHEAD_ENV)
 
@@ -76,7 +77,7 @@ def test_a_pull_from_a_peer_announcing_an_implausible_size_is_refused_on_real_gl
 
     from tests.unit.test_flight_recorder import _free_port
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
-    ranks = [subprocess.Popen([sys.executable, "-c", HOSTILE_SERVER, str(size)], env=dict(env, RANK=str(rank)),
+    ranks = [subprocess.Popen(rank_argv(HOSTILE_SERVER, str(size)), env=dict(env, RANK=str(rank)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
     outs = [rank.communicate(timeout=120) for rank in ranks]
     assert [rank.returncode for rank in ranks] == [0, 0], outs
@@ -126,7 +127,7 @@ def _open_session(tmp_path, control: str):
     import sys
     memory = tmp_path / "memory"
     memory.mkdir(exist_ok=True)
-    done = subprocess.run([sys.executable, "-c", ONE_RANK_SESSION, str(tmp_path / "rendezvous"), control],
+    done = subprocess.run(rank_argv(ONE_RANK_SESSION, str(tmp_path / "rendezvous"), control),
                           env=dict(os.environ, SLURMTOOLS_NODE_LOCAL_DIR=str(memory)), capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -19,6 +19,7 @@ from slurmtools.checkpoint import manager as checkpoint, resume as checkpoint_re
 from slurmtools.checkpoint.manager import CheckpointManager  # noqa: E402
 from slurmtools.common.control_dir import EXPECTED_CHECKPOINT_ENV  # noqa: E402
 from slurmtools.errors import CheckpointError  # noqa: E402
+from tests.unit.ranks import rank_argv
 
 RANK_SCRIPT = """
 import datetime, json, sys, threading, torch.distributed as dist
@@ -67,7 +68,7 @@ def _train(tmp_path: Path, mode: str, ckpt: Path) -> list:
     env.pop("SLURMTOOLS_CONTROL_DIR", None)
     out = tmp_path / f"events-{mode}.json"
     with (tmp_path / "ranks.err").open("w") as err:
-        procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, mode, str(ckpt), str(out)],
+        procs = [subprocess.Popen(rank_argv(RANK_SCRIPT, mode, str(ckpt), str(out), fsdp=True),
                                   env=dict(env, RANK=str(rank)), stdout=subprocess.DEVNULL, stderr=err)
                  for rank in range(2)]
         codes = [proc.wait(timeout=240) for proc in procs]
@@ -227,7 +228,7 @@ def test_an_async_save_waiting_for_the_previous_one_is_work_not_a_hang(tmp_path)
     """AsyncCheckpointer.save waits for the save before it first: on a slow store that wait was
     outside the saving phase, judged a hang and the save killed, again and again."""
     from tests.unit.test_flight_recorder import _free_port
-    out = subprocess.run([sys.executable, "-c", PHASE_SCRIPT, str(tmp_path / "ckpt"), str(_free_port())],
+    out = subprocess.run(rank_argv(PHASE_SCRIPT, str(tmp_path / "ckpt"), str(_free_port()), fsdp=True),
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ["saving"]

@@ -8,7 +8,6 @@ import random
 import re
 import socket
 import subprocess
-import sys
 
 import pytest
 
@@ -20,6 +19,7 @@ from slurmtools.reference.tiny_data import SequenceDataset, warmup_cosine  # noq
 from slurmtools.train import trainer_state  # noqa: E402
 from slurmtools.train.resumable_loader import ResumableLoader  # noqa: E402
 from slurmtools.train.trainer_state import TrainerState  # noqa: E402
+from tests.unit.ranks import rank_argv
 
 
 def _draws() -> list:
@@ -151,7 +151,7 @@ def test_resumed_runs_end_bit_identical_and_losing_any_one_state_changes_the_has
                SLURMTOOLS_ATTEMPT_ID="9.0")
     env.pop("SLURMTOOLS_CONTROL_DIR", None)
     with (tmp_path / "ranks.err").open("w") as err:
-        procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(tmp_path)], env=dict(env, RANK=str(rank)),
+        procs = [subprocess.Popen(rank_argv(RANK_SCRIPT, str(tmp_path), fsdp=True), env=dict(env, RANK=str(rank)),
                                   stdout=subprocess.DEVNULL, stderr=err) for rank in range(2)]
         codes = [proc.wait(timeout=300) for proc in procs]
     assert codes == [0, 0], (tmp_path / "ranks.err").read_text()[-3000:]

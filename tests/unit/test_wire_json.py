@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from slurmtools.snapshot.wire import FIRST_ROUND_BYTES
 from tests.unit.test_flight_recorder import _free_port
+from tests.unit.ranks import rank_argv
 
 RANK_SCRIPT = r"""
 import datetime, json, os, sys, torch.distributed as dist
@@ -43,7 +43,7 @@ FITS = "x" * (FIRST_ROUND_BYTES - 8 - 2)
 def _gather(values: list) -> list:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(len(values)),
                VALUES=json.dumps(values))
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT], env=dict(env, RANK=str(rank)),
+    procs = [subprocess.Popen(rank_argv(RANK_SCRIPT), env=dict(env, RANK=str(rank)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(len(values))]
     outs = [proc.communicate(timeout=120) for proc in procs]
     assert [proc.returncode for proc in procs] == [0] * len(values), [err[-2000:] for _, err in outs]
