@@ -89,7 +89,12 @@ def test_a_second_failure_during_a_recovery_in_place_falls_back_to_the_relaunch(
     assert [s["attempt_id"] for s in training.supervisor_events(evts, "start")] == [f"{job}.0", f"{job}.0.1"], story
     assert [(d["cause"], d["action"]) for d in training.supervisor_events(evts, "decision")] == [
         ("crash", "restart"), ("completed", "complete")], story
-    assert training.trainer_events(evts, "final")[-1]["state_sha256"] == reference_run["hash"]
+    # R135: once the job completed with no final line in its output: the output's last lines say why
+    finals = training.trainer_events(evts, "final")
+    assert finals, story + "\n== the job's output, last lines:\n" + "\n".join(
+        training.output(spec, job).splitlines()[-40:]) + "\n== its stderr:\n" + "\n".join(
+        training.stderr(spec, job).splitlines()[-40:])
+    assert finals[-1]["state_sha256"] == reference_run["hash"]
     assert slurm.job_state(job).restarts == 0
     assert training.leftover_trainers(job) == []
 
