@@ -31,9 +31,14 @@ class Run:
 
 
 def emit(event: str, attempt_id: str, **fields: object) -> None:
-    """One JSON line on stdout (the job's output file) per supervisor event."""
-    print(json.dumps({"slurmtools": event, "attempt_id": attempt_id, "t": round(time.time(), 3), **fields},
-                     sort_keys=True, default=str), flush=True)
+    """One JSON line on stdout (the job's output file) per supervisor event, in one write: the steps'
+    output pumps write the ranks' lines to the same stream from their threads, and print()'s two
+    writes (the text, then its newline) let a rank's line land between them, spoiling both lines
+    (R135: a run's final line lost that way)."""
+    line = json.dumps({"slurmtools": event, "attempt_id": attempt_id, "t": round(time.time(), 3), **fields},
+                      sort_keys=True, default=str)
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def drain_node(job_id: Optional[int], attempt_id: str, node: str, diag: policy.Diagnosis, *,
