@@ -125,9 +125,12 @@ open(os.path.join(hb, "3.json"), "w").write('{"rank": 3, "step": 1e400, "time": 
 os.mkdir(os.path.join(os.environ["SLURMTOOLS_CONTROL_DIR"], "complete"))
 print("child", os.getpid(), flush=True)
 open(os.path.join(os.environ["SLURMTOOLS_CONTROL_DIR"], "child.pid"), "w").write(str(os.getpid()))
-time.sleep(float(sys.argv[1]))
+go, until = os.path.join(os.environ["SLURMTOOLS_CONTROL_DIR"], "go"), time.time() + float(sys.argv[1])
+while time.time() < until and not os.path.exists(go):
+    time.sleep(0.05)
 sys.exit(3)
 """
+GO_FILE = "go"      # the child exits at once when the test writes it, else when its time is up
 
 
 def run_supervisor(tmp_path: Path, sleep_s: float, capsys: pytest.CaptureFixture[str], **requeue: object):
@@ -140,8 +143,19 @@ def run_supervisor(tmp_path: Path, sleep_s: float, capsys: pytest.CaptureFixture
     return code, out, child_pid
 
 
-def test_supervisor_survives_garbage_in_the_control_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    code, out, child = run_supervisor(tmp_path, 2.0, capsys, hang_timeout_s=30)
+def test_supervisor_survives_garbage_in_the_control_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch):
+    emitted = supervisor.emit
+
+    def emit_then_release_the_child(event: str, attempt_id: str, **fields: object) -> None:
+        emitted(event, attempt_id, **fields)
+        if event == "invalid_heartbeats" and int(str(fields["count"])) >= 3:
+            (tmp_path / "control" / GO_FILE).write_text("")
+
+    # the child runs until the supervisor has reported the garbage (a loaded machine once starved
+    # the watch loop through all of a fixed 2 s), at most 60 s
+    monkeypatch.setattr(supervisor, "emit", emit_then_release_the_child)
+    code, out, child = run_supervisor(tmp_path, 60.0, capsys, hang_timeout_s=30)
     events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert any(e["slurmtools"] == "invalid_heartbeats" and e["count"] >= 3 for e in events)
     decision = next(e for e in events if e["slurmtools"] == "decision")

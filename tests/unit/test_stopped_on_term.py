@@ -2,7 +2,7 @@
 stopped: the supervisor records its decision at once, before the step has ended, because Slurm
 SIGKILLs it KillWait after the SIGTERM whether srun has ended or not (R48: a cancel's record lost
 that way on a loaded machine). A real supervisor process around a program that stops on request
-and then takes 3 s to end, as srun can."""
+and then ends only once the decision is in the ledger (at most 30 s), as a slow srun can."""
 from __future__ import annotations
 
 import json
@@ -24,7 +24,12 @@ while not os.path.exists(os.path.join(control, sys.argv[3])):   # the checkpoint
     time.sleep(0.05)
 with open(os.path.join(control, sys.argv[4]), "w") as handle:   # checkpointed and stopped
     json.dump({"step": 3, "attempt_id": attempt}, handle)
-time.sleep(3)                                                    # the step's slow end
+ledger, until = os.path.join(control, sys.argv[6]), time.time() + 30
+while time.time() < until:                                       # the step's slow end: it outlasts
+    if os.path.exists(ledger) and '"end"' in open(ledger).read():  # the decision, if that comes first
+        break
+    time.sleep(0.05)
+time.sleep(2)                                                    # (the decision line follows it)
 print(json.dumps({"exited_t": time.time()}), flush=True)
 """
 
@@ -42,7 +47,7 @@ def test_the_decision_is_recorded_before_the_stopped_step_ends(tmp_path: Path):
     started = tmp_path / "started"
     environ = {key: value for key, value in os.environ.items() if not key.startswith(("SLURM", "SLURMTOOLS"))}
     proc = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(tmp_path / "control"), PROGRAM, CONTROL_DIR_ENV,
-                             ATTEMPT_ID_ENV, REQUEST_FILE, STOPPED_FILE, str(started)],
+                             ATTEMPT_ID_ENV, REQUEST_FILE, STOPPED_FILE, str(started), ledger.LEDGER_FILE],
                             env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
