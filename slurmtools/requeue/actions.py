@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Set
 
+from slurmtools.common.one_write import say, write_line
 from slurmtools.common.signals import SignalFlags
 from slurmtools.errors import SlurmCommandError
 from slurmtools.requeue import policy, step
@@ -32,13 +33,10 @@ class Run:
 
 def emit(event: str, attempt_id: str, **fields: object) -> None:
     """One JSON line on stdout (the job's output file) per supervisor event, in one write: the steps'
-    output pumps write the ranks' lines to the same stream from their threads, and print()'s two
-    writes (the text, then its newline) let a rank's line land between them, spoiling both lines
-    (R135: a run's final line lost that way)."""
+    output pumps write the ranks' lines to the same stream from their threads (one_write)."""
     line = json.dumps({"slurmtools": event, "attempt_id": attempt_id, "t": round(time.time(), 3), **fields},
                       sort_keys=True, default=str)
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+    write_line(sys.stdout, line)
 
 
 def drain_node(job_id: Optional[int], attempt_id: str, node: str, diag: policy.Diagnosis, *,
@@ -134,7 +132,7 @@ def requeue(job_id: int, attempt_id: str, diag: policy.Diagnosis, verdict: polic
             slurm.requeue(job_id)
             emit("requeue", attempt_id, by="slurmtools")
     except SlurmCommandError as exc:
-        print(f"slurmtools: requeue of job {job_id} failed: {exc}", file=sys.stderr, flush=True)
+        say(f"slurmtools: requeue of job {job_id} failed: {exc}")
         return 1
     return _ended_by_slurm(flags)
 
@@ -158,8 +156,7 @@ def regrow(job_id: int, attempt_id: str, job_nodes: int, flags: SignalFlags) -> 
     try:
         slurm.requeue_excluding(job_id, {"NumNodes": str(job_nodes)})
     except SlurmCommandError as exc:
-        print(f"slurmtools: requeue of job {job_id} for its {job_nodes} nodes failed: {exc}", file=sys.stderr,
-              flush=True)
+        say(f"slurmtools: requeue of job {job_id} for its {job_nodes} nodes failed: {exc}")
         return 1
     return _ended_by_slurm(flags)
 

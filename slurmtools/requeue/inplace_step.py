@@ -19,6 +19,7 @@ from ClusterShell.RangeSet import RangeSet
 from slurmtools.common import generation
 from slurmtools.common.control_dir import (COMPLETE_FILE, GENERATION_ENV, INPLACE_ENV,
                                            LOCAL_RANK_BASE_ENV, RANK_BASE_ENV, WORLD_SIZE_ENV)
+from slurmtools.common.one_write import say
 from slurmtools.requeue import inplace_plan, step
 from slurmtools.requeue import output_signs as signs
 from slurmtools.requeue.actions import Run, emit
@@ -151,7 +152,7 @@ class InPlace:
                                                 self.feed(self.output_hook, self._standby_local))
                 self.node_standby_waiting = set(self.placement)
             except OSError as exc:
-                print(f"slurmtools: cannot start the nodes' warm standbys: {exc}", file=sys.stderr, flush=True)
+                say(f"slurmtools: cannot start the nodes' warm standbys: {exc}")
         for spare in spares:
             argv = inplace_plan.standby_argv(self.argv, spare)
             if argv is None:
@@ -159,7 +160,7 @@ class InPlace:
             try:
                 self.standbys[spare] = step.launch(argv, dict(self.env, **{INPLACE_ENV: "1"}), on_line)
             except OSError as exc:
-                print(f"slurmtools: cannot start a warm standby on {spare}: {exc}", file=sys.stderr, flush=True)
+                say(f"slurmtools: cannot start a warm standby on {spare}: {exc}")
 
     def _start_replacement(self, replacement: inplace_plan.Replacement, found: InPlacePlan,
                            on_line: Optional[Callable[[str], None]]) -> bool:
@@ -284,8 +285,8 @@ class InPlace:
                     continue
                 return code
             replacement.finish(0)
-            print(f"slurmtools: the replacement step's launch failed ({tries} of {LAUNCH_RETRIES + 1}): launched "
-                  "again", file=sys.stderr, flush=True)
+            say(f"slurmtools: the replacement step's launch failed ({tries} of {LAUNCH_RETRIES + 1}): launched "
+                "again")
             try:
                 self.replacements[index] = step.launch(argv, env, on_line)
             except OSError:

@@ -4,7 +4,6 @@ write theirs, by the same rules (train/metrics.py)."""
 from __future__ import annotations
 
 import socket
-import sys
 from pathlib import Path
 from typing import Dict, Mapping, Optional, Sequence
 
@@ -13,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from slurmtools.common import ledger
 from slurmtools.common.ledger import Cause, Event
 from slurmtools.common.metric_names import JOB_LABELS
+from slurmtools.common.one_write import say
 from slurmtools.requeue import goodput
 from slurmtools.requeue.goodput import Goodput
 from slurmtools.train.metrics import metric_of, metrics_dir, set_metric, textfile_name, write
@@ -66,7 +66,6 @@ def write_job_metrics(control_dir: Path, job: str, environ: Mapping[str, str]) -
         write(path, job_registry_from_ledger(ledger.read(control_dir),
                                              {"slurm_job": job, "node": socket.gethostname().split(".")[0]}))
     except Exception as exc:     # never the supervisor's failure: one line, and the job goes on
-        print(f"slurmtools: job metrics not written to {path}: {type(exc).__name__}: {exc}", file=sys.stderr,
-              flush=True)
+        say(f"slurmtools: job metrics not written to {path}: {type(exc).__name__}: {exc}")
         return None
     return path

@@ -10,13 +10,13 @@ cannot run names nobody: training starts.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Mapping, Optional
 
 from slurmtools.common import ledger
 from slurmtools.common.control_dir import PREFLIGHT_ENV
+from slurmtools.common.one_write import say
 from slurmtools.common.rendezvous import RDZV_PORT_BASE, RDZV_PORT_SPAN
 from slurmtools.errors import SlurmCommandError
 from slurmtools.preflight import worker
@@ -91,7 +91,7 @@ def _requeue_without(outcome: launch.Outcome, job_id: str, attempt_id: str, cont
     for node, finding in blamed.items():
         actions.drain_node(int(job_id), attempt_id, node, launch.diagnosis(finding))
     if stop:
-        print(f"slurmtools: STOP: {reason}", file=sys.stderr, flush=True)
+        say(f"slurmtools: STOP: {reason}")
         raise SystemExit(f"slurmtools: {reason}")
     try:
         from ClusterShell.NodeSet import NodeSet
@@ -102,4 +102,4 @@ def _requeue_without(outcome: launch.Outcome, job_id: str, attempt_id: str, cont
         slurm.requeue_excluding(int(job_id), {"ExcNodeList": str(excluded)})
         emit("requeue", attempt_id, by="slurmtools", excnodelist=str(excluded))
     except (SlurmCommandError, ValueError) as exc:
-        print(f"slurmtools: requeue of job {job_id} failed: {exc}", file=sys.stderr, flush=True)
+        say(f"slurmtools: requeue of job {job_id} failed: {exc}")

@@ -24,6 +24,7 @@ from slurmtools.common.control_dir import (COMPLETE_FILE, FLIGHT_RECORDER_REQUES
                                            HEARTBEAT_DIR, REPORTS_PROGRESS_FILE, JOB_NODES_FILE,
                                            REQUEST_FILE, SDC_FILE, STANDBY_GO_PREFIX, STOPPED_FILE, TERM_FILE)
 from slurmtools.common.fsutil import read_small_regular, write_json_atomic
+from slurmtools.common.one_write import say
 from slurmtools.errors import SlurmCommandError, UsageError
 from slurmtools.slurm import commands as slurm
 from slurmtools.train.gpu_events import GPU_EVENTS_DIR
@@ -72,8 +73,7 @@ class _Pump(threading.Thread):
                     self.on_line(kept)
                 except Exception as exc:   # noqa: BLE001 - a dead pump would stall the step on a full pipe
                     self.on_line = None
-                    print(f"slurmtools: progress from output lines off: {type(exc).__name__}: {exc}",
-                          file=sys.stderr, flush=True)
+                    say(f"slurmtools: progress from output lines off: {type(exc).__name__}: {exc}")
             try:
                 self.dst.write(line)
                 self.dst.flush()

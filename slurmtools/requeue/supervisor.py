@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +32,7 @@ from slurmtools.requeue.deadline import WarningClock
 from slurmtools.common.control_dir import (ATTEMPT_ID_ENV, ATTEMPT_NUMBER_ENV, COMPLETE_FILE, CONTROL_DIR_ENV,
                                            EXPECTED_CHECKPOINT_ENV, FLIGHT_RECORDER_FILE_ENVS, attempt_of,
                                            flight_recorder_prefix)
+from slurmtools.common.one_write import say
 from slurmtools.common.signals import SignalFlags, signal_number
 from slurmtools.requeue.judge import Attempt as Attempt, SupervisorConfig as SupervisorConfig, Watch as Watch
 from slurmtools.requeue.topology import OVERLAP_DROPPED_ENV, shrunk_below_training, step_argv, topology_of
@@ -225,15 +225,15 @@ def run(config: SupervisorConfig, argv: Sequence[str], environ: Optional[Mapping
         if verdict.action is policy.Action.COMPLETE:
             return 0
         if verdict.action is policy.Action.STOP and verdict.cancel_job:
-            print(f"slurmtools: STOP after attempt {attempt.attempt_id}: {verdict.reason}", file=sys.stderr, flush=True)
+            say(f"slurmtools: STOP after attempt {attempt.attempt_id}: {verdict.reason}")
             if job_id is not None:      # the job ends CANCELLED, as a person's cancel ends it
                 actions.cancel_own_job(job_id, attempt.attempt_id)
             return 0
         if verdict.action is policy.Action.STOP:
             failures = sum(1 for record in ledger.history(events) if record.counted) + (1 if verdict.counted else 0)
-            print(f"slurmtools: STOP after attempt {attempt.attempt_id}: {verdict.reason} "
-                  f"(failures so far: {failures}, last checkpoint step: "
-                  f"{checkpoint_step if checkpoint_step is not None else 'none'})", file=sys.stderr, flush=True)
+            say(f"slurmtools: STOP after attempt {attempt.attempt_id}: {verdict.reason} "
+                f"(failures so far: {failures}, last checkpoint step: "
+                f"{checkpoint_step if checkpoint_step is not None else 'none'})")
             return 1
         if verdict.action is policy.Action.RESTART:
             if not actions.restart_in_allocation(job_id, attempt.attempt_id, this_run, diag, verdict, flags):
