@@ -14,12 +14,15 @@ import pytest
 from slurmtools.job import sbatch, task_start
 from slurmtools.spec import spec_from_dict
 
-# A task: the real entry module's first statement, then "imports" (1 s), then the trainer's handlers.
+# A task: the real entry module's first statement, then "imports" (until the signal came: held
+# pending by the block, or the task killed by it; at most 30 s), then the trainer's handlers.
 TASK = """
-import sys, time
+import signal, sys, time
 {block}
 print("started", flush=True)
-time.sleep(1.0)
+deadline = time.time() + 30
+while time.time() < deadline and not signal.sigpending():
+    time.sleep(0.01)
 from slurmtools.train.control import TrainingControl
 control = TrainingControl(control_dir=None, rank=0)
 control.install_signal_handlers()
@@ -32,8 +35,7 @@ def run_task(block: str, sig: int) -> subprocess.CompletedProcess:
     proc = subprocess.Popen([sys.executable, "-c", TASK.format(block=block)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "started"
-    time.sleep(0.2)                       # inside the 1-s "imports": no handler yet
-    proc.send_signal(sig)
+    proc.send_signal(sig)                 # inside the "imports": no handler yet
     out, _ = proc.communicate(timeout=30)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
 

@@ -34,9 +34,11 @@ def test_a_rank_whose_peers_never_come_beats_in_its_joining_phase(tmp_path: Path
             time.sleep(0.2)
         assert rank.poll() is None, rank.communicate()[1]
         assert beat.exists(), "no heartbeat while the rank waited for its group"
-        first = json.loads(beat.read_text())
-        time.sleep(2.5)                          # the keep-alive thread's interval is 1 s
-        later = json.loads(beat.read_text())
+        first = later = json.loads(beat.read_text())
+        waited = time.time()                     # the keep-alive thread's interval is 1 s
+        while later["alive"] <= first["alive"] and rank.poll() is None and time.time() - waited < 30:
+            time.sleep(0.2)
+            later = json.loads(beat.read_text())
     finally:
         rank.kill()
         rank.communicate()
