@@ -114,6 +114,7 @@ def test_nan_time_is_no_false_hang_and_future_time_hides_no_hang(tmp_path: Path)
     assert stall is not None and stall.rank is None and stall.idle_s == pytest.approx(60)
 
 
+GO_FILE = "go"      # the child exits at once when the test writes it, else when its time is up
 CHILD_WRITES_GARBAGE = """
 import os, sys, time
 hb = os.path.join(os.environ["SLURMTOOLS_CONTROL_DIR"], "heartbeat")
@@ -125,19 +126,18 @@ open(os.path.join(hb, "3.json"), "w").write('{"rank": 3, "step": 1e400, "time": 
 os.mkdir(os.path.join(os.environ["SLURMTOOLS_CONTROL_DIR"], "complete"))
 print("child", os.getpid(), flush=True)
 open(os.path.join(os.environ["SLURMTOOLS_CONTROL_DIR"], "child.pid"), "w").write(str(os.getpid()))
-go, until = os.path.join(os.environ["SLURMTOOLS_CONTROL_DIR"], "go"), time.time() + float(sys.argv[1])
+go, until = os.path.join(os.environ["SLURMTOOLS_CONTROL_DIR"], sys.argv[2]), time.time() + float(sys.argv[1])
 while time.time() < until and not os.path.exists(go):
     time.sleep(0.05)
 sys.exit(3)
 """
-GO_FILE = "go"      # the child exits at once when the test writes it, else when its time is up
 
 
 def run_supervisor(tmp_path: Path, sleep_s: float, capsys: pytest.CaptureFixture[str], **requeue: object):
     config_ = supervisor.SupervisorConfig(
         requeue=RequeueSpec(**{"hang_timeout_s": 0, **requeue}), control_dir=tmp_path / "control", poll_s=0.1)
     environ = {key: value for key, value in os.environ.items() if not key.startswith("SLURM")}
-    code = supervisor.run(config_, [sys.executable, "-c", CHILD_WRITES_GARBAGE, str(sleep_s)], environ)
+    code = supervisor.run(config_, [sys.executable, "-c", CHILD_WRITES_GARBAGE, str(sleep_s), GO_FILE], environ)
     out = capsys.readouterr().out
     child_pid = int(next(line.split()[1] for line in out.splitlines() if line.startswith("child ")))
     return code, out, child_pid
@@ -149,7 +149,8 @@ def test_supervisor_survives_garbage_in_the_control_dir(tmp_path: Path, capsys: 
 
     def emit_then_release_the_child(event: str, attempt_id: str, **fields: object) -> None:
         emitted(event, attempt_id, **fields)
-        if event == "invalid_heartbeats" and int(str(fields["count"])) >= 3:
+        count = fields.get("count")
+        if event == "invalid_heartbeats" and isinstance(count, int) and count >= 3:
             (tmp_path / "control" / GO_FILE).write_text("")
 
     # the child runs until the supervisor has reported the garbage (a loaded machine once starved
